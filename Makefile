@@ -1,0 +1,49 @@
+# TianJi: `make train` trains the embedded default locally; `make test` runs the suite.
+# Both install everything they need from nothing (venv + pip) on first use.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+JOB    ?= examples/cartpole-ppo.yaml
+PYTEST_ARGS ?=
+
+.PHONY: install train test test-fast bench crd lint e2e images clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (apt-get update && apt-get install -y python3-venv)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[operator,test]'
+	@touch $(STAMP)
+
+train: install
+	$(VENV)/bin/tianji run $(JOB)
+
+test: install
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# Everything but the agents-that-learn tests (seconds instead of minutes).
+test-fast: install
+	$(PY) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(PY) bench/converge.py
+	$(PY) bench/transport.py
+
+crd: install
+	$(VENV)/bin/tianji crd > crds/tianjijob.yaml
+	cp crds/tianjijob.yaml charts/tianji-operator/crds/tianjijob.yaml
+
+e2e: install
+	$(PY) -m pytest -q -ra tests/e2e --e2e
+
+images:
+	@if docker info >/dev/null 2>&1; then \
+	  docker build -f images/worker.Dockerfile -t tianji-worker:dev . && \
+	  docker build -f images/operator.Dockerfile -t tianji-operator:dev . ; \
+	else echo "make images: no Docker engine reachable here (docker info failed); build on a machine with one." ; fi
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

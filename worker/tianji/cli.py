@@ -1,0 +1,105 @@
+"""`tianji` command line: run, worker, plan, profile, crd.
+
+Each sub-command lives in its own module; this file only parses arguments
+and maps SpecError (bad input) to exit code 2 with a one-line message.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .spec import SpecError
+
+
+def _run(a: argparse.Namespace) -> int:
+    from .launcher import run_job
+
+    return run_job(a.job, overrides=a.set, run_dir=a.run_dir, max_seconds=a.max_seconds,
+                   progress=not a.quiet)
+
+
+def _worker(a: argparse.Namespace) -> int:
+    from .worker import run_worker
+
+    return run_worker(a)
+
+
+def _plan(a: argparse.Namespace) -> int:
+    from .plan_cli import plan_command
+
+    return plan_command(a)
+
+
+def _profile(a: argparse.Namespace) -> int:
+    from .profiler import profile_command
+
+    return profile_command(a)
+
+
+def _crd(a: argparse.Namespace) -> int:
+    from .crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tianji", description="Highly parallel RL training with relaxed assignment dependencies.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="run a TianJiJob locally, one process per role")
+    r.add_argument("job", help="TianJiJob manifest (YAML)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. spec.algorithm.lr=3e-4 (repeatable)")
+    r.add_argument("--run-dir", help="where sockets, logs, metrics.jsonl and summary.json go (default runs/<job>-<time>)")
+    r.add_argument("--max-seconds", type=float, help="wall-clock cap on top of spec.stop")
+    r.add_argument("--quiet", action="store_true", help="no live progress view")
+    r.set_defaults(fn=_run)
+
+    w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")
+    w.add_argument("--role", required=True, choices=["actor", "buffer", "learner"])
+    w.add_argument("--group", type=int, default=0)
+    w.add_argument("--index", default="0", help="index in the group, or 'auto' (from the StatefulSet hostname)")
+    w.add_argument("--job", required=True, help="TianJiJob manifest (YAML)")
+    w.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    w.add_argument("--run-dir", help="local engine: ipc sockets live here; absent: Kubernetes DNS + tcp")
+    w.add_argument("--report", help="endpoint for heartbeats and metric reports (local launcher)")
+    w.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    w.set_defaults(fn=_worker)
+
+    pl = sub.add_parser("plan", help="size a job with the balance planner")
+    pl.add_argument("job")
+    pl.add_argument("--cpus", type=float, required=True, help="total cores M")
+    pl.add_argument("--gpus", type=int, default=0)
+    pl.add_argument("--nodes", type=int, default=1)
+    pl.add_argument("--cpus-per-node", type=float)
+    pl.add_argument("--profile", help="profile JSON from `tianji profile` (default: built-in estimates)")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pl.set_defaults(fn=_plan)
+
+    pr = sub.add_parser("profile", help="measure actor and learner throughput on this machine")
+    pr.add_argument("job")
+    pr.add_argument("--seconds", type=float, default=3.0, help="measuring time per component")
+    pr.add_argument("--out", help="write the profile JSON here (default: stdout)")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pr.set_defaults(fn=_profile)
+
+    c = sub.add_parser("crd", help="print the TianJiJob CustomResourceDefinition (generated from the spec)")
+    c.set_defaults(fn=_crd)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except SpecError as e:
+        print(f"tianji: invalid job spec\n{e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""The TianJiJob manifest: one pydantic model, the single source of truth.
+
+The same file runs locally (`tianji run job.yaml`) and on Kubernetes
+(`kubectl apply -f job.yaml`); the CRD's openAPIV3Schema is generated from
+these models (`tianji crd`). Field names are camelCase in YAML, snake_case in
+Python. Unknown fields are errors everywhere (`extra="forbid"`).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+API_VERSION = "tianji.dev/v1alpha1"
+KIND = "TianJiJob"
+
+
+class SpecError(ValueError):
+    """A job spec that cannot run. The message names the file and the field path."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_assignment=True
+    )
+
+
+# ----------------------------------------------------------------- algorithms
+class PPOConfig(_Model):
+    """Proximal Policy Optimisation against the behaviour policy's log-probs."""
+
+    name: Literal["ppo"] = "ppo"
+    lr: float = Field(1e-3, gt=0, le=1)
+    lr_anneal_frames: Optional[int] = Field(None, gt=0, description="linear lr decay to 0 over this many env frames")
+    gamma: float = Field(0.98, gt=0, le=1)
+    gae_lambda: float = Field(0.8, ge=0, le=1)
+    clip_coef: float = Field(0.2, gt=0, le=1)
+    epochs: int = Field(10, ge=1, le=100, description="passes over each batch")
+    minibatch_size: int = Field(256, ge=1)
+    batch_size: int = Field(256, ge=1, description="samples per learner batch (whole fragments)")
+    ent_coef: float = Field(0.0, ge=0)
+    vf_coef: float = Field(0.5, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    norm_adv: bool = True
+
+
+class DQNConfig(_Model):
+    """Double DQN with a target network and optional n-step returns."""
+
+    name: Literal["dqn"] = "dqn"
+    lr: float = Field(2.3e-3, gt=0, le=1)
+    gamma: float = Field(0.99, gt=0, le=1)
+    batch_size: int = Field(64, ge=1, description="samples per gradient step")
+    steps_per_batch: int = Field(8, ge=1, le=1024, description="gradient steps per message from the buffer")
+    replay_capacity: int = Field(100_000, ge=1)
+    learning_starts: int = Field(1000, ge=0, description="transitions in replay before sampling")
+    target_update_interval: int = Field(10, ge=1, description="gradient steps between target syncs")
+    tau: float = Field(1.0, gt=0, le=1)
+    double_dqn: bool = True
+    n_step: int = Field(1, ge=1, le=20)
+    epsilon_start: float = Field(1.0, ge=0, le=1)
+    epsilon_end: float = Field(0.04, ge=0, le=1)
+    exploration_frames: int = Field(8000, ge=1, description="global frames over which epsilon decays")
+    max_grad_norm: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _eps_order(self) -> "DQNConfig":
+        if self.epsilon_end > self.epsilon_start:
+            raise ValueError("epsilonEnd must be <= epsilonStart")
+        return self
+
+
+Algorithm = Annotated[Union[PPOConfig, DQNConfig], Field(discriminator="name")]
+
+
+# ----------------------------------------------------------------- env, model
+class EnvConfig(_Model):
+    id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5")
+    num_envs: int = Field(8, ge=1, le=4096, description="vectorised envs per actor")
+    fragment_length: int = Field(32, ge=1, le=10_000, description="steps per env in one fragment")
+    seed: int = Field(1, ge=0)
+    frame_stack: int = Field(4, ge=1, le=16, description="Atari only")
+    episodic_life: bool = Field(False, description="Atari only")
+    clip_rewards: bool = Field(True, description="Atari only: learn from sign(reward)")
+
+
+class ModelConfig(_Model):
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(default_factory=lambda: [64, 64])
+    activation: Literal["tanh", "relu"] = "tanh"
+    encoder: Literal["auto", "mlp", "nature_cnn"] = "auto"
+
+
+# ----------------------------------------------------------------- topology
+class Topology(_Model):
+    """Processes per training group. `topology: auto` asks the planner."""
+
+    auto: bool = False
+    groups: int = Field(1, ge=1, le=1024)
+    actors: int = Field(2, ge=1, le=4096, description="actor processes per group")
+    buffers: int = Field(1, ge=1, le=256, description="buffer processes per group")
+    learners: int = Field(1, ge=1, le=256, description="learner processes per group")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        if v == "auto":
+            return {"auto": True}
+        return v
+
+    @model_validator(mode="after")
+    def _fan_in(self) -> "Topology":
+        if self.buffers > self.actors:
+            raise ValueError(f"buffers ({self.buffers}) > actors ({self.actors}): a buffer would get no fragments")
+        if self.learners > self.buffers:
+            raise ValueError(f"learners ({self.learners}) > buffers ({self.buffers}): a learner would get no batches")
+        return self
+
+
+class Staleness(_Model):
+    max_policy_lag: Optional[int] = Field(
+        None, ge=0, description="drop samples older than this many learner versions (default: 4 for PPO, off for DQN)"
+    )
+    replay_ratio: Optional[float] = Field(
+        None, gt=0, description="samples consumed per sample inserted (default: 1 for PPO, 32 for DQN)"
+    )
+    ratio_band: float = Field(0.2, ge=0, lt=1, description="relative band around replayRatio")
+    pace_actors: bool = Field(True, description="actors pace production to the learner's advertised capacity")
+    pace_headroom: float = Field(1.3, ge=1, le=10, description="production / planned consumption when pacing")
+    credit_window: int = Field(2, ge=1, le=64, description="batches in flight from a buffer to its learner")
+    queue_fragments: int = Field(64, ge=1, description="on-policy queue bound (fragments) per buffer")
+    publish_every: int = Field(1, ge=1, description="learner versions between parameter publishes")
+
+
+class StopConfig(_Model):
+    mean_return: Optional[float] = Field(None, description="stop when the mean of the last 100 episodes reaches it")
+    env_frames: Optional[int] = Field(None, ge=1)
+    seconds: Optional[float] = Field(None, gt=0)
+
+
+class CheckpointConfig(_Model):
+    interval_seconds: float = Field(60.0, gt=0)
+    keep: int = Field(3, ge=1, le=100)
+
+
+class RoleResources(_Model):
+    cpu: float = Field(1.0, gt=0, description="cores requested per process")
+    memory: str = Field("1Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+    gpu: int = Field(0, ge=0, le=16)
+    threads: Optional[int] = Field(None, ge=1, le=256, description="torch threads (default: floor(cpu), >=1)")
+
+
+def _learner_resources() -> RoleResources:
+    return RoleResources(cpu=1.0, memory="2Gi")
+
+
+class Resources(_Model):
+    cpus: Optional[float] = Field(None, gt=0, description="total cores the planner may use (M)")
+    gpus: int = Field(0, ge=0)
+    nodes: int = Field(1, ge=1)
+    cpus_per_node: Optional[float] = Field(None, gt=0)
+    actor: RoleResources = Field(default_factory=RoleResources)
+    buffer: RoleResources = Field(default_factory=lambda: RoleResources(cpu=0.5, memory="1Gi"))
+    learner: RoleResources = Field(default_factory=_learner_resources)
+
+
+class Network(_Model):
+    host_network: bool = False
+    rdma: Optional[str] = Field(None, description="RDMA device resource name, e.g. rdma/hca_shared_devices_a")
+    base_port: int = Field(5550, ge=1024, le=65000)
+    metrics_port: int = Field(9090, ge=1024, le=65535)
+
+
+class Autoscale(_Model):
+    enabled: bool = False
+    prometheus_url: Optional[str] = None
+    min_actors: int = Field(1, ge=1)
+    max_actors: int = Field(64, ge=1)
+    band: float = Field(0.15, ge=0, lt=1, description="hysteresis band on production/consumption")
+    cooldown_seconds: float = Field(60.0, ge=0)
+    interval_seconds: float = Field(15.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Autoscale":
+        if self.min_actors > self.max_actors:
+            raise ValueError(f"minActors ({self.min_actors}) > maxActors ({self.max_actors})")
+        return self
+
+
+class JobSpec(_Model):
+    algorithm: Algorithm = Field(default_factory=PPOConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    topology: Topology = Field(default_factory=Topology)
+    staleness: Staleness = Field(default_factory=Staleness)
+    stop: StopConfig = Field(default_factory=StopConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    resources: Resources = Field(default_factory=Resources)
+    network: Network = Field(default_factory=Network)
+    autoscale: Autoscale = Field(default_factory=Autoscale)
+    image: str = Field("tianji-worker:0.1.0", min_length=1)
+    clean_pod_policy: Literal["Running", "All", "None"] = "Running"
+
+    @model_validator(mode="after")
+    def _algo_fits(self) -> "JobSpec":
+        a = self.algorithm
+        if isinstance(a, PPOConfig):
+            if a.minibatch_size > a.batch_size:
+                raise ValueError(f"algorithm.minibatchSize ({a.minibatch_size}) > algorithm.batchSize ({a.batch_size})")
+            frag = self.env.num_envs * self.env.fragment_length
+            if a.batch_size % frag:
+                raise ValueError(
+                    f"algorithm.batchSize ({a.batch_size}) must be a multiple of one fragment "
+                    f"(env.numEnvs x env.fragmentLength = {frag})"
+                )
+        if isinstance(a, DQNConfig) and a.batch_size > a.replay_capacity:
+            raise ValueError("algorithm.batchSize > algorithm.replayCapacity")
+        return self
+
+    # Derived defaults that depend on the algorithm.
+    @property
+    def max_policy_lag(self) -> Optional[int]:
+        if self.staleness.max_policy_lag is not None:
+            return self.staleness.max_policy_lag
+        return 4 if self.algorithm.name == "ppo" else None
+
+    @property
+    def replay_ratio(self) -> float:
+        if self.staleness.replay_ratio is not None:
+            return self.staleness.replay_ratio
+        return 1.0 if self.algorithm.name == "ppo" else 32.0
+
+
+class Metadata(_Model):
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
+    name: str = Field(..., min_length=1, max_length=40)
+    namespace: Optional[str] = None
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        # Child names are <name>-<role>-<g>-<i>; keep them valid DNS-1123 labels.
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", v):
+            raise ValueError("must be a DNS-1123 label: lowercase letters, digits and '-'")
+        return v
+
+
+class TianJiJob(_Model):
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
+    api_version: Literal["tianji.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["TianJiJob"] = KIND
+    metadata: Metadata
+    spec: JobSpec = Field(default_factory=JobSpec)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def to_manifest(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ----------------------------------------------------------------- loading
+def _path_str(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("ppo", "dqn", "function-before[_shorthand()]"):
+            continue  # discriminator / validator tags, not user-visible fields
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(root)"
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        lines.append(f"{source}: {_path_str(e['loc'])}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_override(doc: dict, assignment: str) -> None:
+    """Apply one `--set spec.algorithm.lr=3e-4` to a manifest dict (camelCase paths)."""
+    if "=" not in assignment:
+        raise SpecError(f"--set {assignment!r}: expected KEY=VALUE, e.g. spec.algorithm.lr=3e-4")
+    key, value = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise SpecError(f"--set {assignment!r}: empty key")
+    node = doc
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt == "auto" and p == "topology":
+            nxt = node[p] = {"auto": True}
+        if nxt is None or not isinstance(nxt, dict):
+            if nxt is not None:
+                raise SpecError(f"--set {key}: {p} is not a mapping")
+            nxt = node[p] = {}
+        node = nxt
+    node[parts[-1]] = _parse_scalar(value)
+
+
+def parse_job(doc: Any, source: str = "<manifest>") -> TianJiJob:
+    if not isinstance(doc, dict):
+        raise SpecError(f"{source}: expected a TianJiJob mapping, got {type(doc).__name__}")
+    if doc.get("kind") not in (None, KIND):
+        raise SpecError(f"{source}: kind: expected {KIND}, got {doc.get('kind')!r}")
+    try:
+        return TianJiJob.model_validate(doc)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, source)) from None
+
+
+def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TianJiJob:
+    """Read, override and validate a manifest. Raises SpecError naming file and field."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from None
+    if isinstance(doc, dict):
+        for o in overrides:
+            apply_override(doc, o)
+    return parse_job(doc, str(path))
+
+
+def dump_job(job: TianJiJob) -> str:
+    return yaml.safe_dump(job.to_manifest(), sort_keys=False)
