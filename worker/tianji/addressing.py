@@ -68,8 +68,7 @@ class Addresses:
         return OWNER[channel]
 
     def ipc_path(self, channel: str, group: int, index: int) -> Path:
-        assert self.run_dir is not None
-        return self.run_dir / "sock" / f"{self._check(channel)}-{group}-{index}-{channel}"
+        return sock_dir(self.run_dir) / f"{self._check(channel)}-{group}-{index}-{channel}"
 
     def bind(self, channel: str, group: int, index: int) -> str:
         if self.run_dir is not None:
@@ -85,6 +84,17 @@ class Addresses:
         if self.namespace:
             host += f".{self.namespace}.svc"
         return f"tcp://{host}:{self.base_port + PORTS[channel]}"
+
+
+def sock_dir(run_dir: Optional[Path]) -> Path:
+    """ipc socket folder: TIANJI_SOCK_DIR (set by the launcher when the run dir path is too
+    long for a unix socket's 107 bytes), else <run_dir>/sock."""
+    env = os.environ.get("TIANJI_SOCK_DIR")
+    if env:
+        return Path(env)
+    if run_dir is None:
+        raise ValueError("local engine needs a run dir")
+    return Path(run_dir) / "sock"
 
 
 def index_from_hostname(hostname: Optional[str] = None) -> int:

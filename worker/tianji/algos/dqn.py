@@ -1,0 +1,92 @@
+"""Double DQN with a target network, on uniformly replayed transitions.
+
+Per gradient step on a minibatch of (o, a, R, o', d) where R is the n-step
+return and d = gamma^k * (1 - terminated) its bootstrap discount:
+
+    a*     = argmax_a Q_online(o', a)          (double DQN; Q_target if off)
+    target = R + d * Q_target(o', a*)
+    loss   = Huber(Q_online(o, a) - target)
+
+The target network follows the online one every `targetUpdateInterval`
+steps with Polyak factor tau (tau = 1: hard copy).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..spec import DQNConfig
+
+
+
+def epsilon(cfg: DQNConfig, global_frames: float) -> float:
+    """Linear decay from epsilonStart to epsilonEnd over explorationFrames (global estimate)."""
+    frac = min(1.0, global_frames / cfg.exploration_frames)
+    return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
+
+
+@torch.inference_mode()
+def act(model: nn.Module, obs: np.ndarray, eps: float, rng: np.random.Generator,
+        n_actions: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    greedy = model(torch.from_numpy(obs)).argmax(-1).numpy()
+    explore = rng.random(len(greedy)) < eps
+    if explore.any():
+        greedy = np.where(explore, rng.integers(0, n_actions, len(greedy)), greedy)
+    return greedy, {}
+
+
+class DQNLearner:
+    def __init__(self, model: nn.Module, cfg: DQNConfig, seed: int):
+        self.model, self.cfg = model, cfg
+        self.target = copy.deepcopy(model).requires_grad_(False)
+        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)
+        self.steps = 0
+
+    def _sync_target(self) -> None:
+        tau = self.cfg.tau
+        with torch.no_grad():
+            for t, o in zip(self.target.parameters(), self.model.parameters()):
+                t.lerp_(o, tau) if tau < 1 else t.copy_(o)
+
+    def update(self, b: dict[str, np.ndarray]) -> dict[str, float]:
+        c = self.cfg
+        obs = torch.from_numpy(np.asarray(b["obs"]))
+        nxt = torch.from_numpy(np.asarray(b["next_obs"]))
+        act = torch.from_numpy(np.asarray(b["actions"], dtype=np.int64))
+        ret = torch.from_numpy(np.asarray(b["returns"], dtype=np.float32))
+        disc = torch.from_numpy(np.asarray(b["discounts"], dtype=np.float32))
+        total = obs.shape[0]
+        bs = c.batch_size
+        loss_sum, q_sum, steps = 0.0, 0.0, 0
+        for s in range(0, total - bs + 1, bs):
+            sl = slice(s, s + bs)
+            with torch.no_grad():
+                q_next_t = self.target(nxt[sl])
+                a_star = (self.model(nxt[sl]) if c.double_dqn else q_next_t).argmax(-1, keepdim=True)
+                y = ret[sl] + disc[sl] * q_next_t.gather(1, a_star).squeeze(1)
+            q = self.model(obs[sl]).gather(1, act[sl, None]).squeeze(1)
+            loss = F.smooth_l1_loss(q, y)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
+            self.opt.step()
+            self.steps += 1
+            steps += 1
+            if self.steps % c.target_update_interval == 0:
+                self._sync_target()
+            loss_sum += loss.item()
+            q_sum += q.detach().mean().item()
+        return {"loss": loss_sum / max(steps, 1), "q_mean": q_sum / max(steps, 1),
+                "train_steps": steps, "samples": steps * bs}
+
+    def state(self) -> dict:
+        return {"optimizer": self.opt.state_dict(), "target": self.target.state_dict(), "steps": self.steps}
+
+    def load_state(self, s: dict) -> None:
+        self.opt.load_state_dict(s["optimizer"])
+        self.target.load_state_dict(s["target"])
+        self.steps = int(s["steps"])

@@ -1,0 +1,112 @@
+"""Policy and value networks: MLP for vector observations, Nature-DQN CNN for Atari.
+
+Orthogonal initialisation as in CleanRL / SB3. Every role builds the same
+module from the same spec and seed, so version 0 is identical everywhere.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .envs import EnvInfo
+from .spec import ModelConfig
+
+
+def _init(layer: nn.Module, gain: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+class NatureCNN(nn.Module):
+    """Mnih et al. 2015 encoder: uint8 [B, C, 84, 84] → 512 features (scaled to [0, 1] inside)."""
+
+    def __init__(self, in_channels: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            _init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
+            _init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            _init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+            _init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+        )
+        self.out_dim = 512
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.float() / 255.0)
+
+
+def mlp(in_dim: int, hidden: list[int], act: str, out_dim: int, out_gain: float) -> nn.Sequential:
+    Act = nn.Tanh if act == "tanh" else nn.ReLU
+    layers: list[nn.Module] = []
+    d = in_dim
+    for h in hidden:
+        layers += [_init(nn.Linear(d, h)), Act()]
+        d = h
+    layers.append(_init(nn.Linear(d, out_dim), out_gain))
+    return nn.Sequential(*layers)
+
+
+def _use_cnn(cfg: ModelConfig, info: EnvInfo) -> bool:
+    return cfg.encoder == "nature_cnn" or (cfg.encoder == "auto" and info.is_image)
+
+
+class ActorCritic(nn.Module):
+    """Separate policy and value heads (shared CNN trunk for images)."""
+
+    def __init__(self, cfg: ModelConfig, info: EnvInfo):
+        super().__init__()
+        if _use_cnn(cfg, info):
+            self.encoder: nn.Module = NatureCNN(info.obs_shape[0])
+            d, hidden = self.encoder.out_dim, []
+        else:
+            self.encoder = nn.Flatten()
+            d, hidden = int(np.prod(info.obs_shape)), list(cfg.hidden)
+        self.pi = mlp(d, hidden, cfg.activation, info.n_actions, 0.01)
+        self.vf = mlp(d, hidden, cfg.activation, 1, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.encoder(obs if obs.dtype == torch.uint8 else obs.float())
+        return self.pi(z), self.vf(z).squeeze(-1)
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        z = self.encoder(obs if obs.dtype == torch.uint8 else obs.float())
+        return self.pi(z)
+
+
+class QNetwork(nn.Module):
+    def __init__(self, cfg: ModelConfig, info: EnvInfo):
+        super().__init__()
+        if _use_cnn(cfg, info):
+            enc = NatureCNN(info.obs_shape[0])
+            self.net = nn.Sequential(enc, _init(nn.Linear(enc.out_dim, info.n_actions), 1.0))
+        else:
+            self.net = nn.Sequential(nn.Flatten(), mlp(int(np.prod(info.obs_shape)), list(cfg.hidden),
+                                                       cfg.activation, info.n_actions, 1.0))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs if obs.dtype == torch.uint8 else obs.float())
+
+
+def build_model(algorithm: str, cfg: ModelConfig, info: EnvInfo, seed: int) -> nn.Module:
+    torch.manual_seed(seed)  # same seed → same version-0 weights in every process
+    return ActorCritic(cfg, info) if algorithm == "ppo" else QNetwork(cfg, info)
+
+
+def state_arrays(model: nn.Module) -> dict[str, np.ndarray]:
+    """Parameters as numpy views (no copy) for the wire."""
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+def load_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    """Load wire arrays into `model`; names, shapes and dtypes must match exactly."""
+    own = model.state_dict()
+    if set(arrays) != set(own):
+        raise ValueError(f"parameter names differ: {sorted(set(arrays) ^ set(own))[:4]}")
+    for k, t in own.items():
+        a = arrays[k]
+        if tuple(a.shape) != tuple(t.shape) or a.dtype != t.detach().cpu().numpy().dtype:
+            raise ValueError(f"parameter {k}: {a.dtype}{list(a.shape)} != {t.dtype}{list(t.shape)}")
+    with torch.no_grad():
+        for k, t in own.items():
+            t.copy_(torch.from_numpy(np.asarray(arrays[k])))

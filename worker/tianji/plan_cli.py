@@ -1,0 +1,92 @@
+"""`tianji plan JOB.yaml --cpus M [--gpus G] [--nodes K --cpus-per-node C] [--profile FILE] [--json]`.
+
+Loads the job and an optional profile (from `tianji profile`; otherwise the
+built-in estimates), runs the balance planner and prints a table, or the plan
+as JSON. Infeasible inputs print the planner's message on stderr and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .planner import Plan, PlanError, Profile, default_profile, plan
+from .spec import load_job
+
+
+def _load_profile(path: str) -> Profile:
+    try:
+        return Profile.from_json(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.2f}"
+
+
+def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"tianji plan: {name}")
+    t.add_column("", style="bold")
+    t.add_column("actor", justify="right")
+    t.add_column("buffer", justify="right")
+    t.add_column("learner", justify="right")
+    t.add_row("processes per group", str(p.actors), str(p.buffers), str(p.learners))
+    t.add_row("cores per process", f"{p.actor.cpu:g}", f"{p.buffer.cpu:g}", f"{p.learner.cpu:g}")
+    t.add_row("GPUs per process", str(p.actor.gpu), str(p.buffer.gpu), str(p.learner.gpu))
+    t.add_row("memory per process", p.actor.memory, p.buffer.memory, p.learner.memory)
+    t.add_row("torch threads", str(p.actor.threads), str(p.buffer.threads), str(p.learner.threads))
+    s = Table(show_header=False, box=None)
+    s.add_column(style="bold")
+    s.add_column()
+    for k, v in [
+        ("given", f"{cpus:g} cores, {gpus} GPUs; profile: {source}"),
+        ("groups", str(p.groups)),
+        ("cores / GPUs used", f"{p.cpus_used:g} / {p.gpus_used}"),
+        ("batch size", str(p.batch_size)),
+        ("produced (frames/s)", _fmt_rate(p.produced_fps)),
+        ("consumed (samples/s)", _fmt_rate(p.consumed_sps)),
+        ("replay ratio", f"{p.replay_ratio:.2f}"),
+        ("expected policy lag", f"{p.expected_policy_lag:.1f} versions"),
+        ("critical path (s/update)", f"sample {p.sample_seconds:.4g}  train {p.train_seconds:.4g}  "
+                                     f"comm {p.comm_seconds:.4g}"),
+        ("bottleneck", p.bottleneck),
+    ]:
+        s.add_row(k, v)
+    c = Console()
+    c.print(t)
+    c.print(s)
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    job = load_job(args.job, getattr(args, "set", None) or [])
+    source = "built-in estimates"
+    try:
+        if getattr(args, "profile", None):
+            profile = _load_profile(args.profile)
+            source = args.profile
+        else:
+            profile = default_profile(job)
+        result = plan(job, cpus=args.cpus, gpus=args.gpus or 0, nodes=args.nodes or 1,
+                      cpus_per_node=args.cpus_per_node, profile=profile)
+    except PlanError as e:
+        print(f"tianji plan: infeasible: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # bad profile file
+        print(f"tianji plan: bad profile: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = result.to_json()
+        out["profile"] = profile.to_json()
+        print(json.dumps(out, indent=2))
+    else:
+        _print_table(job.name, result, source, args.cpus, args.gpus or 0)
+    return 0

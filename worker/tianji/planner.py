@@ -1,0 +1,543 @@
+"""The balance planner (paper §3.3): pure functions, no I/O.
+
+Notation (whole job unless said otherwise)
+-----------------------------------------
+    M            cores the job may use; G GPUs; K nodes of C_n cores each
+    g            groups; per group n_a actors, n_b buffers, n_l learners
+    c_a, c_b, c_l  cores per actor / buffer / learner process; γ GPUs per learner
+    f_a          actor_fps_per_core        (env + inference frames/s per core)
+    s_l          learner_sps_per_core      (samples/s per core at the batch size)
+    s_g          learner_sps_per_gpu       (samples/s per GPU)
+    μ            message_seconds           (send+receive cost of one fragment-sized message)
+    F            fragment_samples;  B batch size (samples per learner update)
+    r            target replay ratio = consumed / produced (job.spec.replay_ratio;
+                 DQN: e.g. 32, PPO: 1 — a fresh sample is consumed about once)
+
+    TR_A = g·n_a·c_a·f_a                          production capacity (frames/s)
+    TR_L = g·n_l·(c_l·s_l  or  γ·s_g)             consumption capacity (samples/s)
+
+The planner solves
+
+    maximise  min(TR_L, r·TR_A)
+    s.t.      g·(n_a·c_a + n_b·c_b + n_l·c_l) ≤ M,   g·n_l·γ ≤ G,
+              every process fits on one node (first-fit packing into K nodes),
+              n_a ≥ n_b ≥ n_l ≥ 1  (the spec's Topology validator),
+
+i.e. the paper's M_L + M_A = M with production TR_A ≈ TR_L / r. It enumerates a
+small grid of process sizes and group counts; for each it picks the fewest
+actors that reach TR_A ≥ TR_L / r (or as many as fit). Plans whose expected
+policy lag exceeds spec.maxPolicyLag are dropped when any plan meets it (the
+buffer would discard their samples); among the rest, the plans within 2 % of
+the best objective, it keeps the one with the fewest cores, then fewest
+learners, then fewest processes.
+
+Critical path (paper eq. 1) of one synchronous learner update (one batch of B):
+
+    T_A = (B/r) / (TR_A / (g·n_l))     time for the actors to produce its new data
+    T_L = B / (TR_L / (g·n_l))         time for the learner to consume it
+    T_C = μ·(B/r + B)/F · n_l/n_b / min(c_b, 1)
+                                       buffer time to receive those fragments and
+                                       send the batch (fragment-sized units)
+    T   = max(T_A, T_L, T_C)
+
+The bottleneck is communication-bound if T_C > max(T_A, T_L) (messaging exceeds
+the time budget of the slower side), else sample-bound if T_A > T_L
+(TR_A·r < TR_L), else training-bound. Predicted consumption is g·n_l·B/T;
+production is TR_A, capped at pace_headroom·consumed/r when actors pace.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
+
+from .spec import TianJiJob
+
+# Process-size grid the planner searches (cores). Actors step envs in one
+# thread, so they stay at <= 1 core; a learner gains little from intra-op
+# threads beyond a few cores; a buffer is one event loop (<= 1 core useful).
+ACTOR_CORES = (0.5, 1.0)
+BUFFER_CORES = (0.25, 0.5, 1.0)
+LEARNER_CORES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+GPU_LEARNER_CORES = 1.0  # host cores of a GPU learner (feeding and launching kernels)
+BUFFER_COUNTS = (1, 2, 3, 4, 6, 8)
+MAX_GROUPS, MAX_ACTORS = 1024, 4096  # spec.Topology's upper bounds
+NEAR_BEST = 0.02  # plans within this fraction of the best objective are "as good"
+_EPS = 1e-9
+
+SAMPLE_BOUND = "sample-bound"
+TRAINING_BOUND = "training-bound"
+COMMUNICATION_BOUND = "communication-bound"
+
+
+class PlanError(ValueError):
+    """Inputs with no feasible plan; the message says which and why."""
+
+
+# ----------------------------------------------------------------- profile
+@dataclass(frozen=True)
+class Profile:
+    """Per-core throughput figures, from `tianji profile` or `default_profile`."""
+
+    actor_fps_per_core: float
+    learner_sps_per_core: float
+    learner_sps_per_gpu: Optional[float]
+    message_seconds: float
+    fragment_samples: int
+    bytes_per_sample: float
+
+    def __post_init__(self) -> None:
+        for name in ("actor_fps_per_core", "learner_sps_per_core"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"profile.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.learner_sps_per_gpu is not None and not self.learner_sps_per_gpu > 0:
+            raise ValueError(f"profile.learner_sps_per_gpu must be > 0 or null, got {self.learner_sps_per_gpu!r}")
+        if not self.message_seconds >= 0:
+            raise ValueError(f"profile.message_seconds must be >= 0, got {self.message_seconds!r}")
+        if not (isinstance(self.fragment_samples, int) and self.fragment_samples >= 1):
+            raise ValueError(f"profile.fragment_samples must be an integer >= 1, got {self.fragment_samples!r}")
+        if not self.bytes_per_sample >= 0:
+            raise ValueError(f"profile.bytes_per_sample must be >= 0, got {self.bytes_per_sample!r}")
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Profile":
+        """Build from `to_json()` output. Accepts camelCase keys, ignores unknown
+        keys (profiler metadata), and unwraps a top-level {"profile": {...}}."""
+        if not isinstance(d, dict):
+            raise ValueError(f"profile: expected a JSON object, got {type(d).__name__}")
+        if isinstance(d.get("profile"), dict):
+            d = d["profile"]
+        camel = {"".join(w.capitalize() if i else w for i, w in enumerate(k.split("_"))): k
+                 for k in cls.__dataclass_fields__}
+        d = {camel.get(k, k): v for k, v in d.items()}
+        missing = [k for k in cls.__dataclass_fields__ if k not in d and k != "learner_sps_per_gpu"]
+        if missing:
+            raise ValueError(f"profile: missing {', '.join(missing)}")
+        gpu = d.get("learner_sps_per_gpu")
+        try:
+            return cls(
+                actor_fps_per_core=float(d["actor_fps_per_core"]),
+                learner_sps_per_core=float(d["learner_sps_per_core"]),
+                learner_sps_per_gpu=None if gpu is None else float(gpu),
+                message_seconds=float(d["message_seconds"]),
+                fragment_samples=int(d["fragment_samples"]),
+                bytes_per_sample=float(d["bytes_per_sample"]),
+            )
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"profile: {e}") from None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _is_atari(job: TianJiJob) -> bool:
+    s = job.spec
+    return s.env.id.startswith("ALE/") or "NoFrameskip" in s.env.id or s.model.encoder == "nature_cnn"
+
+
+def default_profile(job: TianJiJob) -> Profile:
+    """Conservative built-in estimates (a modest x86 core) when nothing was measured.
+
+    MLP/classic control: actor 4000 frames/s/core; learner per core 100k
+    sample-passes/s (PPO divides by `epochs`), DQN 20k samples/s; ~64 B/sample.
+    Atari (ALE/..., Nature CNN): actor 400 frames/s/core; learner per core
+    1500 sample-passes/s (PPO / epochs), DQN 600; GPU 20x; 84·84·frame_stack B/sample.
+    Message cost μ = 100 µs + fragment bytes / 0.5 GB/s.
+    """
+    s = job.spec
+    algo = s.algorithm
+    F = s.env.num_envs * s.env.fragment_length
+    if _is_atari(job):
+        fps, ppo_pass, dqn, gpu_x = 400.0, 1500.0, 600.0, 20.0
+        bps = 84 * 84 * s.env.frame_stack + 32.0
+    else:
+        fps, ppo_pass, dqn, gpu_x = 4000.0, 100_000.0, 20_000.0, 3.0
+        bps = 64.0
+    sps = ppo_pass / algo.epochs if algo.name == "ppo" else dqn
+    return Profile(
+        actor_fps_per_core=fps,
+        learner_sps_per_core=sps,
+        learner_sps_per_gpu=sps * gpu_x,
+        message_seconds=100e-6 + F * bps / 0.5e9,
+        fragment_samples=F,
+        bytes_per_sample=bps,
+    )
+
+
+# ----------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class RolePlan:
+    """Per-process request; the same fields as spec.resources.<role>."""
+
+    cpu: float
+    memory: str
+    gpu: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    groups: int
+    actors: int  # per group
+    buffers: int  # per group
+    learners: int  # per group
+    actor: RolePlan
+    buffer: RolePlan
+    learner: RolePlan
+    batch_size: int
+    produced_fps: float  # predicted, whole job
+    consumed_sps: float  # predicted, whole job
+    replay_ratio: float  # predicted consumed / produced
+    expected_policy_lag: float  # learner versions
+    bottleneck: str
+    cpus_used: float
+    gpus_used: int
+    # Critical-path terms of one learner update (seconds), see the module docstring.
+    sample_seconds: float = 0.0
+    train_seconds: float = 0.0
+    comm_seconds: float = 0.0
+
+    def topology(self) -> dict:
+        """Usable as spec.topology (keys are the same in camelCase)."""
+        return {"groups": self.groups, "actors": self.actors, "buffers": self.buffers, "learners": self.learners}
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["topology"] = self.topology()
+        return d
+
+
+def _threads(cpu: float) -> int:
+    return max(1, int(math.floor(cpu + _EPS)))
+
+
+def _pack(items: list[tuple[float, int, int]], node_cpus: list[float], node_gpus: list[int]) -> bool:
+    """First-fit decreasing of (cpu, gpu, count) classes into nodes; True if all fit."""
+    free_c, free_g = list(node_cpus), list(node_gpus)
+    for cpu, gpu, count in sorted(items, key=lambda t: (-t[1], -t[0])):
+        left = count
+        for i in range(len(free_c)):
+            if left == 0:
+                break
+            k = int((free_c[i] + _EPS) // cpu)
+            if gpu:
+                k = min(k, free_g[i] // gpu)
+            k = min(k, left)
+            free_c[i] -= k * cpu
+            free_g[i] -= k * gpu
+            left -= k
+        if left:
+            return False
+    return True
+
+
+def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
+             ca: float, cb: float, cl: float, gl: int) -> dict:
+    """Throughput, staleness and bottleneck of one topology (module docstring).
+
+    Expected policy lag, in learner versions, with U = 1/T updates per second:
+        U·F/(TR_A/(g·n_a))      a fragment carries the version at its start
+      + (publish_every − 1)/2   actors refresh parameters every few versions
+      + credit_window if training-bound (full window queued) else 1/2
+      + DQN only: U·N/(2·I), the mean age of a uniform draw from a full FIFO
+        replay of N = replay_capacity with I = inserts/s per buffer.
+    """
+    s = job.spec
+    r = s.replay_ratio
+    B = s.algorithm.batch_size
+    F = p.fragment_samples
+    tr_a = g * na * ca * p.actor_fps_per_core
+    per_learner = gl * p.learner_sps_per_gpu if gl else cl * p.learner_sps_per_core
+    tr_l = g * nl * per_learner
+    t_a = (B / r) / (tr_a / (g * nl))
+    t_l = B / per_learner
+    t_c = p.message_seconds * (B / r + B) / F * nl / nb / min(cb, 1.0)
+    t = max(t_a, t_l, t_c)
+    if t_c > max(t_a, t_l) + _EPS * t:
+        kind = COMMUNICATION_BOUND
+    elif t_a > t_l * (1 + _EPS):
+        kind = SAMPLE_BOUND
+    else:
+        kind = TRAINING_BOUND
+    consumed = g * nl * B / t
+    produced = min(tr_a, s.staleness.pace_headroom * consumed / r) if s.staleness.pace_actors else tr_a
+    u = 1.0 / t
+    lag = u * F / (produced / (g * na)) + (s.staleness.publish_every - 1) / 2
+    lag += s.staleness.credit_window if kind == TRAINING_BOUND else 0.5
+    if s.algorithm.name == "dqn":
+        lag += u * s.algorithm.replay_capacity / (2 * produced / (g * nb))
+    return {"produced_fps": produced, "consumed_sps": consumed, "replay_ratio": consumed / produced,
+            "expected_policy_lag": lag, "bottleneck": kind, "tr_a": tr_a, "tr_l": tr_l,
+            "sample_seconds": t_a, "train_seconds": t_l, "comm_seconds": t_c}
+
+
+def _make_plan(job: TianJiJob, pred: dict, g: int, na: int, nb: int, nl: int,
+               ca: float, cb: float, cl: float, gl: int) -> Plan:
+    res = job.spec.resources
+    return Plan(
+        groups=g, actors=na, buffers=nb, learners=nl,
+        actor=RolePlan(ca, res.actor.memory, 0, _threads(ca)),
+        buffer=RolePlan(cb, res.buffer.memory, 0, _threads(cb)),
+        learner=RolePlan(cl, res.learner.memory, gl, _threads(cl)),
+        batch_size=job.spec.algorithm.batch_size,
+        produced_fps=pred["produced_fps"], consumed_sps=pred["consumed_sps"],
+        replay_ratio=pred["replay_ratio"], expected_policy_lag=pred["expected_policy_lag"],
+        bottleneck=pred["bottleneck"],
+        cpus_used=round(g * (na * ca + nb * cb + nl * cl), 6), gpus_used=g * nl * gl,
+        sample_seconds=pred["sample_seconds"], train_seconds=pred["train_seconds"],
+        comm_seconds=pred["comm_seconds"],
+    )
+
+
+def _group_candidates(gmax: int) -> list[int]:
+    """1..32, then geometric steps (x1.15) up to gmax: keeps the search small for large M."""
+    out, g = [], 1
+    while g <= gmax:
+        out.append(g)
+        g = g + 1 if g < 32 else max(g + 1, int(g * 1.15))
+    if gmax >= 1 and out[-1] != gmax:
+        out.append(gmax)
+    return out
+
+
+def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
+         cpus_per_node: Optional[float] = None, profile: Optional[Profile] = None) -> Plan:
+    """Size `job` for M = `cpus` cores and G = `gpus` GPUs (see the module docstring).
+
+    Preconditions (PlanError otherwise): M > 0; G ≥ 0; K = nodes ≥ 1; C_n =
+    cpus_per_node > 0 (default M/K; usable cores are min(M, K·C_n)); M holds at
+    least one actor + buffer + learner; a spec that asks for γ =
+    resources.learner.gpu > 0 GPUs per learner gets G ≥ γ and a profile with a
+    GPU figure. GPUs are spread evenly over the nodes.
+    """
+    if not (isinstance(cpus, (int, float)) and cpus > 0):
+        raise PlanError(f"cpus must be > 0 (the total cores M the job may use), got {cpus!r}")
+    if gpus < 0:
+        raise PlanError(f"gpus must be >= 0, got {gpus}")
+    if nodes < 1:
+        raise PlanError(f"nodes must be >= 1, got {nodes}")
+    if cpus_per_node is not None and not cpus_per_node > 0:
+        raise PlanError(f"cpus_per_node must be > 0, got {cpus_per_node!r}")
+    p = profile or default_profile(job)
+    cn = float(cpus_per_node) if cpus_per_node is not None else cpus / nodes
+    m = min(float(cpus), nodes * cn)
+    node_cpus = [cn] * nodes
+    node_gpus = [gpus // nodes + (1 if i < gpus % nodes else 0) for i in range(nodes)]
+
+    want_gpu = job.spec.resources.learner.gpu
+    if want_gpu and gpus == 0:
+        raise PlanError(f"spec.resources.learner.gpu asks {want_gpu} GPU(s) per learner but no GPUs were given "
+                        "(pass --gpus, or set resources.learner.gpu: 0)")
+    if want_gpu and want_gpu > max(node_gpus):
+        raise PlanError(f"a learner needs {want_gpu} GPU(s) but a node has at most {max(node_gpus)} "
+                        f"({gpus} GPU(s) over {nodes} node(s))")
+    if want_gpu and p.learner_sps_per_gpu is None:
+        raise PlanError("spec.resources.learner.gpu > 0 but the profile has no GPU figure (learner_sps_per_gpu); "
+                        "profile on a GPU machine or omit --profile")
+    modes = [want_gpu] if want_gpu else [0] + ([1] if gpus and p.learner_sps_per_gpu is not None else [])
+
+    a_min, b_min = min(ACTOR_CORES), min(BUFFER_CORES)
+    l_min = GPU_LEARNER_CORES if want_gpu else min(LEARNER_CORES)
+    need = a_min + b_min + l_min
+    if m + _EPS < need:
+        raise PlanError(f"{m:g} cores cannot hold one actor ({a_min:g}) + one buffer ({b_min:g}) + one learner "
+                        f"({l_min:g}): need at least {need:g} cores")
+
+    r = job.spec.replay_ratio
+    cands = []  # (predicted consumption, (g, na, nb, nl, ca, cb, cl, gl), prediction)
+    for gl in modes:
+        lcores = (GPU_LEARNER_CORES,) if gl else LEARNER_CORES
+        for cl in lcores:
+            if cl > cn + _EPS:
+                continue
+            per_learner = gl * p.learner_sps_per_gpu if gl else cl * p.learner_sps_per_core
+            for ca in ACTOR_CORES:
+                for cb in BUFFER_CORES:
+                    if max(ca, cb) > cn + _EPS:
+                        continue
+                    gmax = min(MAX_GROUPS, int((m + _EPS) // (cl + ca + cb)))
+                    if gl:
+                        gmax = min(gmax, gpus // gl)
+                    for g in _group_candidates(gmax):
+                        for nb in BUFFER_COUNTS:
+                            left = m - g * (cl + nb * cb)
+                            na_fit = min(MAX_ACTORS, int((left + _EPS) // (g * ca)))
+                            if na_fit < nb:
+                                break
+                            na_need = math.ceil(per_learner / r / (ca * p.actor_fps_per_core) - _EPS)
+                            na = max(nb, min(na_fit, na_need))
+                            na = _max_packable(na, nb, g, ca, cb, cl, gl, node_cpus, node_gpus)
+                            if na is None:
+                                continue
+                            pred = _predict(job, p, g, na, nb, 1, ca, cb, cl, gl)
+                            cands.append((pred["consumed_sps"], (g, na, nb, 1, ca, cb, cl, gl), pred))
+    if not cands:
+        raise PlanError(f"no topology fits {m:g} cores on {nodes} node(s) of {cn:g} cores"
+                        + (f" with {gpus} GPU(s)" if gpus else ""))
+    # Staleness first: samples past maxPolicyLag are dropped, so a plan beyond it
+    # does not deliver its throughput. Fall back to all plans if none meets it.
+    max_lag = job.spec.max_policy_lag
+    if max_lag is not None:
+        cands = [c for c in cands if c[2]["expected_policy_lag"] <= max_lag] or cands
+    # Objective: min(TR_L, r·TR_A) degraded by communication (= predicted consumption).
+    best = max(c[0] for c in cands)
+    pool = [c for c in cands if c[0] >= (1 - NEAR_BEST) * best]
+
+    def cost(c):
+        g, na, nb, nl, ca, cb, cl, gl = c[1]
+        return (round(g * (na * ca + nb * cb + nl * cl), 6), g * nl * gl, g * nl, g * (na + nb + nl), -c[0])
+
+    _, shape, pred = min(pool, key=cost)
+    return _make_plan(job, pred, *shape)
+
+
+def _max_packable(na: int, nb: int, g: int, ca: float, cb: float, cl: float, gl: int,
+                  node_cpus: list[float], node_gpus: list[int]) -> Optional[int]:
+    """Largest n ≤ na (n ≥ nb) whose processes pack onto the nodes, or None."""
+    def fits(n: int) -> bool:
+        return _pack([(cl, gl, g), (ca, 0, g * n), (cb, 0, g * nb)], node_cpus, node_gpus)
+
+    if fits(na):
+        return na
+    lo, hi = nb, na - 1
+    if lo > hi or not fits(lo):
+        return None
+    while lo < hi:  # invariant: fits(lo)
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def plan_for_job(job: TianJiJob, profile: Optional[Profile] = None) -> Plan:
+    """The plan a launcher or the operator uses for `job`.
+
+    topology.auto: plan(job, cpus = resources.cpus or 2, gpus, nodes, cpus_per_node).
+    Otherwise the explicit topology and per-role requests (resources.actor/buffer/
+    learner) are described as a Plan with the same predictions. PlanError if the
+    explicit topology has more learners than resources.cpus cores, needs more
+    cores than resources.cpus, or more GPUs than resources.gpus (when set), or a
+    process larger than resources.cpusPerNode.
+    """
+    s = job.spec
+    res = s.resources
+    if s.topology.auto:
+        return plan(job, cpus=res.cpus or 2, gpus=res.gpus, nodes=res.nodes,
+                    cpus_per_node=res.cpus_per_node, profile=profile)
+    p = profile or default_profile(job)
+    t = s.topology
+    g, na, nb, nl = t.groups, t.actors, t.buffers, t.learners
+    ca, cb, cl, gl = res.actor.cpu, res.buffer.cpu, res.learner.cpu, res.learner.gpu
+    used = g * (na * ca + nb * cb + nl * cl)
+    if res.cpus is not None:
+        if g * nl > res.cpus:
+            raise PlanError(f"more learners ({g * nl} = {g} groups x {nl}) than cores (resources.cpus = {res.cpus:g})")
+        if used > res.cpus + _EPS:
+            raise PlanError(f"the topology requests {used:g} cores but resources.cpus is {res.cpus:g}")
+    if res.gpus and g * nl * gl > res.gpus:
+        raise PlanError(f"the topology requests {g * nl * gl} GPUs but resources.gpus is {res.gpus}")
+    if gl and p.learner_sps_per_gpu is None:
+        raise PlanError("resources.learner.gpu > 0 but the profile has no GPU figure (learner_sps_per_gpu)")
+    if res.cpus_per_node is not None and max(ca, cb, cl) > res.cpus_per_node + _EPS:
+        raise PlanError(f"a process of {max(ca, cb, cl):g} cores does not fit a node of "
+                        f"{res.cpus_per_node:g} (resources.cpusPerNode)")
+    pred = _predict(job, p, g, na, nb, nl, ca, cb, cl, gl)
+    out = _make_plan(job, pred, g, na, nb, nl, ca, cb, cl, gl)
+    threads = {r: getattr(res, r).threads for r in ("actor", "buffer", "learner")}
+    if any(threads.values()):  # keep explicit thread counts from the spec
+        out = replace(out, **{r: replace(getattr(out, r), threads=n) for r, n in threads.items() if n})
+    return out
+
+
+# ----------------------------------------------------------------- live rebalancing
+@dataclass(frozen=True)
+class GroupThroughput:
+    """Observed rates of one group over a window: actors' frames/s, buffer
+    receive samples/s, learner consume samples/s, and its current actor count."""
+
+    produced_fps: float
+    received_sps: float
+    consumed_sps: float
+    actors: int
+
+    def __post_init__(self) -> None:
+        for n in ("produced_fps", "received_sps", "consumed_sps"):
+            if not getattr(self, n) >= 0:
+                raise ValueError(f"GroupThroughput.{n} must be >= 0, got {getattr(self, n)!r}")
+        if self.actors < 0:
+            raise ValueError(f"GroupThroughput.actors must be >= 0, got {self.actors}")
+
+
+@dataclass(frozen=True)
+class RebalancePolicy:
+    target_ratio: float  # consumed / produced the job aims at (spec.replay_ratio)
+    band: float  # relative hysteresis band, 0 <= band < 1
+    min_actors: int
+    max_actors: int
+    max_step: int = 4  # most actors added or removed per group per decision
+
+    def __post_init__(self) -> None:
+        if not self.target_ratio > 0:
+            raise ValueError(f"target_ratio must be > 0, got {self.target_ratio!r}")
+        if not 0 <= self.band < 1:
+            raise ValueError(f"band must be in [0, 1), got {self.band!r}")
+        if self.min_actors < 1:
+            raise ValueError(f"min_actors must be >= 1, got {self.min_actors}")
+        if self.max_actors < self.min_actors:
+            raise ValueError(f"max_actors ({self.max_actors}) < min_actors ({self.min_actors})")
+        if self.max_step < 1:
+            raise ValueError(f"max_step must be >= 1, got {self.max_step}")
+
+
+def rebalance(observed: dict[int, GroupThroughput], policy: RebalancePolicy) -> dict[int, int]:
+    """Desired actor count per group from observed throughput.
+
+    With x = produced / (consumed / target_ratio) (production over what the
+    learner needs), for a group with n actors:
+
+      x < 1 − band  → n + clamp(⌈n/x⌉ − n, 1, max_step)   (x = 0: + max_step)
+                      unless received < (1 − band)·produced: the buffer is
+                      already dropping input (communication-bound), so no more;
+      x > 1 + band  → n − clamp(n − ⌈n/x⌉, 1, max_step);
+      otherwise, or consumed = 0 (learner not started), → n;
+
+    then clamped to [min_actors, max_actors]. When actors pace themselves
+    (spec.staleness.paceActors) `produced` is capped at headroom·needed; pass
+    target_ratio / headroom as target_ratio, or the unpaced capacity.
+    """
+    out: dict[int, int] = {}
+    for group, o in observed.items():
+        n = o.actors
+        if o.consumed_sps > 0:
+            need = o.consumed_sps / policy.target_ratio
+            x = o.produced_fps / need
+            if x < 1 - policy.band:
+                comm_bound = o.produced_fps > 0 and o.received_sps < (1 - policy.band) * o.produced_fps
+                if not comm_bound:
+                    step = policy.max_step if x == 0 or n == 0 else math.ceil(n / x - _EPS) - n
+                    n += min(max(step, 1), policy.max_step)
+            elif x > 1 + policy.band:
+                step = n - math.ceil(n / x - _EPS)
+                n -= min(max(step, 1), policy.max_step)
+        out[group] = min(max(n, policy.min_actors), policy.max_actors)
+    return out
+
+
+def pace_fps(learner_capacity_sps: float, ratio: float, actors: int, headroom: float) -> float:
+    """Per-actor production rate that feeds the learner with some headroom:
+
+        fps = learner_capacity_sps / ratio · headroom / actors
+
+    Preconditions: capacity > 0, ratio > 0, actors ≥ 1, headroom > 0.
+    """
+    if not learner_capacity_sps > 0:
+        raise ValueError(f"learner_capacity_sps must be > 0, got {learner_capacity_sps!r}")
+    if not ratio > 0:
+        raise ValueError(f"ratio must be > 0, got {ratio!r}")
+    if actors < 1:
+        raise ValueError(f"actors must be >= 1, got {actors}")
+    if not headroom > 0:
+        raise ValueError(f"headroom must be > 0, got {headroom!r}")
+    return learner_capacity_sps / ratio * headroom / actors

@@ -1,0 +1,195 @@
+"""Actor: policy inference + simulation in one loop (dependency II stays local).
+
+Per fragment: step N vectorised envs for T steps with the local policy,
+push the fragment to the group's buffer (NOBLOCK: a full queue drops the
+fragment and counts it), then probe the parameter subscription without
+waiting and swap in the newest version. The fragment carries the
+`policy_version` that produced every one of its steps.
+
+Pacing: the learner advertises its consumption capacity C (samples per busy
+second) with each parameter publish; an actor sharing that learner with k
+others produces at most C / ratio * headroom / k frames/s (planner.pace_fps).
+That is a local token bucket, not a wait on another role: it keeps
+production near the planned balance so 2-core machines don't spend their
+cycles on samples that would only be dropped as stale.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Optional
+
+import numpy as np
+import zmq
+
+from ..addressing import buffer_for_actor, learner_for_actor
+from ..algos import dqn, ppo
+from ..envs import env_info, make_vec_env
+from ..models import build_model, load_arrays
+from ..planner import pace_fps
+from .base import Role
+
+INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
+
+
+class Pacer:
+    """Token bucket on frames: each frame costs 1/fps seconds of budget.
+
+    `next_free` is when the budget spent so far is paid off; `wait_time()`
+    is how far in the future that is. Falling behind (descheduled) forgives
+    at most 1 s of debt, so an actor never bursts to catch up.
+    """
+
+    def __init__(self, fps: Optional[float]):
+        self.fps = fps
+        self.next_free = time.monotonic()
+
+    def set_rate(self, fps: Optional[float]) -> None:
+        self.fps = fps
+
+    def add(self, frames: int) -> None:
+        if self.fps:
+            self.next_free = max(self.next_free, time.monotonic() - 1.0) + frames / self.fps
+
+    def wait_time(self) -> float:
+        return max(0.0, self.next_free - time.monotonic()) if self.fps else 0.0
+
+
+class Actor(Role):
+    name = "actor"
+
+    def setup(self) -> None:
+        s = self.spec
+        topo = s.topology
+        self.env = make_vec_env(s.env)
+        self.info = env_info(self.env)
+        self.algo = s.algorithm.name
+        self.model = build_model(self.algo, s.model, self.info, s.env.seed)
+        self.model.eval()
+        self.version = 0
+        b = buffer_for_actor(self.index, topo.buffers)
+        l = learner_for_actor(self.index, topo.buffers, topo.learners)
+        self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4)
+        self.sub = self.socket(zmq.SUB, self.addrs.connect("params", self.group, l), bind=False, hwm=2)
+        self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
+        self.total_actors = topo.groups * topo.actors
+        self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
+        seed = s.env.seed + 10_000 * self.group + 100 * self.index + 1
+        self.rng = np.random.default_rng(seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        n, T = self.env.num_envs, s.env.fragment_length
+        self.n, self.T = n, T
+        self.prev_done = np.zeros(n, dtype=bool)
+        self.ep_return = np.zeros(n, dtype=np.float64)
+        self.recent = deque(maxlen=100)
+        self.frames = 0
+        obs_dtype = self.obs.dtype
+        self.buf = {
+            "obs": np.empty((T, n, *self.info.obs_shape), dtype=obs_dtype),
+            "actions": np.empty((T, n), dtype=np.int64),
+            "rewards": np.empty((T, n), dtype=np.float32),
+            "dones": np.empty((T, n), dtype=bool),
+            "terminated": np.empty((T, n), dtype=bool),
+            "valid": np.empty((T, n), dtype=bool),
+        }
+        if self.algo == "ppo":
+            self.buf["logp"] = np.empty((T, n), dtype=np.float32)
+        self.clip_rewards = getattr(self.env, "clip_rewards", False)
+
+    def _act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
+        if self.algo == "ppo":
+            return ppo.act(self.model, obs, self.rng)
+        eps = dqn.epsilon(self.spec.algorithm, self.frames * self.total_actors)
+        return dqn.act(self.model, obs, eps, self.rng, self.info.n_actions)
+
+    def _rest(self, seconds: float) -> None:
+        """Sleep while pacing, but keep probing parameters."""
+        end = time.monotonic() + seconds
+        while not self.stopping:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            if self.sub.poll(timeout=min(left, 0.05) * 1000):
+                self.probe_params()
+
+    def step(self) -> None:
+        buf, version = self.buf, self.version
+        for t in range(self.T):
+            obs = self.obs
+            actions, extra = self._act(obs)
+            next_obs, reward, term, trunc, info = self.env.step(actions)
+            done = term | trunc
+            buf["obs"][t] = obs
+            buf["actions"][t] = actions
+            buf["valid"][t] = ~self.prev_done
+            buf["dones"][t] = done
+            buf["terminated"][t] = term
+            raw = np.asarray(reward, dtype=np.float64)
+            self.ep_return += raw
+            buf["rewards"][t] = np.sign(raw) if self.clip_rewards else raw
+            if "logp" in extra:
+                buf["logp"][t] = extra["logp"]
+            ended = self._episode_ends(done, info)
+            if ended.any():
+                finished = self.ep_return[ended]
+                self.recent.extend(finished.tolist())
+                self.add_episodes(finished)
+                self.metrics.inc("episodes_total", len(finished))
+                self.ep_return[ended] = 0.0
+            self.prev_done = done
+            self.obs = next_obs
+            self.pacer.add(self.n)
+            self.frames += self.n
+            if self.stopping:
+                return
+        self.metrics.inc("env_frames_total", self.n * self.T)
+        self._send_fragment(version)
+        if self.recent:
+            self.metrics.set("episode_return_mean", float(np.mean(self.recent)))
+        self.probe_params()
+        wait = self.pacer.wait_time()
+        if wait > 0:
+            self._rest(wait)
+
+    def _episode_ends(self, done: np.ndarray, info: dict) -> np.ndarray:
+        """Real episode ends (with episodic life, a lost life is a `done` but not an episode end)."""
+        real = info.get("episode_end") if isinstance(info, dict) else None
+        return np.asarray(real, dtype=bool) if real is not None else done
+
+    def _send_fragment(self, version: int) -> None:
+        arrays = dict(self.buf)
+        arrays["last_obs"] = self.obs
+        samples = int(self.buf["valid"].sum())
+        if self.send(self.push, "fragment", arrays, meta={"frames": self.n * self.T}, policy_version=version):
+            self.metrics.inc("samples_sent_total", samples)
+        else:
+            self.metrics.inc("samples_dropped_total", samples, reason="hwm")
+
+    def probe_params(self) -> None:
+        """Take the newest parameters queued on the subscription (older ones are skipped)."""
+        newest = None
+        while True:
+            msg = self.receive(self.sub, ("params",))
+            if msg is None:
+                if not self.sub.poll(0):
+                    break
+                continue
+            newest = msg
+        if newest is None or newest.policy_version < self.version:
+            return
+        try:
+            load_arrays(self.model, newest.arrays)
+        except ValueError as e:
+            self.reject("params", str(e))
+            return
+        self.version = newest.policy_version
+        self.metrics.set("policy_version", self.version)
+        cap = newest.meta.get("capacity_sps")
+        if self.spec.staleness.pace_actors and isinstance(cap, (int, float)) and cap > 0:
+            self.pacer.set_rate(pace_fps(cap, self.spec.replay_ratio, self.peers, self.spec.staleness.pace_headroom))
+
+    def report_extra(self) -> dict:
+        return {"version": self.version, "pace_fps": self.pacer.fps}
+
+    def teardown(self) -> None:
+        self.env.close()

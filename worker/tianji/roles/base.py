@@ -1,0 +1,162 @@
+"""What every role process shares: sockets, validated send/receive, reports, stop signal.
+
+A role is a loop (`step()`) that must never block on another role: every
+receive is a non-blocking poll with a short timeout, every send is
+NOBLOCK and a full peer queue is counted, not waited on.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import zmq
+
+from ..addressing import Addresses
+from ..metrics import RoleMetrics
+from ..spec import TianJiJob
+from ..wire import Limits, Message, WireError, decode, encode
+
+log = logging.getLogger("tianji")
+
+REPORT_INTERVAL_S = 0.5
+MAX_EPISODES_PER_REPORT = 2000
+
+
+class Role:
+    name = "role"
+
+    def __init__(self, job: TianJiJob, group: int, index: int, addrs: Addresses,
+                 report: Optional[str] = None, run_dir: Optional[str] = None):
+        self.job, self.spec = job, job.spec
+        self.group, self.index, self.addrs, self.run_dir = group, index, addrs, run_dir
+        self.sender = f"{self.name}-{group}-{index}"
+        self.ctx = zmq.Context()
+        self.metrics = RoleMetrics(job.name, self.name, group, index)
+        self.stopping = False
+        self.seq = 0
+        self.limits = Limits()
+        self._report_sock = None
+        if report:
+            self._report_sock = self.socket(zmq.PUSH, report, bind=False, hwm=16)
+        self._last_report = 0.0
+        self._pending_episodes: list[float] = []
+        self.started = time.monotonic()
+        self.status = "starting"
+
+    # ------------------------------------------------------------ sockets
+    def socket(self, kind: int, addr: str, bind: bool, hwm: int = 8) -> zmq.Socket:
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        if kind in (zmq.PUSH, zmq.PUB):
+            s.setsockopt(zmq.SNDHWM, hwm)
+        else:
+            s.setsockopt(zmq.RCVHWM, hwm)
+        if kind == zmq.SUB:
+            s.setsockopt(zmq.SUBSCRIBE, b"")
+        if bind:
+            if addr.startswith("ipc://"):
+                path = addr[len("ipc://"):]
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                if os.path.exists(path):  # left by a previous incarnation of this role
+                    os.unlink(path)
+            s.bind(addr)
+        else:
+            s.connect(addr)
+        return s
+
+    def send(self, sock: zmq.Socket, kind: str, arrays: Optional[dict] = None, meta: Optional[dict] = None,
+             policy_version: int = 0) -> bool:
+        """Non-blocking send; False (nothing sent) if the peer's queue is full."""
+        frames = encode(kind, self.job.name, self.sender, self.seq, policy_version, arrays, meta)
+        try:
+            sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self.seq += 1
+        if kind != "report":
+            self.metrics.inc("bytes_sent_total", sum(len(f) for f in frames))
+        return True
+
+    def receive(self, sock: zmq.Socket, kinds: Iterable[str]) -> Optional[Message]:
+        """One validated message, or None if nothing is queued or the message was rejected."""
+        try:
+            frames = sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        try:
+            msg = decode(frames, job=self.job.name, limits=self.limits)
+            if msg.kind not in kinds:
+                raise WireError("kind", f"{msg.kind!r} not expected here")
+        except WireError as e:
+            self.reject(e.reason, str(e))
+            return None
+        self.metrics.inc("bytes_received_total", msg.nbytes)
+        return msg
+
+    def reject(self, reason: str, detail: str = "") -> None:
+        self.metrics.inc("messages_rejected_total", reason=reason)
+        n = self.metrics.reasons["messages_rejected_total"].get(reason, 0)
+        if n <= 3 or n % 1000 == 0:
+            log.warning("%s: rejected message (%s) %s [%d so far]", self.sender, reason, detail, int(n))
+
+    # ------------------------------------------------------------ reports
+    def add_episodes(self, returns: Iterable[float]) -> None:
+        self._pending_episodes.extend(float(r) for r in returns)
+        del self._pending_episodes[:-MAX_EPISODES_PER_REPORT]
+
+    def report_extra(self) -> dict[str, Any]:
+        return {}
+
+    def maybe_report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_report < REPORT_INTERVAL_S:
+            return
+        self._last_report = now
+        if self._report_sock is None:
+            self._pending_episodes.clear()
+            return
+        meta = {"role": self.name, "group": self.group, "index": self.index, "pid": os.getpid(),
+                "status": self.status, "uptime": now - self.started, "metrics": self.metrics.snapshot(),
+                "episodes": self._pending_episodes, **self.report_extra()}
+        if self.send(self._report_sock, "report", meta=meta,
+                     policy_version=int(self.metrics.gauges.get("policy_version", 0))):
+            self._pending_episodes = []
+
+    # ------------------------------------------------------------ lifecycle
+    def setup(self) -> None: ...
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def teardown(self) -> None: ...
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.setup()
+        self.status = "running"
+        try:
+            while not self.stopping:
+                self.step()
+                self.maybe_report()
+        finally:
+            self.status = "stopped"
+            try:
+                self.teardown()
+            finally:
+                self.maybe_report(force=True)
+                if self._report_sock is not None:  # the final report may still be queued: give it 1 s
+                    self._report_sock.close(linger=1000)
+                self.ctx.destroy(linger=0)
+        return 0
+
+
+def as_bool(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(bool, copy=False)

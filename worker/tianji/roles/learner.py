@@ -1,0 +1,169 @@
+"""Learner: take the next batch from the local queue, update, bump policy_version, publish.
+
+It never waits on a particular actor: batches arrive by push from its
+buffer(s) under a credit window (one credit returned per batch consumed, so
+at most `creditWindow` batches of queueing lag), and parameters leave by
+PUB (latest-only on the actors' side). Each publish advertises the learner's
+measured capacity (samples per busy second) for actor pacing.
+
+Policy lag of a sample = this learner's version - the sample's behaviour
+version; min/mean/max and a histogram are exported.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+import zmq
+
+from .. import checkpoint
+from ..addressing import learner_for_buffer
+from ..algos.dqn import DQNLearner
+from ..algos.ppo import PPOLearner
+from ..envs import probe_env
+from ..fields import BATCH
+from ..models import build_model, state_arrays
+from ..wire import Message, WireError, require
+from .base import Role
+
+log = logging.getLogger("tianji")
+CREDIT_REFRESH_S = 1.0
+CAPACITY_EMA = 0.2
+
+
+class Learner(Role):
+    name = "learner"
+
+    def setup(self) -> None:
+        s = self.spec
+        self.info = probe_env(s.env)
+        self.algo_name = s.algorithm.name
+        self.model = build_model(self.algo_name, s.model, self.info, s.env.seed)
+        seed = s.env.seed + 31 * self.group + self.index
+        self.algo = (PPOLearner if self.algo_name == "ppo" else DQNLearner)(self.model, s.algorithm, seed)
+        self.fields = BATCH[self.algo_name]
+        self.version = 0
+        self.consumed = 0
+        self.train_steps = 0
+        self.busy = 0.0
+        self.capacity = None
+        self.last_pub_version = -1
+        self.ckpt_dir = checkpoint.checkpoint_dir(self.run_dir, self.group, self.index) if self.run_dir else None
+        self.last_ckpt_t = time.monotonic()
+        self.last_ckpt = None
+        self._resume()
+        self.batch_in = self.socket(zmq.PULL, self.addrs.bind("batches", self.group, self.index), bind=True,
+                                    hwm=s.staleness.credit_window + 1)
+        self.pub = self.socket(zmq.PUB, self.addrs.bind("params", self.group, self.index), bind=True, hwm=2)
+        self.credit_out = {}
+        for b in range(s.topology.buffers):
+            if learner_for_buffer(b, s.topology.learners) == self.index:
+                self.credit_out[b] = self.socket(zmq.PUSH, self.addrs.connect("credits", self.group, b),
+                                                 bind=False, hwm=16)
+        self.last_batch_from = {b: 0.0 for b in self.credit_out}
+        self.last_refresh = time.monotonic()
+        for b in self.credit_out:  # announce ourselves (and our version numbering) with a full window
+            self._credit(b, s.staleness.credit_window, reset=True)
+        self.publish()
+
+    # ---------------------------------------------------------------- state
+    def _resume(self) -> None:
+        if self.ckpt_dir is None:
+            return
+        found = checkpoint.load_latest(self.ckpt_dir)
+        if found is None:
+            return
+        path, st = found
+        self.model.load_state_dict(st["model"])
+        self.algo.load_state(st["algo"])
+        self.version = int(st["policy_version"])
+        self.consumed = int(st["counters"]["samples_consumed"])
+        self.train_steps = int(st["counters"]["train_steps"])
+        torch.set_rng_state(st["torch_rng"])
+        self.last_ckpt = path.name
+        log.info("%s: resumed from %s at policy_version %d", self.sender, path, self.version)
+
+    def save_checkpoint(self) -> None:
+        if self.ckpt_dir is None:
+            return
+        state = {"model": self.model.state_dict(), "algo": self.algo.state(), "policy_version": self.version,
+                 "counters": {"samples_consumed": self.consumed, "train_steps": self.train_steps},
+                 "torch_rng": torch.get_rng_state(), "job": self.job.name, "algorithm": self.algo_name}
+        path = checkpoint.save(self.ckpt_dir, self.version, state, self.spec.checkpoint.keep)
+        self.last_ckpt = path.name
+        self.last_ckpt_t = time.monotonic()
+
+    # ---------------------------------------------------------------- messages
+    def _credit(self, buffer: int, grant: int, reset: bool = False) -> None:
+        meta = {"grant": grant}
+        if reset:
+            meta["reset"] = True
+        self.send(self.credit_out[buffer], "credit", meta=meta, policy_version=self.version)
+
+    def publish(self) -> None:
+        meta = {"capacity_sps": self.capacity} if self.capacity else {}
+        self.send(self.pub, "params", state_arrays(self.model), meta=meta, policy_version=self.version)
+        self.last_pub_version = self.version
+
+    def _batch(self, msg: Message) -> None:
+        try:
+            require(msg, self.fields)
+            buffer = msg.meta.get("buffer")
+            if buffer not in self.credit_out:
+                raise WireError("meta", f"batch from unknown buffer {buffer!r}")
+            obs = msg.arrays["obs"]
+            if tuple(obs.shape[-len(self.info.obs_shape):]) != self.info.obs_shape:
+                raise WireError("shape", f"obs {list(obs.shape)}")
+        except WireError as e:
+            self.reject(e.reason, str(e))
+            return
+        self.last_batch_from[buffer] = time.monotonic()
+        self._credit(buffer, 1)
+        versions = np.asarray(msg.arrays["versions"])
+        t0 = time.perf_counter()
+        stats = self.algo.update(msg.arrays)
+        dt = time.perf_counter() - t0
+        self.busy += dt
+        n = int(stats["samples"])
+        if dt > 0 and n:
+            rate = n / dt
+            self.capacity = rate if self.capacity is None else (1 - CAPACITY_EMA) * self.capacity + CAPACITY_EMA * rate
+        lag_version = self.version
+        self.version += int(stats["train_steps"]) if self.algo_name == "dqn" else 1
+        self.consumed += n
+        self.train_steps += int(stats["train_steps"])
+        self.metrics.observe_lag(lag_version - versions)
+        self.metrics.inc("samples_consumed_total", n)
+        self.metrics.inc("samples_received_total", n)
+        self.metrics.inc("train_steps_total", int(stats["train_steps"]))
+        self.metrics.set("policy_version", self.version)
+        if self.capacity:
+            self.metrics.set("learner_capacity_sps", self.capacity)
+        self.last_stats = stats
+        if self.version - self.last_pub_version >= self.spec.staleness.publish_every:
+            self.publish()
+
+    def step(self) -> None:
+        if self.batch_in.poll(timeout=50):
+            msg = self.receive(self.batch_in, ("batch",))
+            if msg is not None:
+                self._batch(msg)
+        now = time.monotonic()
+        if now - self.last_refresh > CREDIT_REFRESH_S:
+            # A buffer silent for a while may have lost its credits (restart, dropped batch): top it up.
+            self.last_refresh = now
+            for b, t in self.last_batch_from.items():
+                if now - t > CREDIT_REFRESH_S:
+                    self._credit(b, self.spec.staleness.credit_window)
+            self.publish()  # late subscribers (slow joiners, restarted actors) catch up within a second
+        if now - self.last_ckpt_t > self.spec.checkpoint.interval_seconds:
+            self.save_checkpoint()
+
+    def report_extra(self) -> dict:
+        return {"version": self.version, "capacity_sps": self.capacity, "busy_s": self.busy,
+                "checkpoint": self.last_ckpt}
+
+    def teardown(self) -> None:
+        self.save_checkpoint()

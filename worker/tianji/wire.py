@@ -1,0 +1,170 @@
+"""Wire format: one msgpack header frame + one raw frame per array. No pickle.
+
+    frame 0 : msgpack map {"k": kind, "v": schema, "job": str, "from": str,
+              "seq": int, "pv": policy_version, "arr": [[name, dtype, shape], ...],
+              "meta": {str: scalar | list | map}}
+    frame i : the raw bytes of array i-1 (C order), sent with copy=False
+
+A receiver trusts nothing: `decode` checks the frame count, that the header is
+a msgpack map of the known schema (msgpack has no code-execution types; ext
+types are refused), the kind, the job, each dtype against an allow-list, and
+that prod(shape) * itemsize == len(frame) within size caps. Any failure raises
+WireError(reason); callers drop the message and count the reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+SCHEMA_VERSION = 1
+KINDS = frozenset({"fragment", "batch", "params", "credit", "report"})
+DTYPES = frozenset({"uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bool"})
+MAX_HEADER_BYTES = 64 * 1024
+MAX_ARRAYS = 256
+MAX_NDIM = 8
+MAX_META_DEPTH = 4
+
+
+class WireError(ValueError):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass
+class Message:
+    kind: str
+    sender: str = ""
+    seq: int = 0
+    policy_version: int = 0
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_frame_bytes: int = 256 * 1024 * 1024
+    max_total_bytes: int = 512 * 1024 * 1024
+    kinds: frozenset = KINDS
+
+
+def encode(kind: str, job: str, sender: str, seq: int, policy_version: int,
+           arrays: Mapping[str, np.ndarray] | None = None, meta: Mapping[str, Any] | None = None) -> list:
+    """Frames for zmq `send_multipart(..., copy=False)`; arrays are not copied if already C-contiguous."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown message kind {kind!r}")
+    specs, bufs = [], []
+    for name, a in (arrays or {}).items():
+        a = np.ascontiguousarray(a)
+        if a.dtype.name not in DTYPES:
+            raise ValueError(f"array {name!r}: dtype {a.dtype} is not allowed on the wire")
+        specs.append([name, a.dtype.name, list(a.shape)])
+        bufs.append(memoryview(a).cast("B") if a.size else b"")
+    header = msgpack.packb({"k": kind, "v": SCHEMA_VERSION, "job": job, "from": sender, "seq": int(seq),
+                            "pv": int(policy_version), "arr": specs, "meta": dict(meta or {})}, use_bin_type=True)
+    return [header, *bufs]
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise WireError("header", f"msgpack ext type {code} refused")
+
+
+def _check_meta(v: Any, depth: int = 0) -> None:
+    if depth > MAX_META_DEPTH:
+        raise WireError("meta", "nested too deep")
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return
+    if isinstance(v, list):
+        for x in v:
+            _check_meta(x, depth + 1)
+        return
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise WireError("meta", "non-string key")
+            _check_meta(x, depth + 1)
+        return
+    raise WireError("meta", f"type {type(v).__name__} not allowed")
+
+
+def _buffer(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", frame)  # zmq.Frame (copy=False) or bytes
+    return memoryview(buf).cast("B") if not isinstance(buf, memoryview) or buf.format != "B" else buf
+
+
+def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limits()) -> Message:
+    """Validate and decode one multipart message. Raises WireError(reason) on anything off."""
+    if not frames:
+        raise WireError("frames", "empty message")
+    head = _buffer(frames[0])
+    if len(head) > MAX_HEADER_BYTES:
+        raise WireError("size", f"header of {len(head)} bytes")
+    raw = head.tobytes()
+    if raw[:1] == b"\x80" and raw[-1:] == b".":
+        raise WireError("pickle", "pickle stream refused")
+    try:
+        h = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_refuse_ext,
+                            max_bin_len=MAX_HEADER_BYTES, max_str_len=MAX_HEADER_BYTES)
+    except WireError:
+        raise
+    except Exception as e:  # msgpack raises several types for garbage
+        raise WireError("header", f"not a msgpack header ({type(e).__name__})") from None
+    if not isinstance(h, dict):
+        raise WireError("header", "header is not a map")
+    if h.get("v") != SCHEMA_VERSION:
+        raise WireError("schema", f"schema version {h.get('v')!r}, expected {SCHEMA_VERSION}")
+    kind = h.get("k")
+    if kind not in limits.kinds:
+        raise WireError("kind", f"kind {kind!r}")
+    if job is not None and h.get("job") != job:
+        raise WireError("job", f"job {h.get('job')!r}")
+    sender, seq, pv = h.get("from", ""), h.get("seq", 0), h.get("pv", 0)
+    if not isinstance(sender, str) or not isinstance(seq, int) or not isinstance(pv, int) or isinstance(pv, bool):
+        raise WireError("header", "bad sender/seq/pv types")
+    meta = h.get("meta", {})
+    if not isinstance(meta, dict):
+        raise WireError("meta", "meta is not a map")
+    _check_meta(meta)
+    specs = h.get("arr", [])
+    if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
+        raise WireError("header", "bad array list")
+    if len(frames) != len(specs) + 1:
+        raise WireError("frames", f"{len(frames) - 1} array frames for {len(specs)} arrays")
+    arrays: dict[str, np.ndarray] = {}
+    total = 0
+    for spec, frame in zip(specs, frames[1:]):
+        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str)
+                and isinstance(spec[1], str) and isinstance(spec[2], list)):
+            raise WireError("header", "bad array spec")
+        name, dtype, shape = spec
+        if dtype not in DTYPES:
+            raise WireError("dtype", f"{name}: dtype {dtype!r}")
+        if len(shape) > MAX_NDIM or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise WireError("shape", f"{name}: shape {shape!r}")
+        itemsize = np.dtype(dtype).itemsize
+        want = math.prod(shape) * itemsize
+        if want > limits.max_frame_bytes:
+            raise WireError("size", f"{name}: {want} bytes > {limits.max_frame_bytes}")
+        buf = _buffer(frame)
+        if len(buf) != want:
+            raise WireError("shape", f"{name}: frame has {len(buf)} bytes, shape x itemsize = {want}")
+        total += want
+        if total > limits.max_total_bytes:
+            raise WireError("size", f"message over {limits.max_total_bytes} bytes")
+        if name in arrays:
+            raise WireError("header", f"duplicate array {name!r}")
+        arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    return Message(kind=kind, sender=sender, seq=seq, policy_version=pv, arrays=arrays, meta=meta,
+                   nbytes=total + len(head))
+
+
+def require(msg: Message, names: Sequence[str]) -> None:
+    """Check that `msg` carries the arrays a handler needs (else WireError('fields'))."""
+    missing = [n for n in names if n not in msg.arrays]
+    if missing:
+        raise WireError("fields", f"{msg.kind} lacks {missing}")
