@@ -255,6 +255,8 @@ class Launcher:
             "processes": {"actors": t.groups * t.actors, "buffers": t.groups * t.buffers,
                           "learners": t.groups * t.learners},
             "rejected_messages": agg.rejected() + self.rejected,
+            "rejected_by_reason": {**agg.reasons("messages_rejected_total"),
+                                   **({"launcher_report": self.rejected} if self.rejected else {})},
             "exit_reason": reason,
             "restarts": self._restarts(),
             "dropped_samples": agg.reasons("samples_dropped_total"),

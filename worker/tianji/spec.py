@@ -58,7 +58,7 @@ class DQNConfig(_Model):
     steps_per_batch: int = Field(8, ge=1, le=1024, description="gradient steps per message from the buffer")
     replay_capacity: int = Field(100_000, ge=1)
     learning_starts: int = Field(1000, ge=0, description="transitions in replay before sampling")
-    target_update_interval: int = Field(10, ge=1, description="gradient steps between target syncs")
+    target_update_interval: int = Field(256, ge=1, description="gradient steps between target syncs")
     tau: float = Field(1.0, gt=0, le=1)
     double_dqn: bool = True
     n_step: int = Field(1, ge=1, le=20)

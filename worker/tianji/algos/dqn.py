@@ -43,7 +43,7 @@ class DQNLearner:
     def __init__(self, model: nn.Module, cfg: DQNConfig, seed: int):
         self.model, self.cfg = model, cfg
         self.target = copy.deepcopy(model).requires_grad_(False)
-        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)
+        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.steps = 0
 
     def _sync_target(self) -> None:

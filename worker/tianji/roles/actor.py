@@ -83,9 +83,13 @@ class Actor(Role):
         self.ep_return = np.zeros(n, dtype=np.float64)
         self.recent = deque(maxlen=100)
         self.frames = 0
-        obs_dtype = self.obs.dtype
-        self.buf = {
-            "obs": np.empty((T, n, *self.info.obs_shape), dtype=obs_dtype),
+        self.clip_rewards = getattr(self.env, "clip_rewards", False)
+
+    def _new_fragment(self) -> dict[str, np.ndarray]:
+        """Fresh arrays per fragment: a zero-copy send still owns the previous ones."""
+        T, n = self.T, self.n
+        buf = {
+            "obs": np.empty((T, n, *self.info.obs_shape), dtype=self.obs.dtype),
             "actions": np.empty((T, n), dtype=np.int64),
             "rewards": np.empty((T, n), dtype=np.float32),
             "dones": np.empty((T, n), dtype=bool),
@@ -93,8 +97,8 @@ class Actor(Role):
             "valid": np.empty((T, n), dtype=bool),
         }
         if self.algo == "ppo":
-            self.buf["logp"] = np.empty((T, n), dtype=np.float32)
-        self.clip_rewards = getattr(self.env, "clip_rewards", False)
+            buf["logp"] = np.empty((T, n), dtype=np.float32)
+        return buf
 
     def _act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
         if self.algo == "ppo":
@@ -113,7 +117,7 @@ class Actor(Role):
                 self.probe_params()
 
     def step(self) -> None:
-        buf, version = self.buf, self.version
+        buf, version = self._new_fragment(), self.version
         for t in range(self.T):
             obs = self.obs
             actions, extra = self._act(obs)
@@ -143,7 +147,7 @@ class Actor(Role):
             if self.stopping:
                 return
         self.metrics.inc("env_frames_total", self.n * self.T)
-        self._send_fragment(version)
+        self._send_fragment(buf, version)
         if self.recent:
             self.metrics.set("episode_return_mean", float(np.mean(self.recent)))
         self.probe_params()
@@ -156,10 +160,9 @@ class Actor(Role):
         real = info.get("episode_end") if isinstance(info, dict) else None
         return np.asarray(real, dtype=bool) if real is not None else done
 
-    def _send_fragment(self, version: int) -> None:
-        arrays = dict(self.buf)
+    def _send_fragment(self, arrays: dict, version: int) -> None:
         arrays["last_obs"] = self.obs
-        samples = int(self.buf["valid"].sum())
+        samples = int(arrays["valid"].sum())
         if self.send(self.push, "fragment", arrays, meta={"frames": self.n * self.T}, policy_version=version):
             self.metrics.inc("samples_sent_total", samples)
         else:

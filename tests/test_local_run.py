@@ -1,0 +1,104 @@
+"""`tianji run` end to end: bad messages on a live socket, Ctrl-C, and agents that learn."""
+import pickle
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from helpers import EXAMPLES, interrupt, last_record, read_summary, run_tianji, start_tianji, wait_for, worker_pids
+from tianji.wire import encode
+
+PPO = str(EXAMPLES / "cartpole-ppo.yaml")
+DQN = str(EXAMPLES / "cartpole-dqn.yaml")
+
+
+def frames_flowing(run_dir):
+    rec = last_record(run_dir)
+    return rec is not None and rec["env_frames"] > 0
+
+
+def bad_messages():
+    good_obs = np.zeros((32, 4, 4), np.float32)
+    truncated = encode("fragment", "cartpole-ppo", "evil", 0, 0, {"obs": good_obs})
+    truncated[1] = bytes(truncated[1])[:100]
+    hdr = {"k": "fragment", "v": 1, "job": "cartpole-ppo", "from": "evil", "seq": 0, "pv": 0,
+           "arr": [["obs", "float32", [1 << 20, 1 << 10]]], "meta": {}}
+    oversized = [msgpack.packb(hdr), b"\0" * 16]
+    wrong_shape = encode("fragment", "cartpole-ppo", "evil", 0, 0, {"obs": np.zeros((3, 3), np.float32)})
+    return {
+        "malformed": [b"\x93not-msgpack\xc1"],
+        "truncated": truncated,
+        "oversized": oversized,
+        "pickled": [pickle.dumps({"k": "fragment", "obs": good_obs})],
+        "wrong_job": encode("fragment", "someone-else", "evil", 0, 0, {"obs": good_obs}),
+        "wrong_fields": wrong_shape,
+    }
+
+
+def test_bad_messages_to_live_buffer_are_rejected_and_training_continues(tmp_path):
+    run = tmp_path / "run"
+    p = start_tianji("run", PPO, "--run-dir", str(run), "--quiet", "--set", "spec.stop.envFrames=30000",
+                     "--set", "spec.stop.meanReturn=100000", "--set", "spec.stop.seconds=240")
+    try:
+        wait_for(lambda: frames_flowing(run), 120, "frames to flow")
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.PUSH)
+        s.connect(f"ipc://{run}/sock/buffer-0-0-fragments")
+        msgs = bad_messages()
+        for frames in msgs.values():
+            s.send_multipart(frames)
+        time.sleep(0.5)
+        s.close(linger=1000)
+        ctx.term()
+        p.wait(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    s = read_summary(run)
+    assert s["exit_reason"] == "frames", s
+    assert s["rejected_messages"] >= len(msgs), s
+    assert {"pickle", "header", "shape", "size", "job"} <= set(s["rejected_by_reason"]), s["rejected_by_reason"]
+    assert s["env_frames"] >= 30000 and s["throughput"]["consumed_sps"] > 0
+
+
+def test_sigint_stops_every_process_and_writes_summary(tmp_path):
+    run = tmp_path / "run"
+    p = start_tianji("run", PPO, "--run-dir", str(run), "--quiet", "--set", "spec.stop.seconds=300")
+    try:
+        wait_for(lambda: frames_flowing(run), 120, "frames to flow")
+        assert len(worker_pids(run)) == 4  # 2 actors, 1 buffer, 1 learner
+        interrupt(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130
+    s = read_summary(run)
+    assert s["exit_reason"] == "interrupted" and s["env_frames"] > 0
+    assert worker_pids(run) == []
+    assert not (run / "sock").exists()  # no leftover socket files
+    assert list((run / "checkpoints" / "0-0").glob("ckpt-*.pt"))  # the learner saved on the way out
+
+
+@pytest.mark.slow
+def test_ppo_learns_cartpole_through_tianji_run(tmp_path):
+    run = tmp_path / "run"
+    r = run_tianji("run", PPO, "--run-dir", str(run), "--quiet", "--set", "spec.stop.envFrames=400000",
+                   "--set", "spec.stop.seconds=900", timeout=1000)
+    s = read_summary(run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert s["processes"]["actors"] >= 2
+    assert s["reached_target"] and s["exit_reason"] == "target", s
+    assert s["mean_return"] >= 475 and s["env_frames"] <= 400000 + 10000
+
+
+@pytest.mark.slow
+def test_dqn_learns_cartpole_through_tianji_run(tmp_path):
+    run = tmp_path / "run"
+    r = run_tianji("run", DQN, "--run-dir", str(run), "--quiet", "--set", "spec.stop.meanReturn=300",
+                   "--set", "spec.stop.envFrames=400000", "--set", "spec.stop.seconds=900", timeout=1000)
+    s = read_summary(run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert s["processes"]["actors"] >= 2
+    assert s["reached_target"] and s["mean_return"] >= 300, s

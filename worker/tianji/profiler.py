@@ -1,0 +1,418 @@
+"""`tianji profile JOB.yaml [--seconds N] [--out FILE] [--set K=V]`: measure this machine for the planner.
+
+Everything runs in this process on one thread (torch.set_num_threads(1)), so
+each figure is "per core". Rates are taken over process CPU time (all threads
+of this process: the ALE worker thread, ZeroMQ's I/O thread), which keeps them
+meaningful on a machine shared with other work; wall-clock rates are reported
+next to them.
+
+(a) actor production: the actor's own loop body (policy inference with the
+    job's model + vectorised env step + writing the fragment arrays), frames/s;
+    also the env alone with random actions (the simulation ceiling);
+(b) learner consumption: the real PPOLearner / DQNLearner `update` on synthetic
+    batches of the job's shapes at the job's batch size and two candidates
+    (half and double), samples/s; on a CUDA machine, the same per GPU when the
+    learner takes a `device`;
+(c) message cost: one fragment-sized message through the real wire
+    (`encode` → PUSH → ipc → PULL → `decode` + the buffer's `check_fragment`),
+    seconds per message, sender and receiver in this process;
+(d) bytes per sample: encoded fragment bytes / samples in a fragment.
+
+The output is a JSON object that `tianji.planner.Profile.from_json` loads
+(actor_fps_per_core, learner_sps_per_core, learner_sps_per_gpu,
+message_seconds, fragment_samples, bytes_per_sample) plus detail keys.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .spec import DQNConfig, PPOConfig, TianJiJob, load_job
+
+WARMUP_MAX_FRACTION = 0.25  # a first (warm-up) learner update longer than this share of the budget is the measurement
+
+
+class _Clock:
+    """Wall and process-CPU time since construction."""
+
+    def __init__(self) -> None:
+        self.w0, self.c0 = time.perf_counter(), time.process_time()
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.w0
+
+    def cpu(self) -> float:
+        return time.process_time() - self.c0
+
+
+def _rates(work: float, clock: _Clock) -> dict:
+    wall, cpu = clock.wall(), clock.cpu()
+    return {"per_cpu_second": work / max(cpu, 1e-9), "per_wall_second": work / max(wall, 1e-9),
+            "cpu_seconds": cpu, "wall_seconds": wall}
+
+
+# ----------------------------------------------------------------- (a) actor
+def _fragment_buffers(spec, info, obs_dtype, n: int) -> dict[str, np.ndarray]:
+    T = spec.env.fragment_length
+    buf = {"obs": np.empty((T, n, *info.obs_shape), dtype=obs_dtype),
+           "actions": np.empty((T, n), dtype=np.int64), "rewards": np.empty((T, n), dtype=np.float32),
+           "dones": np.empty((T, n), dtype=bool), "terminated": np.empty((T, n), dtype=bool),
+           "valid": np.empty((T, n), dtype=bool)}
+    if spec.algorithm.name == "ppo":
+        buf["logp"] = np.empty((T, n), dtype=np.float32)
+    return buf
+
+
+def measure_actor(job: TianJiJob, seconds: float, env_seconds: Optional[float] = None) -> dict:
+    """Actor loop (inference + env + fragment writes) and env-only frames/s, per core."""
+    import torch
+
+    from .algos import dqn, ppo
+    from .envs import env_info, make_vec_env
+    from .models import build_model
+
+    s = job.spec
+    env = make_vec_env(s.env)
+    try:
+        info = env_info(env)
+        model = build_model(s.algorithm.name, s.model, info, s.env.seed)
+        model.eval()
+        rng = np.random.default_rng(s.env.seed)
+        obs, _ = env.reset(seed=s.env.seed)
+        n, T = env.num_envs, s.env.fragment_length
+        buf = _fragment_buffers(s, info, obs.dtype, n)
+        clip = getattr(env, "clip_rewards", False)
+        prev_done = np.zeros(n, dtype=bool)
+        frames_global = 0.0
+
+        def act(o):
+            if s.algorithm.name == "ppo":
+                return ppo.act(model, o, rng)
+            eps = dqn.epsilon(s.algorithm, frames_global)
+            return dqn.act(model, o, eps, rng, info.n_actions)
+
+        # warm-up: first inference allocates, first env steps page in the ROM / buffers
+        for _ in range(min(T, 4)):
+            a, _ = act(obs)
+            obs, *_ = env.step(a)
+        clock, frames, t = _Clock(), 0, 0
+        while True:
+            a, extra = act(obs)
+            nxt, r, term, trunc, inf = env.step(a)
+            done = np.asarray(term) | np.asarray(trunc)
+            buf["obs"][t] = obs
+            buf["actions"][t] = a
+            buf["valid"][t] = ~prev_done
+            buf["dones"][t] = done
+            buf["terminated"][t] = term
+            raw = np.asarray(r, dtype=np.float64)
+            buf["rewards"][t] = np.sign(raw) if clip else raw
+            if "logp" in extra:
+                buf["logp"][t] = extra["logp"]
+            prev_done, obs = done, nxt
+            frames += n
+            frames_global += n
+            t = (t + 1) % T
+            if t == 0 and clock.wall() >= seconds:
+                break
+        loop = _rates(frames, clock)
+        # the simulation alone (random actions): the ceiling an actor can approach
+        env_s = seconds / 6 if env_seconds is None else env_seconds
+        clock, steps = _Clock(), 0
+        act_rng = np.random.default_rng(0)
+        while True:
+            env.step(act_rng.integers(0, info.n_actions, n))
+            steps += 1
+            if steps % 8 == 0 and clock.wall() >= env_s:
+                break
+        only = _rates(steps * n, clock)
+        # inference alone at the actor's batch (n observations)
+        clock, calls = _Clock(), 0
+        while True:
+            act(obs)
+            calls += 1
+            if calls % 8 == 0 and clock.wall() >= env_s:
+                break
+        infer = _rates(calls * n, clock)
+        return {
+            "fps_per_core": loop["per_cpu_second"], "fps_wall": loop["per_wall_second"],
+            "frames": frames, "cpu_seconds": loop["cpu_seconds"], "wall_seconds": loop["wall_seconds"],
+            "env_only_fps_per_core": only["per_cpu_second"], "env_only_fps_wall": only["per_wall_second"],
+            "inference_fps_per_core": infer["per_cpu_second"],
+            "num_envs": n, "obs_shape": list(info.obs_shape), "obs_dtype": info.obs_dtype,
+            "n_actions": info.n_actions, "env_backend": getattr(env, "backend", type(env).__name__),
+            "torch_threads": torch.get_num_threads(),
+        }
+    finally:
+        env.close()
+
+
+# ----------------------------------------------------------------- (b) learner
+def synthetic_fragment(job: TianJiJob, obs_shape: tuple, obs_dtype: str, n_actions: int,
+                       rng: np.random.Generator, n: Optional[int] = None) -> dict[str, np.ndarray]:
+    """A fragment with the actor's shapes and dtypes (random content, ~1% episode ends)."""
+    s = job.spec
+    T, n = s.env.fragment_length, n or s.env.num_envs
+
+    def obs(*lead):
+        if np.dtype(obs_dtype).kind == "u":
+            return rng.integers(0, 256, (*lead, *obs_shape), dtype=np.uint8).astype(obs_dtype)
+        return rng.standard_normal((*lead, *obs_shape)).astype(obs_dtype)
+
+    dones = rng.random((T, n)) < 0.01
+    valid = np.ones((T, n), dtype=bool)
+    valid[1:] = ~dones[:-1]
+    frag = {"obs": obs(T, n), "actions": rng.integers(0, n_actions, (T, n), dtype=np.int64),
+            "rewards": rng.standard_normal((T, n)).astype(np.float32), "dones": dones,
+            "terminated": dones.copy(), "valid": valid, "last_obs": obs(n)}
+    if s.algorithm.name == "ppo":
+        frag["logp"] = np.full((T, n), -np.log(n_actions), dtype=np.float32)
+    return frag
+
+
+def synthetic_batch(job: TianJiJob, batch_size: int, obs_shape: tuple, obs_dtype: str, n_actions: int,
+                    rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A learner batch as the buffer sends it: PPO [T, B/T] fragments; DQN batchSize x stepsPerBatch transitions."""
+    from .fields import BATCH
+
+    s = job.spec
+    if s.algorithm.name == "ppo":
+        T = s.env.fragment_length
+        frag = synthetic_fragment(job, obs_shape, obs_dtype, n_actions, rng, n=max(1, batch_size // T))
+        frag["valid"][:] = True  # count exactly batch_size samples
+        frag["versions"] = np.zeros(frag["last_obs"].shape[0], dtype=np.int64)
+        return {k: frag[k] for k in BATCH["ppo"]}
+    count = batch_size * s.algorithm.steps_per_batch
+    if np.dtype(obs_dtype).kind == "u":
+        o = rng.integers(0, 256, (count, *obs_shape), dtype=np.uint8)
+        o2 = rng.integers(0, 256, (count, *obs_shape), dtype=np.uint8)
+    else:
+        o = rng.standard_normal((count, *obs_shape)).astype(obs_dtype)
+        o2 = rng.standard_normal((count, *obs_shape)).astype(obs_dtype)
+    return {"obs": o, "actions": rng.integers(0, n_actions, count, dtype=np.int64),
+            "returns": rng.standard_normal(count).astype(np.float32), "next_obs": o2,
+            "discounts": np.full(count, s.algorithm.gamma, dtype=np.float32),
+            "versions": np.zeros(count, dtype=np.int64)}
+
+
+def candidate_batch_sizes(job: TianJiJob) -> list[int]:
+    """The job's batch size first, then half and double where the spec allows them."""
+    s = job.spec
+    a = s.algorithm
+    B = a.batch_size
+    out = [B]
+    if isinstance(a, PPOConfig):
+        frag = s.env.num_envs * s.env.fragment_length
+        for c in (B // 2, 2 * B):
+            if c >= frag and c % frag == 0 and c >= 1:
+                out.append(c)
+    else:
+        for c in (B // 2, 2 * B):
+            if 1 <= c <= a.replay_capacity:
+                out.append(c)
+    return list(dict.fromkeys(out))
+
+
+def _learner_cls(name: str):
+    from .algos.dqn import DQNLearner
+    from .algos.ppo import PPOLearner
+
+    return PPOLearner if name == "ppo" else DQNLearner
+
+
+def _time_updates(update: Callable[[], dict], budget: float, sync: Callable[[], None] = lambda: None) -> dict:
+    """Samples/s of repeated updates within `budget` seconds (first one a warm-up if it is short)."""
+    clock = _Clock()
+    stats = update()
+    sync()
+    first_wall, first_cpu, first_n = clock.wall(), clock.cpu(), int(stats["samples"])
+    if first_wall >= WARMUP_MAX_FRACTION * budget:
+        return {"sps_per_cpu_second": first_n / max(first_cpu, 1e-9), "sps_wall": first_n / max(first_wall, 1e-9),
+                "updates": 1, "samples_per_update": first_n, "seconds_per_update": first_wall, "warmup": False}
+    clock, samples, updates = _Clock(), 0, 0
+    while True:
+        samples += int(update()["samples"])
+        updates += 1
+        if clock.wall() >= budget - first_wall:
+            break
+    sync()
+    r = _rates(samples, clock)
+    return {"sps_per_cpu_second": r["per_cpu_second"], "sps_wall": r["per_wall_second"], "updates": updates,
+            "samples_per_update": samples / updates, "seconds_per_update": r["wall_seconds"] / updates,
+            "warmup": True}
+
+
+def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cpu") -> dict:
+    """Learner samples/s at each candidate batch size (job's size: half the budget; others a quarter each)."""
+    import torch
+
+    from .envs import probe_env
+    from .models import build_model
+
+    s = job.spec
+    info = info or probe_env(s.env)
+    cls = _learner_cls(s.algorithm.name)
+    takes_device = "device" in inspect.signature(cls).parameters
+    if device != "cpu" and not takes_device:
+        raise RuntimeError(f"{cls.__name__} takes no device argument")
+    rng = np.random.default_rng(0)
+    cands = candidate_batch_sizes(job)
+    out: dict[str, Any] = {"device": device, "candidates": {}}
+    est_per_sample: Optional[float] = None
+    sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
+    for i, B in enumerate(cands):
+        budget = seconds / 2 if i == 0 else seconds / (2 * max(1, len(cands) - 1))
+        count = B if s.algorithm.name == "ppo" else B * s.algorithm.steps_per_batch
+        if est_per_sample is not None and est_per_sample * count > 2 * budget:
+            out["candidates"][str(B)] = {"skipped": f"one update would take ~{est_per_sample * count:.1f}s"}
+            continue
+        cfg = s.algorithm.model_copy(update={"batch_size": B})
+        if isinstance(cfg, PPOConfig):
+            cfg = cfg.model_copy(update={"minibatch_size": min(cfg.minibatch_size, B)})
+        model = build_model(s.algorithm.name, s.model, info, s.env.seed)
+        kw = {"device": device} if takes_device else {}
+        if device != "cpu":
+            model = model.to(device)
+        learner = cls(model, cfg, 0, **kw)
+        batch = synthetic_batch(job, B, info.obs_shape, info.obs_dtype, info.n_actions, rng)
+        res = _time_updates(lambda: learner.update(batch), budget, sync)
+        res["batch_size"] = B
+        out["candidates"][str(B)] = res
+        if est_per_sample is None:
+            est_per_sample = res["seconds_per_update"] / max(res["samples_per_update"], 1)
+    job_b = out["candidates"][str(cands[0])]
+    out["sps"] = job_b["sps_per_cpu_second"] if device == "cpu" else job_b["sps_wall"]
+    return out
+
+
+# ----------------------------------------------------------------- (c, d) messages
+def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
+    """Per-message cost of one fragment: wire.encode → PUSH/ipc → PULL → wire.decode + check_fragment."""
+    import zmq
+
+    from .envs import probe_env
+    from .fields import FRAGMENT
+    from .roles.buffer import check_fragment
+    from .wire import decode, encode
+
+    s = job.spec
+    info = info or probe_env(s.env)
+    rng = np.random.default_rng(1)
+    frag = synthetic_fragment(job, info.obs_shape, info.obs_dtype, info.n_actions, rng)
+    meta = {"frames": s.env.num_envs * s.env.fragment_length}
+    frames = encode("fragment", job.name, "actor-0-0", 0, 0, frag, meta)
+    msg_bytes = sum(len(f) for f in frames)
+    fields = FRAGMENT[s.algorithm.name]
+    T = s.env.fragment_length
+    tmp = tempfile.mkdtemp(prefix="tianji-prof-")
+    addr = f"ipc://{tmp}/m"
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    push = ctx.socket(zmq.PUSH)
+    try:
+        for sock in (pull, push):
+            sock.setsockopt(zmq.LINGER, 0)
+        pull.setsockopt(zmq.RCVHWM, 4)
+        push.setsockopt(zmq.SNDHWM, 4)
+        pull.bind(addr)
+        push.connect(addr)
+
+        def one(seq: int) -> None:
+            push.send_multipart(encode("fragment", job.name, "actor-0-0", seq, 0, frag, meta), copy=False)
+            got = pull.recv_multipart(copy=False)
+            check_fragment(decode(got, job=job.name), fields, info, T)
+
+        for i in range(3):  # warm-up: connection, page faults
+            one(i)
+        clock, count = _Clock(), 0
+        while True:
+            one(count)
+            count += 1
+            if clock.wall() >= seconds:
+                break
+        r = _rates(count, clock)
+    finally:
+        push.close()
+        pull.close()
+        ctx.term()
+        try:
+            os.unlink(f"{tmp}/m")
+        except OSError:
+            pass
+        os.rmdir(tmp)
+    samples = s.env.num_envs * s.env.fragment_length
+    return {"seconds_per_cpu": 1.0 / max(r["per_cpu_second"], 1e-12),
+            "seconds_wall": 1.0 / max(r["per_wall_second"], 1e-12), "messages": count,
+            "message_bytes": msg_bytes, "fragment_samples": samples, "bytes_per_sample": msg_bytes / samples,
+            "MBps_cpu": msg_bytes * r["per_cpu_second"] / 1e6, "transport": "ipc"}
+
+
+# ----------------------------------------------------------------- all together
+def measure_profile(job: TianJiJob, seconds: float = 3.0) -> dict:
+    """All four measurements; returns a Profile-compatible dict with detail keys."""
+    import torch
+
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    torch.set_num_threads(1)
+    from .envs import probe_env
+
+    t0 = time.perf_counter()
+    s = job.spec
+    info = probe_env(s.env)
+    actor = measure_actor(job, seconds)
+    learner = measure_learner(job, seconds, info)
+    message = measure_message(job, seconds, info)
+    gpu = None
+    if torch.cuda.is_available():
+        try:
+            gpu = measure_learner(job, seconds, info, device="cuda")
+        except Exception as e:  # the learner may not support devices (yet): say so, keep the CPU profile
+            gpu = {"error": f"{type(e).__name__}: {e}"}
+    return {
+        "actor_fps_per_core": actor["fps_per_core"],
+        "learner_sps_per_core": learner["sps"],
+        "learner_sps_per_gpu": gpu["sps"] if gpu and "sps" in gpu else None,
+        "message_seconds": message["seconds_per_cpu"],
+        "fragment_samples": message["fragment_samples"],
+        "bytes_per_sample": message["bytes_per_sample"],
+        "job": job.name, "algorithm": s.algorithm.name, "env": s.env.id,
+        "batch_size": s.algorithm.batch_size, "seconds_per_component": seconds,
+        "basis": "process CPU time, one torch thread",
+        "actor": actor, "learner": learner, "learner_gpu": gpu, "message": message,
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                 "torch": torch.__version__, "cuda": torch.cuda.is_available(),
+                 "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "profile_seconds": time.perf_counter() - t0,
+    }
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    job = load_job(args.job, getattr(args, "set", None) or [])
+    seconds = float(getattr(args, "seconds", None) or 3.0)
+    if seconds <= 0:
+        print("tianji profile: --seconds must be > 0", file=sys.stderr)
+        return 2
+    result = measure_profile(job, seconds)
+    text = json.dumps(result, indent=2)
+    out = getattr(args, "out", None)
+    if out:
+        tmp = f"{out}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, out)
+        print(f"tianji profile: actor {result['actor_fps_per_core']:,.0f} frames/s/core, learner "
+              f"{result['learner_sps_per_core']:,.0f} samples/s/core, message {result['message_seconds'] * 1e6:,.0f} µs, "
+              f"{result['bytes_per_sample']:,.0f} B/sample; wrote {out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
