@@ -7,7 +7,8 @@ DNS names that the job's headless Service gives learner and buffer pods.
 
 Ports (offsets from `spec.network.basePort`):
   buffer  : fragments PULL (+0), credits PULL (+1)
-  learner : batches PULL (+2), params PUB (+3)
+  learner : batches PULL (+2), params PUB (+3); learner 0 of group 0 also hosts the
+            torch.distributed rendezvous (+4) when a job has several learners
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ ROLES = ("actor", "buffer", "learner")
 
 PORTS = {"fragments": 0, "credits": 1, "batches": 2, "params": 3}
 OWNER = {"fragments": "buffer", "credits": "buffer", "batches": "learner", "params": "learner"}
+DIST_PORT_OFFSET = 4
 
 
 def pod_name(job: str, role: str, group: int, index: int) -> str:
@@ -95,6 +97,20 @@ def sock_dir(run_dir: Optional[Path]) -> Path:
     if run_dir is None:
         raise ValueError("local engine needs a run dir")
     return Path(run_dir) / "sock"
+
+
+def dist_init_method(addrs: "Addresses") -> str:
+    """torch.distributed rendezvous: TIANJI_DIST_INIT (the local launcher picks a free port),
+    else learner 0 of group 0 through the headless Service."""
+    env = os.environ.get("TIANJI_DIST_INIT")
+    if env:
+        return env
+    if addrs.run_dir is not None:
+        raise ValueError("local engine with several learners needs TIANJI_DIST_INIT (set by tianji run)")
+    host = f"{pod_name(addrs.job, 'learner', 0, 0)}.{service_name(addrs.job)}"
+    if addrs.namespace:
+        host += f".{addrs.namespace}.svc"
+    return f"tcp://{host}:{addrs.base_port + DIST_PORT_OFFSET}"
 
 
 def index_from_hostname(hostname: Optional[str] = None) -> int:

@@ -1,4 +1,4 @@
-"""`tianji` command line: run, worker, plan, profile, crd.
+"""`tianji` command line: run, worker, plan, profile, eval, plot, crd.
 
 Each sub-command lives in its own module; this file only parses arguments
 and maps SpecError (bad input) to exit code 2 with a one-line message.
@@ -12,10 +12,29 @@ from .spec import SpecError
 
 
 def _run(a: argparse.Namespace) -> int:
-    from .launcher import run_job
+    from .launcher import RunDirError, run_job
 
-    return run_job(a.job, overrides=a.set, run_dir=a.run_dir, max_seconds=a.max_seconds,
-                   progress=not a.quiet)
+    if bool(a.job) == bool(a.resume):
+        print("tianji run: give a JOB.yaml or --resume RUN_DIR (not both)", file=sys.stderr)
+        return 2
+    try:
+        return run_job(a.job, overrides=a.set, run_dir=a.run_dir, max_seconds=a.max_seconds,
+                       progress=not a.quiet, resume=a.resume)
+    except RunDirError as e:
+        print(f"tianji run: {e}", file=sys.stderr)
+        return 2
+
+
+def _eval(a: argparse.Namespace) -> int:
+    from .evaluate import eval_command
+
+    return eval_command(a)
+
+
+def _plot(a: argparse.Namespace) -> int:
+    from .plot import plot_command
+
+    return plot_command(a)
 
 
 def _worker(a: argparse.Namespace) -> int:
@@ -48,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run a TianJiJob locally, one process per role")
-    r.add_argument("job", help="TianJiJob manifest (YAML)")
+    r.add_argument("job", nargs="?", help="TianJiJob manifest (YAML)")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue an earlier run from its newest good checkpoints")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. spec.algorithm.lr=3e-4 (repeatable)")
     r.add_argument("--run-dir", help="where sockets, logs, metrics.jsonl and summary.json go (default runs/<job>-<time>)")
@@ -84,6 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", help="write the profile JSON here (default: stdout)")
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pr.set_defaults(fn=_profile)
+
+    e = sub.add_parser("eval", help="mean/std return of a checkpoint's greedy policy")
+    e.add_argument("checkpoint", help="a ckpt-*.pt file, or a run dir (its newest learner checkpoint)")
+    e.add_argument("--episodes", type=int, default=10)
+    e.add_argument("--seed", type=int, default=12345)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=_eval)
+
+    pt = sub.add_parser("plot", help="PNG of a run: return vs time and frames, throughput by role")
+    pt.add_argument("run_dir")
+    pt.add_argument("--out", help="PNG path (default RUN_DIR/plot.png)")
+    pt.set_defaults(fn=_plot)
 
     c = sub.add_parser("crd", help="print the TianJiJob CustomResourceDefinition (generated from the spec)")
     c.set_defaults(fn=_crd)

@@ -13,9 +13,9 @@ Kubernetes *structural* OpenAPI v3 schema:
   `const` becomes a one-value `enum`;
 * the discriminated `algorithm` union (`oneOf` PPO | DQN) becomes one object
   with the union of both variants' properties, `name` required and an enum.
-  No defaults inside it (the variants' defaults differ): the operator fills
-  them with pydantic and rejects fields of the other variant (status
-  condition naming the field);
+  No defaults inside it (the variants' defaults differ) and `{name: ppo}` as
+  its own default: the operator fills the rest with pydantic and rejects
+  fields of the other variant (status condition naming the field);
 * `topology` takes the shorthand string `auto` or an object. It is a node
   without `type` carrying `x-kubernetes-preserve-unknown-fields: true` (the
   structural-schema exception that allows an empty type), with `pattern:
@@ -220,7 +220,11 @@ def spec_schema() -> dict:
               "description": "What to train and with what: algorithm, environment, model, topology, "
                              "staleness control, stop conditions, resources, network, autoscaling.",
               "properties": out_props}
-    _add_object_defaults(schema, JobSpec().model_dump(mode="json", by_alias=True, exclude_none=True))
+    defaults = JobSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    _add_object_defaults(schema, defaults)
+    # The union's default is just its discriminator: pydantic fills the variant's fields, and a
+    # stored object holds no fields that a later switch to the other variant would have to drop.
+    out_props["algorithm"]["default"] = {"name": defaults["algorithm"]["name"]}
     for name in out_props:  # topology's object default was computed against its properties
         out_props[name] = _ordered(out_props[name])
     return schema

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from .wire import WireError, decode
 
 POLL_S = 0.1
 SAMPLE_EVERY_S = 1.0
-RECORD_EVERY_S = 2.0
+RECORD_EVERY_S = 1.0
 STARTUP_TIMEOUT_S = 120.0  # first report (torch import on a loaded 2-core box can be slow)
 HEARTBEAT_TIMEOUT_S = 30.0
 STOP_GRACE_S = 15.0
@@ -78,17 +79,32 @@ def default_run_dir(job: TianJiJob) -> Path:
     return Path("runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_job(job_path: str, overrides=(), run_dir: Optional[str] = None, max_seconds: Optional[float] = None,
-            progress: bool = True) -> int:
-    job = resolve_topology(load_job(job_path, overrides))
-    rd = Path(run_dir) if run_dir else default_run_dir(job)
-    summary = Launcher(job, rd.resolve(), max_seconds=max_seconds, progress=progress).run()
+class RunDirError(ValueError):
+    pass
+
+
+def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None, max_seconds: Optional[float] = None,
+            progress: bool = True, resume: Optional[str] = None) -> int:
+    """Start a run (job_path) or continue one (resume=RUN_DIR, its job.yaml and newest checkpoints)."""
+    if resume:
+        rd = Path(resume)
+        if not (rd / "job.yaml").is_file():
+            raise RunDirError(f"--resume {resume}: no job.yaml there; is it a TianJi run directory?")
+        job = load_job(rd / "job.yaml", overrides)
+    else:
+        job = resolve_topology(load_job(job_path, overrides))
+        rd = Path(run_dir) if run_dir else default_run_dir(job)
+        if (rd / "job.yaml").exists():
+            raise RunDirError(f"{rd} already holds a run; continue it with `tianji run --resume {rd}` "
+                              "or choose another --run-dir")
+    summary = Launcher(job, rd.resolve(), max_seconds=max_seconds, progress=progress, resume=bool(resume)).run()
     return 0 if summary["exit_reason"] in ("target", "frames", "seconds") else (
         130 if summary["exit_reason"] == "interrupted" else 1)
 
 
 class Launcher:
-    def __init__(self, job: TianJiJob, run_dir: Path, max_seconds: Optional[float] = None, progress: bool = True):
+    def __init__(self, job: TianJiJob, run_dir: Path, max_seconds: Optional[float] = None, progress: bool = True,
+                 resume: bool = False):
         self.job, self.run_dir = job, run_dir
         self.max_seconds = max_seconds
         self.progress_enabled = progress
@@ -104,10 +120,24 @@ class Launcher:
         t = job.spec.topology
         self.children = [Child(r, g, i) for r in ROLE_ORDER for g in range(t.groups)
                          for i in range(getattr(t, r + "s"))]
+        self.dist_init = None
+        if t.groups * t.learners > 1:  # data-parallel learners rendezvous on a free local port
+            with socket.socket() as so:
+                so.bind(("127.0.0.1", 0))
+                self.dist_init = f"tcp://127.0.0.1:{so.getsockname()[1]}"
         self.agg = Aggregate()
+        self.resumed_from: Optional[dict] = None
+        if resume and (run_dir / "summary.json").exists():
+            self._continue_counts(json.loads((run_dir / "summary.json").read_text()))
         self.rejected = 0
         self.interrupted = False
         self.error: Optional[str] = None
+
+    def _continue_counts(self, prev: dict) -> None:
+        """A resumed run keeps counting frames and episodes where the previous launch stopped."""
+        self.resumed_from = {k: prev.get(k) for k in ("env_frames", "episodes", "policy_version", "exit_reason")}
+        self.agg.retired["actor"]["env_frames_total"] = float(prev.get("env_frames", 0))
+        self.agg.episodes_total = int(prev.get("episodes", 0))
 
     # ---------------------------------------------------------------- processes
     def _spawn(self, c: Child) -> None:
@@ -116,6 +146,8 @@ class Launcher:
                "--report", self.report_addr]
         env = dict(os.environ, TIANJI_SOCK_DIR=str(self.sock_dir), TIANJI_PARENT_PID=str(os.getpid()),
                    PYTHONUNBUFFERED="1")
+        if self.dist_init:
+            env["TIANJI_DIST_INIT"] = self.dist_init
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
         # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
@@ -184,6 +216,8 @@ class Launcher:
                 self.rejected += 1
                 continue
             key = self.agg.take(meta)
+            if meta.get("episodes"):
+                self._check_target(time.monotonic())
             for c in self.children:
                 if (c.role, c.group, c.index) == key and c.proc is not None and c.proc.pid == meta["pid"]:
                     c.last_report = time.monotonic()
@@ -262,6 +296,7 @@ class Launcher:
             "dropped_samples": agg.reasons("samples_dropped_total"),
             "policy_version": agg.policy_version(),
             "run_dir": str(self.run_dir),
+            **({"resumed_from": self.resumed_from} if self.resumed_from else {}),
             **({"error": self.error} if self.error else {}),
         }
 

@@ -45,6 +45,7 @@ class DQNLearner:
         self.target = copy.deepcopy(model).requires_grad_(False)
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.steps = 0
+        self.sync_grads = None  # set by a data-parallel learner: averages gradients across learners
 
     def _sync_target(self) -> None:
         tau = self.cfg.tau
@@ -72,6 +73,8 @@ class DQNLearner:
             loss = F.smooth_l1_loss(q, y)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
+            if self.sync_grads is not None:
+                self.sync_grads(self.model)
             nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
             self.opt.step()
             self.steps += 1

@@ -53,6 +53,8 @@ class PPOLearner:
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
         self.gen = torch.Generator().manual_seed(seed)
         self.samples_seen = 0
+        self.sync_grads = None  # set by a data-parallel learner: averages gradients across learners
+        self.world = 1  # number of data-parallel learners
 
     def _lr(self) -> float:
         c = self.cfg
@@ -86,10 +88,13 @@ class PPOLearner:
             g["lr"] = self._lr()
         stats = {"pg_loss": 0.0, "v_loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "approx_kl": 0.0}
         steps = 0
+        # A fixed number of minibatch steps per epoch (batchSize // minibatchSize), whatever the count of
+        # valid samples: data-parallel learners must take the same number of synchronised steps.
         mbs = min(c.minibatch_size, max(n, 1))
+        per_epoch = max(1, c.batch_size // c.minibatch_size)
         for _ in range(c.epochs):
-            perm = torch.randperm(n, generator=self.gen)
-            for s in range(0, n - mbs + 1, mbs):
+            perm = torch.randperm(n, generator=self.gen).repeat((per_epoch * mbs) // max(n, 1) + 1)
+            for s in range(0, per_epoch * mbs, mbs):
                 i = perm[s:s + mbs]
                 logits, v = self.model(mb_obs[i])
                 logp_all = torch.log_softmax(logits, -1)
@@ -105,6 +110,8 @@ class PPOLearner:
                 loss = pg + c.vf_coef * vl - c.ent_coef * ent
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
+                if self.sync_grads is not None:
+                    self.sync_grads(self.model)
                 nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
                 self.opt.step()
                 steps += 1
@@ -114,7 +121,9 @@ class PPOLearner:
                     stats["entropy"] += ent.item()
                     stats["clipfrac"] += ((ratio - 1).abs() > c.clip_coef).float().mean().item()
                     stats["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()
-        self.samples_seen += n
+        # Nominal count (batch size x learners), not the valid-sample count: the lr schedule must be the
+        # same on every data-parallel learner or their parameters drift apart.
+        self.samples_seen += c.batch_size * self.world
         out = {k: v / max(steps, 1) for k, v in stats.items()}
         out.update(train_steps=steps, samples=n)
         return out

@@ -178,8 +178,9 @@ class Actor(Role):
                     break
                 continue
             newest = msg
-        if newest is None or newest.policy_version < self.version:
+        if newest is None:
             return
+        # Not "only newer versions": a learner restarted from its checkpoint restarts the numbering.
         try:
             load_arrays(self.model, newest.arrays)
         except ValueError as e:

@@ -46,6 +46,7 @@ class Role:
         self._pending_episodes: list[float] = []
         self.started = time.monotonic()
         self.status = "starting"
+        self.exit_code = 0
 
     # ------------------------------------------------------------ sockets
     def socket(self, kind: int, addr: str, bind: bool, hwm: int = 8) -> zmq.Socket:
@@ -155,7 +156,7 @@ class Role:
                 if self._report_sock is not None:  # the final report may still be queued: give it 1 s
                     self._report_sock.close(linger=1000)
                 self.ctx.destroy(linger=0)
-        return 0
+        return self.exit_code
 
 
 def as_bool(a: np.ndarray) -> np.ndarray:

@@ -19,12 +19,14 @@ import torch
 import zmq
 
 from .. import checkpoint
-from ..addressing import learner_for_buffer
+from ..addressing import dist_init_method, learner_for_buffer
+from ..distributed import GradientAverager, world_of
 from ..algos.dqn import DQNLearner
 from ..algos.ppo import PPOLearner
 from ..envs import probe_env
 from ..fields import BATCH
 from ..models import build_model, state_arrays
+from ..spec import dump_job
 from ..wire import Message, WireError, require
 from .base import Role
 
@@ -54,6 +56,13 @@ class Learner(Role):
         self.last_ckpt_t = time.monotonic()
         self.last_ckpt = None
         self._resume()
+        self.averager = None
+        world, per_group = world_of(self.job)
+        if world > 1:
+            self.averager = GradientAverager(self.group * per_group + self.index, world, dist_init_method(self.addrs))
+            self.averager.broadcast_from_first(self.model)
+            self.algo.sync_grads = self.averager
+            self.algo.world = world
         self.batch_in = self.socket(zmq.PULL, self.addrs.bind("batches", self.group, self.index), bind=True,
                                     hwm=s.staleness.credit_window + 1)
         self.pub = self.socket(zmq.PUB, self.addrs.bind("params", self.group, self.index), bind=True, hwm=2)
@@ -90,7 +99,8 @@ class Learner(Role):
             return
         state = {"model": self.model.state_dict(), "algo": self.algo.state(), "policy_version": self.version,
                  "counters": {"samples_consumed": self.consumed, "train_steps": self.train_steps},
-                 "torch_rng": torch.get_rng_state(), "job": self.job.name, "algorithm": self.algo_name}
+                 "torch_rng": torch.get_rng_state(), "job": self.job.name, "algorithm": self.algo_name,
+                 "manifest": dump_job(self.job)}
         path = checkpoint.save(self.ckpt_dir, self.version, state, self.spec.checkpoint.keep)
         self.last_ckpt = path.name
         self.last_ckpt_t = time.monotonic()
@@ -123,7 +133,16 @@ class Learner(Role):
         self._credit(buffer, 1)
         versions = np.asarray(msg.arrays["versions"])
         t0 = time.perf_counter()
-        stats = self.algo.update(msg.arrays)
+        try:
+            stats = self.algo.update(msg.arrays)
+        except RuntimeError as e:
+            if self.averager is None:
+                raise
+            # A peer learner is gone (crash or shutdown): the process group is broken. Stop with an
+            # error; the launcher (or Kubernetes) restarts the learners and they rendezvous again.
+            log.error("%s: data-parallel peer lost (%s); stopping", self.sender, e)
+            self.stopping, self.exit_code = True, 1
+            return
         dt = time.perf_counter() - t0
         self.busy += dt
         n = int(stats["samples"])
@@ -167,3 +186,5 @@ class Learner(Role):
 
     def teardown(self) -> None:
         self.save_checkpoint()
+        if self.averager is not None:
+            self.averager.close()

@@ -1,0 +1,150 @@
+"""Time to solve CartPole: TianJi (`tianji run`) vs a single-process Stable-Baselines3 baseline.
+
+Runs, side by side in one invocation, for each algorithm and seed:
+  * TianJi on examples/cartpole-{ppo,dqn}.yaml, stopping at mean-100 >= 475;
+  * SB3 with rl-zoo's CartPole hyperparameters, in its own process, torch threads = cores.
+Both clocks start when the process is launched (imports and start-up included)
+and read the first time the mean of the last 100 finished episodes reaches 300
+and 475. TianJi's 300-crossing is read from metrics.jsonl (1 s records), its
+475-crossing from summary.json. Prints one JSON object.
+
+    python bench/converge.py [--algos ppo,dqn] [--seeds 1,2,3] [--budget-s 300]
+    python bench/converge.py --topology auto     # TianJi with `topology: auto` vs the hand-picked one
+
+SB3 is a benchmark-only dependency (`pip install stable-baselines3`); without
+it the baseline is reported as unavailable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+THRESHOLDS = (300.0, 475.0)
+
+SB3_SCRIPT = r'''
+import json, sys, time, collections
+t_launch = float(sys.argv[3])
+import numpy as np, torch
+torch.set_num_threads(%(threads)d)
+import gymnasium as gym
+from stable_baselines3 import PPO, DQN
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+algo, seed = sys.argv[1], int(sys.argv[2])
+thresholds = %(thresholds)r
+class Watch(BaseCallback):
+    def __init__(self):
+        super().__init__(); self.rets = collections.deque(maxlen=100); self.hit = {}
+    def _on_step(self):
+        for info in self.locals.get("infos", []):
+            if "episode" in info:
+                self.rets.append(info["episode"]["r"])
+        if len(self.rets) == 100:
+            m = float(np.mean(self.rets))
+            for th in thresholds:
+                if m >= th and th not in self.hit:
+                    self.hit[th] = time.time() - t_launch
+        return len(self.hit) < len(thresholds)
+lin = lambda v: (lambda p: p * v)
+if algo == "ppo":
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                ent_coef=0.0, learning_rate=lin(1e-3), clip_range=lin(0.2), seed=seed, verbose=0, device="cpu")
+    steps = 100_000  # rl-zoo n_timesteps: the linear schedules span exactly this
+else:
+    env = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
+    model = DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
+                gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
+                seed=seed, verbose=0, device="cpu")
+    steps = 50_000  # rl-zoo n_timesteps
+w = Watch()
+model.learn(total_timesteps=steps, callback=w)
+print(json.dumps({str(k): v for k, v in w.hit.items()}))
+'''
+
+
+def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str]) -> dict:
+    run = Path(tempfile.mkdtemp(prefix=f"conv-{algo}-"))
+    job = ROOT / "examples" / f"cartpole-{algo}.yaml"
+    cmd = [sys.executable, "-m", "tianji.cli", "run", str(job), "--run-dir", str(run), "--quiet",
+           "--set", f"spec.env.seed={seed}", "--set", "spec.stop.meanReturn=475",
+           "--set", f"spec.stop.seconds={budget_s}", *sum((["--set", o] for o in overrides), [])]
+    subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=budget_s + 120)
+    s = json.loads((run / "summary.json").read_text())
+    hit = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["mean_return"] is not None and r["episodes"] >= 100 and r["mean_return"] >= 300 and "300.0" not in hit:
+            hit["300.0"] = r["t"]
+    if s["seconds_to_target"] is not None:
+        hit["475.0"] = s["seconds_to_target"]
+        hit.setdefault("300.0", s["seconds_to_target"])
+    return {"seconds": hit, "env_frames": s["env_frames"], "policy_lag_mean": s["policy_lag"]["mean"],
+            "consumed_sps": round(s["throughput"]["consumed_sps"]), "exit_reason": s["exit_reason"]}
+
+
+def sb3_run(algo: str, seed: int, budget_s: float) -> dict:
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        return {"unavailable": "pip install stable-baselines3"}
+    script = SB3_SCRIPT % {"threads": os.cpu_count() or 1, "thresholds": THRESHOLDS}
+    t = time.time()
+    try:
+        p = subprocess.run([sys.executable, "-c", script, algo, str(seed), repr(t)], capture_output=True, text=True,
+                           timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        return {"seconds": {}, "timeout": budget_s}
+    if p.returncode != 0:
+        return {"error": p.stderr[-500:]}
+    return {"seconds": json.loads(p.stdout.strip().splitlines()[-1])}
+
+
+def med(runs: list[dict], th: str) -> float | None:
+    v = [r["seconds"][th] for r in runs if th in r.get("seconds", {})]
+    return round(statistics.median(v), 2) if v else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--algos", default="ppo,dqn")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--topology", choices=["hand", "auto", "both"], default="hand",
+                    help="TianJi topology: the example's hand-picked one, the planner's (`auto`), or both")
+    ap.add_argument("--no-baseline", action="store_true")
+    a = ap.parse_args()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    out = {"machine_cores": os.cpu_count(), "thresholds": THRESHOLDS, "results": {}}
+    variants = {"hand": [], "auto": ["spec.topology=auto"]}
+    chosen = ["hand", "auto"] if a.topology == "both" else [a.topology]
+    for algo in a.algos.split(","):
+        res: dict = {}
+        for seed in seeds:  # interleave systems per seed: shared-machine noise hits both alike
+            for v in chosen:
+                res.setdefault(f"tianji_{v}", []).append(tianji_run(algo, seed, a.budget_s, variants[v]))
+            if not a.no_baseline:
+                res.setdefault("sb3", []).append(sb3_run(algo, seed, a.budget_s))
+        summary = {k: {str(th): med(v, str(th)) for th in THRESHOLDS} | {
+            "solved": sum(1 for r in v if str(THRESHOLDS[-1]) in r.get("seconds", {})), "runs": len(v)}
+            for k, v in res.items()}
+        if "sb3" in summary:
+            for v in chosen:
+                t, b = summary[f"tianji_{v}"][str(THRESHOLDS[-1])], summary["sb3"][str(THRESHOLDS[-1])]
+                summary[f"speedup_475_{v}_vs_sb3"] = round(b / t, 2) if t and b else None
+        out["results"][algo] = {"median_seconds": summary, "runs": res}
+        print(json.dumps(out["results"][algo]["median_seconds"]), file=sys.stderr)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
