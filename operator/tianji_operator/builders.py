@@ -1,0 +1,279 @@
+"""Child objects of a TianJiJob: pure functions, job (+ plan) in, manifests (dicts) out.
+
+Names are fixed (idempotent creation, no duplicates after a restart), from
+`tianji.addressing`:
+
+    ConfigMap      <job>-job            job.yaml: the job as planned (resolved topology and requests)
+    Service        <job>                headless; gives learner/buffer pods DNS names
+    Pod            <job>-learner-<g>-<i>, <job>-buffer-<g>-<i>   hostname = pod name, subdomain = <job>
+    StatefulSet    <job>-actor-<g>      one per group, podManagementPolicy Parallel
+    NetworkPolicy  <job>                ingress: the job's own pods (all ports), scrapers (metrics port)
+
+Every object carries the labels tianji.dev/job, tianji.dev/role and (per
+group) tianji.dev/group; the handlers add owner references with kopf.adopt.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import yaml
+
+from tianji.addressing import PORTS, actor_set_name, pod_name, service_name
+from tianji.planner import Plan
+from tianji.spec import JobSpec, TianJiJob
+
+LABEL_JOB = "tianji.dev/job"
+LABEL_ROLE = "tianji.dev/role"
+LABEL_GROUP = "tianji.dev/group"
+LABEL_INDEX = "tianji.dev/index"
+ANNOTATION_SPEC = "tianji.dev/applied-spec"
+ANNOTATION_GENERATION = "tianji.dev/applied-generation"
+ANNOTATION_PLAN = "tianji.dev/plan"
+MANAGED_BY = {"app.kubernetes.io/name": "tianji", "app.kubernetes.io/managed-by": "tianji-operator"}
+
+CONFIG_DIR = "/etc/tianji"
+JOB_FILE = "job.yaml"
+STATE_DIR = "/var/lib/tianji"
+CONTAINER = "worker"
+
+ROLE_PORTS = {  # container ports per role (offsets from spec.network.basePort)
+    "buffer": ("fragments", "credits"),
+    "learner": ("batches", "params"),
+    "actor": (),
+}
+
+
+def configmap_name(job: str) -> str:
+    return f"{job}-job"
+
+
+def networkpolicy_name(job: str) -> str:
+    return job
+
+
+def labels(job: str, role: Optional[str] = None, group: Optional[int] = None,
+           index: Optional[int] = None) -> dict:
+    out = {**MANAGED_BY, "app.kubernetes.io/instance": job, LABEL_JOB: job}
+    if role is not None:
+        out[LABEL_ROLE] = role
+        out["app.kubernetes.io/component"] = role
+    if group is not None:
+        out[LABEL_GROUP] = str(group)
+    if index is not None:
+        out[LABEL_INDEX] = str(index)
+    return out
+
+
+def selector(job: str, role: Optional[str] = None, group: Optional[int] = None) -> dict:
+    out = {LABEL_JOB: job}
+    if role is not None:
+        out[LABEL_ROLE] = role
+    if group is not None:
+        out[LABEL_GROUP] = str(group)
+    return out
+
+
+def label_selector(job: str, role: Optional[str] = None) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(job, role).items())
+
+
+def cpu_quantity(cores: float) -> str:
+    milli = int(round(cores * 1000))
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+# ----------------------------------------------------------------- the planned job
+def resolve(job: TianJiJob, plan: Plan) -> TianJiJob:
+    """The job as it will run: topology and per-role requests from the plan.
+
+    Workers read this (ConfigMap job.yaml), so all pods agree on the topology
+    even when the spec says `topology: auto`.
+    """
+    doc = job.to_manifest()
+    spec = doc.setdefault("spec", {})
+    spec["topology"] = {"auto": False, **plan.topology()}
+    res = spec.setdefault("resources", {})
+    for role in ("actor", "buffer", "learner"):
+        rp = getattr(plan, role)
+        res[role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
+    if plan.batch_size and spec.get("algorithm", {}).get("batchSize") != plan.batch_size:
+        spec["algorithm"]["batchSize"] = plan.batch_size
+    return TianJiJob.model_validate(doc)
+
+
+def spec_json(spec: JobSpec) -> str:
+    """Canonical JSON of a spec (defaults filled): what `applied-spec` stores and diffs compare."""
+    return json.dumps(spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True,
+                      separators=(",", ":"))
+
+
+# ----------------------------------------------------------------- objects
+def _meta(job: TianJiJob, name: str, lab: dict, annotations: Optional[dict] = None) -> dict:
+    m = {"name": name, "labels": lab}
+    if job.metadata.namespace:
+        m["namespace"] = job.metadata.namespace
+    if annotations:
+        m["annotations"] = annotations
+    return m
+
+
+def configmap(resolved: TianJiJob, applied_spec: JobSpec, generation: int = 0, plan: Optional[dict] = None) -> dict:
+    """The planned job for the workers; annotations record the applied spec and the plan."""
+    manifest = resolved.to_manifest()
+    manifest["metadata"] = {"name": resolved.name, **({"namespace": resolved.metadata.namespace}
+                                                       if resolved.metadata.namespace else {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(resolved, configmap_name(resolved.name), labels(resolved.name),
+                          {ANNOTATION_SPEC: spec_json(applied_spec), ANNOTATION_GENERATION: str(generation),
+                           **({ANNOTATION_PLAN: json.dumps(plan, sort_keys=True, separators=(",", ":"))}
+                              if plan else {})}),
+        "data": {JOB_FILE: yaml.safe_dump(manifest, sort_keys=False)},
+    }
+
+
+def _data_ports(job: TianJiJob, roles=("buffer", "learner")) -> list[dict]:
+    base = job.spec.network.base_port
+    return [{"name": ch, "port": base + PORTS[ch], "targetPort": ch, "protocol": "TCP"}
+            for r in roles for ch in ROLE_PORTS[r]]
+
+
+def service(job: TianJiJob) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, service_name(job.name), labels(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            # DNS records before readiness: peers resolve each other while starting.
+            "publishNotReadyAddresses": True,
+            "selector": selector(job.name),
+            "ports": _data_ports(job) + [{"name": "metrics", "port": job.spec.network.metrics_port,
+                                          "targetPort": "metrics", "protocol": "TCP"}],
+        },
+    }
+
+
+def network_policy(job: TianJiJob, scrapers: list[dict]) -> dict:
+    """Ingress to the job's pods: from its own pods (any port: data ports, and the dynamic
+    ports torch.distributed uses between learners), and from `scrapers` to `metrics` only."""
+    rules: list[dict] = [{"from": [{"podSelector": {"matchLabels": selector(job.name)}}]}]
+    if scrapers:
+        rules.append({"from": [dict(p) for p in scrapers], "ports": [{"protocol": "TCP", "port": "metrics"}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, networkpolicy_name(job.name), labels(job.name)),
+        "spec": {"podSelector": {"matchLabels": selector(job.name)}, "policyTypes": ["Ingress"], "ingress": rules},
+    }
+
+
+def _resources(job: TianJiJob, role: str) -> dict:
+    r = getattr(job.spec.resources, role)
+    q = {"cpu": cpu_quantity(r.cpu), "memory": r.memory}
+    if r.gpu:
+        q["nvidia.com/gpu"] = str(r.gpu)
+    if job.spec.network.rdma:
+        q[job.spec.network.rdma] = "1"
+    # requests == limits: Guaranteed QoS, so a role gets the cores the planner counted on.
+    return {"requests": dict(q), "limits": dict(q)}
+
+
+def _threads(job: TianJiJob, role: str) -> int:
+    r = getattr(job.spec.resources, role)
+    return r.threads or max(1, int(r.cpu))
+
+
+def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
+             hostname: Optional[str] = None) -> dict:
+    net = job.spec.network
+    base = net.base_port
+    ports = [{"name": ch, "containerPort": base + PORTS[ch], "protocol": "TCP"} for ch in ROLE_PORTS[role]]
+    ports.append({"name": "metrics", "containerPort": net.metrics_port, "protocol": "TCP"})
+    container = {
+        "name": CONTAINER,
+        "image": job.spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(command) + [
+            "--role", role, "--group", str(group), "--index", index,
+            "--job", f"{CONFIG_DIR}/{JOB_FILE}", "--metrics-port", str(net.metrics_port)],
+        "env": [
+            {"name": "TIANJI_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "TIANJI_STATE_DIR", "value": STATE_DIR},
+            {"name": "OMP_NUM_THREADS", "value": str(_threads(job, role))},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        ],
+        "ports": ports,
+        "resources": _resources(job, role),
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
+                           "periodSeconds": 10, "failureThreshold": 3},
+        "volumeMounts": [
+            {"name": "job", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    if net.rdma:
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    spec: dict = {
+        "restartPolicy": "Always" if role == "actor" else "OnFailure",
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        "containers": [container],
+        "volumes": [
+            {"name": "job", "configMap": {"name": configmap_name(job.name),
+                                          "items": [{"key": JOB_FILE, "path": JOB_FILE}]}},
+            {"name": "state", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    if hostname:
+        spec["hostname"] = hostname
+        spec["subdomain"] = service_name(job.name)
+    if net.host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return spec
+
+
+def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str]) -> dict:
+    """A learner or buffer pod: stable name = hostname, under the headless Service's subdomain."""
+    name = pod_name(job.name, role, group, index)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, name, labels(job.name, role, group, index)),
+        "spec": pod_spec(job, role, group, str(index), command, hostname=name),
+    }
+
+
+def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[str]) -> dict:
+    """One group's actors; each pod derives its index from its ordinal (`--index auto`)."""
+    lab = labels(job.name, "actor", group)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(job, actor_set_name(job.name, group), lab),
+        "spec": {
+            "serviceName": service_name(job.name),
+            "replicas": replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector(job.name, "actor", group)},
+            "template": {"metadata": {"labels": dict(lab)}, "spec": pod_spec(job, "actor", group, "auto", command)},
+        },
+    }
+
+
+def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int], *,
+             scrapers: list[dict], command: list[str], generation: int = 0,
+             plan: Optional[dict] = None) -> list[dict]:
+    """Everything a job needs, in creation order (the ConfigMap first: pods mount it)."""
+    t = resolved.spec.topology
+    out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers)]
+    for g in range(t.groups):
+        out += [role_pod(resolved, "learner", g, i, command) for i in range(t.learners)]
+        out += [role_pod(resolved, "buffer", g, i, command) for i in range(t.buffers)]
+        out.append(actor_statefulset(resolved, g, actors.get(g, t.actors), command))
+    return out

@@ -1,0 +1,73 @@
+"""Operator-wide settings: from the environment in production, from arguments in tests."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+DEFAULT_SCRAPERS: list[dict] = [
+    # Prometheus (the kube-prometheus / prometheus-operator default label) and the
+    # operator itself, which scrapes /metrics when spec.autoscale.prometheusUrl is unset.
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "tianji-operator"}}},
+]
+
+
+@dataclass
+class OperatorConfig:
+    """Knobs that are not part of a job's spec.
+
+    Environment (production): TIANJI_MONITOR_INTERVAL, TIANJI_AUTOSCALE_TICK,
+    TIANJI_HANDLER_BACKOFF (seconds), TIANJI_PROMQL_WINDOW (e.g. 1m),
+    TIANJI_PROMQL_JOB_LABEL (default `job`; the PodMonitor/ServiceMonitor must
+    `honorLabels: true` or the workers' `job` label becomes `exported_job`),
+    TIANJI_PROMQL_NAMESPACE_LABEL (default `namespace`; empty: not filtered),
+    TIANJI_METRICS_SCRAPERS (JSON list of NetworkPolicyPeer admitted to the
+    metrics port), TIANJI_PROFILE (a `tianji profile` JSON used by the planner),
+    TIANJI_WORKER_COMMAND (JSON list, default ["tianji", "worker"]).
+    """
+
+    monitor_interval: float = 10.0  # seconds between child/phase checks per job
+    autoscale_tick: float = 5.0  # seconds between metric/rescale checks (each job also obeys its intervalSeconds)
+    handler_backoff: float = 10.0  # seconds before retrying a handler after an API error
+    http_timeout: float = 5.0  # Prometheus queries and /metrics scrapes
+    promql_window: str = "1m"
+    promql_job_label: str = "job"
+    promql_namespace_label: str = "namespace"
+    metrics_scrapers: list[dict] = field(default_factory=lambda: [dict(p) for p in DEFAULT_SCRAPERS])
+    profile_path: Optional[str] = None
+    worker_command: list[str] = field(default_factory=lambda: ["tianji", "worker"])
+    clock: Callable[[], float] = time.time
+    # Tests: a fixed kopf.ConnectionInfo instead of the in-cluster / kubeconfig login.
+    connection: Any = None
+
+    @classmethod
+    def from_env(cls, env: Optional[dict] = None) -> "OperatorConfig":
+        env = os.environ if env is None else env
+        c = cls()
+        for name, key, conv in (
+            ("monitor_interval", "TIANJI_MONITOR_INTERVAL", float),
+            ("autoscale_tick", "TIANJI_AUTOSCALE_TICK", float),
+            ("handler_backoff", "TIANJI_HANDLER_BACKOFF", float),
+            ("http_timeout", "TIANJI_HTTP_TIMEOUT", float),
+            ("promql_window", "TIANJI_PROMQL_WINDOW", str),
+            ("promql_job_label", "TIANJI_PROMQL_JOB_LABEL", str),
+            ("promql_namespace_label", "TIANJI_PROMQL_NAMESPACE_LABEL", str),
+            ("profile_path", "TIANJI_PROFILE", str),
+            ("metrics_scrapers", "TIANJI_METRICS_SCRAPERS", json.loads),
+            ("worker_command", "TIANJI_WORKER_COMMAND", json.loads),
+        ):
+            if key in env:
+                setattr(c, name, conv(env[key]))
+        return c
+
+    def load_profile(self):
+        """The planner profile, or None for the planner's built-in estimates."""
+        if not self.profile_path:
+            return None
+        from tianji.planner import Profile
+
+        with open(self.profile_path) as f:
+            return Profile.from_json(json.load(f))

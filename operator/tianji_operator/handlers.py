@@ -1,0 +1,572 @@
+"""Kopf handlers for TianJiJob: reconcile, monitor, autoscale, delete.
+
+`register(registry, config)` installs them into a Kopf registry (the default
+one for `python -m tianji_operator`, a fresh one per test) and returns the
+`Operator` context they share (API client, metrics, in-memory scrape state).
+
+Reconciliation (create, resume, update) is level-based and idempotent:
+validate the spec (pydantic) → compare with the applied spec stored on the
+ConfigMap (immutable changes are refused as a whole) → plan once → create
+whatever child is missing (fixed names; 409 means "already there") → status.
+The monitor timer derives phase/readiness from the children, re-creates lost
+learner/buffer pods, ends the job on its stop conditions and applies
+`cleanPodPolicy`. The autoscale timer measures throughput and rescales actors
+(see autoscaler.py). Every status write is a JSON patch conditioned on the
+resourceVersion the handler read (no lost updates between handlers and timers).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import aiohttp
+import kopf
+import yaml
+
+from tianji.addressing import actor_set_name
+from tianji.crd import GROUP, PLURAL, VERSION
+from tianji.planner import PlanError, plan_for_job
+from tianji.spec import API_VERSION, KIND, SpecError, TianJiJob, parse_job
+
+from . import autoscaler as asc
+from . import builders as b
+from . import status as st
+from .config import OperatorConfig
+from .kube import ApiError, KubeClient
+from .metrics import OperatorMetrics
+
+FINALIZER = "tianji.dev/finalizer"
+# Spec fields that may change on a running job. Everything else is fixed at creation:
+# pods, their requests and the workers' view of the job would be half old, half new.
+MUTABLE = ("spec.topology.actors", "spec.autoscale.", "spec.cleanPodPolicy")
+
+
+def is_mutable(path: str) -> bool:
+    return any(path == m or (m.endswith(".") and path.startswith(m)) for m in MUTABLE)
+
+
+@dataclass
+class JobMemory:
+    scrape: asc.ScrapeState = field(default_factory=asc.ScrapeState)
+    last_sample: Optional[float] = None
+
+
+class Operator:
+    """What the handlers share. One per registered operator (tests run several in sequence)."""
+
+    def __init__(self, config: OperatorConfig, metrics: Optional[OperatorMetrics] = None):
+        self.config = config
+        self.metrics = metrics or OperatorMetrics()
+        self.connection: Any = config.connection
+        self.kube = KubeClient(self._connection, on_request=self.metrics.api_request)
+        self.jobs: dict[str, JobMemory] = {}
+        self._http: Optional[aiohttp.ClientSession] = None
+        self.closed = False
+        self.profile = config.load_profile()
+
+    def _connection(self) -> Any:
+        return self.connection
+
+    def http(self) -> aiohttp.ClientSession:
+        if self.closed:
+            raise ApiError(0, "Closed", "the operator is stopping")
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.http_timeout))
+        return self._http
+
+    def memory(self, uid: str) -> JobMemory:
+        return self.jobs.setdefault(uid, JobMemory())
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.kube.close()
+        if self._http is not None:
+            await self._http.close()
+
+    def now(self) -> float:
+        return self.config.clock()
+
+
+# ----------------------------------------------------------------- helpers
+def _manifest(body: Any) -> dict:
+    meta = body["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+            "spec": dict(body.get("spec") or {})}
+
+
+class StatusConflict(Exception):
+    """The job changed between reading it and writing its status."""
+
+
+async def write_status(op: "Operator", body: Any, fields: dict) -> None:
+    """Write the status fields that changed, only if the job is still at the resourceVersion
+    these were computed from (handlers and timers run concurrently: no lost updates)."""
+    current = dict(body.get("status") or {})
+    changed = {k: v for k, v in fields.items() if current.get(k) != v}
+    if not changed:
+        return
+    meta = body["metadata"]
+    ok = await op.kube.patch_status("TianJiJob", meta.get("namespace"), meta["name"], meta["resourceVersion"],
+                                    changed, has_status=bool(body.get("status")))
+    if not ok:
+        raise StatusConflict(f"{meta['name']} changed since resourceVersion {meta['resourceVersion']}")
+
+
+def _applied(cm: dict) -> tuple[dict, TianJiJob]:
+    """(applied spec as a plain dict, resolved job) stored on the job's ConfigMap."""
+    ann = (cm.get("metadata") or {}).get("annotations") or {}
+    applied = json.loads(ann.get(b.ANNOTATION_SPEC) or "{}")
+    resolved = parse_job(yaml.safe_load(cm["data"][b.JOB_FILE]), f"ConfigMap {cm['metadata']['name']}")
+    return applied, resolved
+
+
+async def _statefulsets(op: Operator, ns: str, name: str, groups: int) -> dict[int, Optional[dict]]:
+    return {g: await op.kube.get("StatefulSet", ns, actor_set_name(name, g)) for g in range(groups)}
+
+
+def _adopt(obj: dict, body: Any) -> dict:
+    kopf.adopt(obj, owner=body, nested=("spec.template",) if obj["kind"] == "StatefulSet" else None)
+    return obj
+
+
+def spec_error_message(err: SpecError, source: str = "TianJiJob") -> str:
+    """One line naming each offending field path, e.g. `spec.topology: buffers (2) > actors (1) ...`."""
+    lines = [ln[len(source) + 2:] if ln.startswith(source + ": ") else ln for ln in str(err).splitlines()]
+    return "; ".join(lines)
+
+
+# ----------------------------------------------------------------- reconcile
+async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger, handler: str) -> None:
+    meta = body["metadata"]
+    name, ns, gen = meta["name"], meta.get("namespace"), meta.get("generation")
+    status = dict(body.get("status") or {})
+    now = op.now()
+    cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
+
+    async def refuse(reason: str, message: str) -> None:
+        conds = [st.condition("Planned", False, reason, message, now=now, generation=gen)]
+        fields: dict[str, Any] = {"observedGeneration": gen}
+        if cm is None:  # never ran: the job fails; nothing is created
+            fields["phase"] = st.FAILED
+            conds += [st.condition("Failed", True, reason, message, now=now, generation=gen),
+                      st.condition("Ready", False, reason, "no pods were created", now=now),
+                      st.condition("Progressing", False, reason, message, now=now)]
+        else:
+            applied_gen = (cm["metadata"].get("annotations") or {}).get(b.ANNOTATION_GENERATION, "?")
+            conds[0]["message"] = f"{message}; the job keeps running its applied spec (generation {applied_gen})"
+        fields["conditions"] = st.set_conditions(status.get("conditions"), *conds)
+        await write_status(op, body, fields)
+        kopf.warn(body, reason=reason, message=message[:900])
+        op.metrics.reconciles.labels(handler=handler, result=reason).inc()
+        logger.warning("%s: %s", reason, message)
+
+    try:
+        job = parse_job(_manifest(body), "TianJiJob")
+    except SpecError as e:
+        return await refuse("InvalidSpec", spec_error_message(e))
+
+    new_spec = json.loads(b.spec_json(job.spec))
+    plan_json: Optional[dict] = None  # a new plan, made now
+    plan_record: Optional[dict] = None  # the plan in force (new, or from the ConfigMap)
+    actors_changed = False
+    if cm is not None:
+        applied, resolved = _applied(cm)
+        plan_record = json.loads(cm["metadata"].get("annotations", {}).get(b.ANNOTATION_PLAN) or "null")
+        changes = st.diff_paths(applied, new_spec)
+        fixed = [c for c in changes if not is_mutable(c[0])]
+        if fixed:
+            listing = "; ".join(f"{p}: {json.dumps(o)} -> {json.dumps(n)}" for p, o, n in fixed[:8])
+            return await refuse("ImmutableFieldChanged",
+                                f"{listing}{' ...' if len(fixed) > 8 else ''} cannot change on a created job "
+                                "(delete and re-create it); no change was applied")
+        if changes:
+            doc = resolved.to_manifest()
+            doc["spec"]["autoscale"] = new_spec["autoscale"]
+            doc["spec"]["cleanPodPolicy"] = new_spec["cleanPodPolicy"]
+            if any(p == "spec.topology.actors" for p, _, _ in changes) and not job.spec.topology.auto:
+                doc["spec"]["topology"]["actors"] = job.spec.topology.actors
+                actors_changed = True
+            resolved = TianJiJob.model_validate(doc)
+    else:
+        try:
+            plan = plan_for_job(job, op.profile)
+            resolved = b.resolve(job, plan)
+        except (PlanError, SpecError, ValueError) as e:
+            where = "spec.resources" if job.spec.topology.auto else "spec.topology"
+            return await refuse("PlanFailed", f"{where}: {e}")
+        plan_json = plan_record = st.camel_keys(plan.to_json())
+
+    terminal = status.get("phase") in st.TERMINAL and cm is not None
+    a = resolved.spec.autoscale
+    topo = resolved.spec.topology
+    try:
+        sets = await _statefulsets(op, ns, name, topo.groups)
+        desired: dict[int, int] = {}
+        for g in range(topo.groups):
+            n = topo.actors
+            if a.enabled and sets[g] is not None and not actors_changed:
+                n = int(sets[g]["spec"].get("replicas") or 0)  # the autoscaler owns replicas
+            if a.enabled:
+                n = min(max(n, a.min_actors), a.max_actors)
+            desired[g] = n
+        objs = b.children(resolved, job.spec, desired, scrapers=op.config.metrics_scrapers,
+                          command=op.config.worker_command, generation=gen or 0, plan=plan_record)
+        created = []
+        if not terminal:
+            for obj in objs:
+                _adopt(obj, body)
+                got, was_created = await op.kube.ensure(obj)
+                if was_created:
+                    created.append(f"{obj['kind']}/{obj['metadata']['name']}")
+                elif obj["kind"] == "StatefulSet":
+                    g = int(obj["metadata"]["labels"][b.LABEL_GROUP])
+                    if (got.get("spec") or {}).get("replicas") != desired[g]:
+                        await op.kube.patch("StatefulSet", ns, obj["metadata"]["name"],
+                                            {"spec": {"replicas": desired[g]}})
+        if cm is not None:  # the ConfigMap records what is applied: written last
+            want = objs[0]
+            if (want["data"] != cm.get("data")
+                    or want["metadata"]["annotations"][b.ANNOTATION_SPEC]
+                    != cm["metadata"].get("annotations", {}).get(b.ANNOTATION_SPEC)):
+                await op.kube.patch("ConfigMap", ns, want["metadata"]["name"], {
+                    "data": want["data"], "metadata": {"annotations": want["metadata"]["annotations"]}})
+    except ApiError as e:
+        op.metrics.errors.labels(where="api").inc()
+        kopf.warn(body, reason="ApiError", message=str(e)[:500])
+        raise kopf.TemporaryError(str(e), delay=op.config.handler_backoff)
+
+    fields: dict[str, Any] = {"observedGeneration": gen}
+    conds = [st.condition("Planned", True, "Planned", _plan_summary_from(plan_record), now=now, generation=gen),
+             st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now)]
+    if plan_record is not None and (plan_json is not None or not status.get("plan")):
+        fields["plan"] = plan_record  # also after a restart that interrupted the first status write
+    if status.get("phase") not in (st.PENDING, st.RUNNING, st.SUCCEEDED) and not terminal:
+        fields["phase"] = st.PENDING
+        conds += [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now),
+                  st.condition("Progressing", True, "Starting", "creating pods", now=now)]
+    if "groups" not in status or plan_json is not None:
+        groups, actors = st.summarize(topo, [], {g: {"spec": {"replicas": n}} for g, n in desired.items()},
+                                      b.LABEL_ROLE, b.LABEL_GROUP)
+        fields["groups"], fields["actors"] = groups, actors
+    fields["conditions"] = st.set_conditions(status.get("conditions"), *conds)
+    await write_status(op, body, fields)
+    op.metrics.reconciles.labels(handler=handler, result="ok").inc()
+    if plan_json is not None:
+        kopf.info(body, reason="Planned", message=_plan_summary_from(plan_json))
+    if created and cm is not None:
+        kopf.info(body, reason="Recreated", message=", ".join(created)[:900])
+    elif cm is not None and handler == "update":
+        kopf.info(body, reason="Updated", message="applied the changed mutable fields")
+
+
+def _plan_summary_from(plan_json: Optional[dict]) -> str:
+    if not plan_json:
+        return "planned"
+    p = plan_json
+    return (f"{p['groups']} group(s) x ({p['actors']} actors, {p['buffers']} buffers, {p['learners']} learners); "
+            f"{p['cpusUsed']:g} cores, {p['gpusUsed']} GPUs; predicted {p['producedFps']:.0f} frames/s produced, "
+            f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")
+
+
+# ----------------------------------------------------------------- monitor
+async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -> None:
+    meta = body["metadata"]
+    name, ns = meta["name"], meta.get("namespace")
+    status = dict(body.get("status") or {})
+    if status.get("phase") in st.TERMINAL or not status.get("plan"):
+        return  # finished, or not reconciled yet (the children may be being created)
+    cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
+    if cm is None:
+        return
+    _, resolved = _applied(cm)
+    now = op.now()
+    topo = resolved.spec.topology
+    pods = await op.kube.list("Pod", ns, b.label_selector(name))
+    sets = await _statefulsets(op, ns, name, topo.groups)
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    fixed_pods = [p for p in pods if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) in ("learner", "buffer")]
+    learners = [p for p in pods if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) == "learner"]
+    failed = [p for p in fixed_pods if st.pod_phase(p) == "Failed"]
+
+    reason = None
+    if learners and len(learners) == topo.groups * topo.learners and all(
+            st.pod_phase(p) == "Succeeded" for p in learners):
+        reason = "all learner pods completed"
+    else:
+        try:
+            live_spec = parse_job(_manifest(body)).spec
+        except SpecError:
+            live_spec = resolved.spec
+        reason = st.stop_reason(live_spec, status, now) if status.get("phase") == st.RUNNING else None
+    if reason is not None:
+        return await _finish(op, body, patch, status, resolved, pods, st.SUCCEEDED, "StopConditionReached",
+                             reason, now)
+    if failed:
+        p = failed[0]
+        why = (p.get("status") or {}).get("reason") or (p.get("status") or {}).get("message") or "Failed"
+        return await _finish(op, body, patch, status, resolved, pods, st.FAILED, "PodFailed",
+                             f"pod {p['metadata']['name']} failed: {why}", now)
+
+    # Self-healing: a learner/buffer pod or a StatefulSet that is gone comes back.
+    expected = b.children(resolved, resolved.spec, {g: topo.actors for g in range(topo.groups)},
+                          scrapers=op.config.metrics_scrapers, command=op.config.worker_command)
+    recreated = []
+    try:
+        for obj in expected:
+            kind, oname = obj["kind"], obj["metadata"]["name"]
+            missing = (kind == "Pod" and oname not in by_name) or (
+                kind == "StatefulSet" and sets.get(int(obj["metadata"]["labels"][b.LABEL_GROUP])) is None)
+            if missing:
+                if kind == "StatefulSet" and resolved.spec.autoscale.enabled:
+                    a = resolved.spec.autoscale
+                    obj["spec"]["replicas"] = min(max(obj["spec"]["replicas"], a.min_actors), a.max_actors)
+                got, created = await op.kube.ensure(_adopt(obj, body))
+                if created:
+                    recreated.append(f"{kind}/{oname}")
+                if kind == "StatefulSet":
+                    sets[int(obj["metadata"]["labels"][b.LABEL_GROUP])] = got
+    except ApiError as e:
+        op.metrics.errors.labels(where="api").inc()
+        logger.warning("monitor: %s", e)
+    if recreated:
+        kopf.warn(body, reason="Recreated", message=", ".join(recreated)[:900])
+
+    groups, actors = st.summarize(topo, pods, sets, b.LABEL_ROLE, b.LABEL_GROUP)
+    want_fixed = topo.groups * (topo.learners + topo.buffers)
+    running = len(fixed_pods) == want_fixed and all(st.pod_phase(p) == "Running" for p in fixed_pods)
+    ready = st.all_ready(groups) and running
+    fields: dict[str, Any] = {"groups": groups, "actors": actors,
+                              "phase": st.RUNNING if running else st.PENDING}
+    conds = [st.condition("Ready", ready, "AllPodsReady" if ready else "PodsNotReady",
+                          f"actors {actors} ready" if ready else _not_ready(groups), now=now)]
+    if running:
+        conds.append(st.condition("Progressing", True, "Training", "learners and buffers are running", now=now))
+        if not status.get("startTime"):
+            fields["startTime"] = st.iso(now)
+    else:
+        conds.append(st.condition("Progressing", True, "Starting", "waiting for learner and buffer pods", now=now))
+    fields["conditions"] = st.set_conditions(status.get("conditions"), *conds)
+    await write_status(op, body, fields)
+
+
+def _not_ready(groups: list[dict]) -> str:
+    parts = []
+    for e in groups:
+        for r in ("learners", "buffers", "actors"):
+            if e[r]["ready"] < e[r]["desired"]:
+                parts.append(f"group {e['group']} {r} {e[r]['ready']}/{e[r]['desired']}")
+    return "not ready: " + ", ".join(parts) if parts else "pods not running"
+
+
+async def _finish(op: Operator, body: Any, patch: Any, status: dict, resolved: TianJiJob, pods: list[dict],
+                  phase: str, reason: str, message: str, now: float) -> None:
+    """Record the end (status first: a conflict leaves everything as it was), then clean up."""
+    ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    policy = resolved.spec.clean_pod_policy
+    try:
+        policy = parse_job(_manifest(body)).spec.clean_pod_policy
+    except SpecError:
+        pass
+    conds = [st.condition("Progressing", False, "JobSucceeded" if phase == st.SUCCEEDED else "JobFailed",
+                          message, now=now),
+             st.condition("Ready", False, reason, message, now=now)]
+    if phase == st.FAILED:
+        conds.append(st.condition("Failed", True, reason, message, now=now))
+    await write_status(op, body, {"phase": phase, "completionTime": st.iso(now),
+                                  "conditions": st.set_conditions(status.get("conditions"), *conds)})
+    cleaned = []
+    if policy in ("Running", "All"):
+        for p in pods:
+            role = p["metadata"].get("labels", {}).get(b.LABEL_ROLE)
+            if role not in ("learner", "buffer"):
+                continue
+            if policy == "All" or st.pod_phase(p) in ("Pending", "Running", "Unknown"):
+                if await op.kube.delete("Pod", ns, p["metadata"]["name"]):
+                    cleaned.append(p["metadata"]["name"])
+        for g in range(resolved.spec.topology.groups):
+            try:
+                await op.kube.patch("StatefulSet", ns, actor_set_name(name, g), {"spec": {"replicas": 0}})
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+    msg = f"{message}; cleanPodPolicy {policy}" + (f": deleted {len(cleaned)} pod(s), actors scaled to 0"
+                                                   if policy != "None" else "")
+    if phase == st.SUCCEEDED:
+        kopf.info(body, reason="Succeeded", message=msg)
+    else:
+        kopf.warn(body, reason="Failed", message=msg)
+
+
+# ----------------------------------------------------------------- autoscale
+async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger) -> None:
+    meta = body["metadata"]
+    name, ns, uid = meta["name"], meta.get("namespace"), meta.get("uid", meta["name"])
+    status = dict(body.get("status") or {})
+    if status.get("phase") not in (st.PENDING, st.RUNNING):
+        return
+    try:
+        spec = parse_job(_manifest(body)).spec
+    except SpecError:
+        return
+    mem = op.memory(uid)
+    now = op.now()
+    if mem.last_sample is not None and now - mem.last_sample < spec.autoscale.interval_seconds:
+        return
+    cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
+    if cm is None:
+        return
+    _, resolved = _applied(cm)
+    try:
+        if spec.autoscale.prometheus_url:
+            obs = await asc.query_prometheus(op.http(), spec.autoscale.prometheus_url, asc.promql_queries(
+                name, ns, op.config.promql_window, op.config.promql_job_label, op.config.promql_namespace_label))
+        else:
+            pods = await op.kube.list("Pod", ns, b.label_selector(name))
+            obs = await asc.scrape_pods(op.http(), pods, resolved.spec.network.metrics_port, mem.scrape, now,
+                                        b.LABEL_ROLE, b.LABEL_GROUP)
+    except asc.MetricsError as e:
+        mem.last_sample = now  # try again after the interval, not on every tick
+        op.metrics.errors.labels(where="metrics").inc()
+        logger.warning("metrics: %s", e)
+        return
+    if obs is not None or mem.scrape.samples:  # a measurement (or a scrape's baseline) was taken
+        mem.last_sample = now
+    if obs is None:
+        return
+    try:
+        await _observe_and_rescale(op, body, spec, resolved, obs, now, logger)
+    except StatusConflict:
+        mem.last_sample = None  # the job changed meanwhile: measure again on the next tick
+        raise
+
+
+async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: TianJiJob, obs: asc.Observation,
+                               now: float, logger: logging.Logger) -> None:
+    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
+    status = dict(body.get("status") or {})
+    fields = obs.status_fields(now)
+    if not spec.autoscale.enabled or status.get("phase") != st.RUNNING:
+        await write_status(op, body, fields)
+        return
+    sets = await _statefulsets(op, ns, name, resolved.spec.topology.groups)
+    current = {g: int((s.get("spec") or {}).get("replicas") or 0) for g, s in sets.items() if s is not None}
+    auto = dict(status.get("autoscale") or {})
+    decision = asc.decide(spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now)
+    record = {"time": st.iso(now), "decision": decision.kind, "message": decision.message,
+              "actors": {str(g): n for g, n in sorted(decision.desired.items())}}
+    if decision.desired == decision.current:
+        auto["lastEvaluation"] = record
+        await write_status(op, body, {**fields, "autoscale": auto})
+        op.metrics.rescales.labels(decision=decision.kind).inc()
+        return
+    # Record the decision first (its time starts the cooldown), then act on it.
+    auto.update({"lastRescaleTime": st.iso(now), "lastDecision": record, "lastEvaluation": record})
+    reason = {"up": "ScaledUp", "down": "ScaledDown", "bounds": "Clamped"}[decision.kind]
+    conds = st.set_conditions(status.get("conditions"), st.condition("Rescaled", True, reason, decision.message,
+                                                                     now=now))
+    await write_status(op, body, {**fields, "autoscale": auto, "conditions": conds})
+    op.metrics.rescales.labels(decision=decision.kind).inc()
+    for g, n in decision.desired.items():
+        if n != decision.current[g]:
+            await op.kube.patch("StatefulSet", ns, actor_set_name(name, g), {"spec": {"replicas": n}})
+    kopf.info(body, reason="Rescaled", message=decision.message[:900])
+    logger.info("rescaled: %s", decision.message)
+
+
+# ----------------------------------------------------------------- registration
+def configure_settings(settings: kopf.OperatorSettings) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.SmartProgressStorage(prefix="tianji.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="tianji.dev", key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 600
+
+
+def login(op: Operator, settings: kopf.OperatorSettings) -> Any:
+    """In a pod: the service account; outside: the kubernetes client's or Kopf's kubeconfig reader."""
+    if op.config.connection is not None:
+        op.connection = op.config.connection
+        return op.connection
+    info = kopf.login_with_service_account(settings=settings)
+    if info is None:
+        try:
+            info = kopf.login_via_client(settings=settings, logger=logging.getLogger("tianji.operator"))
+        except Exception:  # the kubernetes client is optional and may not parse every kubeconfig
+            info = None
+    if info is None:
+        info = kopf.login_with_kubeconfig(settings=settings)
+    op.connection = info
+    return info
+
+
+def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] = None,
+             metrics: Optional[OperatorMetrics] = None) -> Operator:
+    op = Operator(config or OperatorConfig.from_env(), metrics)
+    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+    backoff = op.config.handler_backoff
+
+    @kopf.on.startup(registry=registry)
+    def tianji_settings(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_settings(settings)
+
+    @kopf.on.login(registry=registry)
+    def tianji_login(settings: kopf.OperatorSettings, **_: Any) -> Any:
+        return login(op, settings)
+
+    @kopf.on.cleanup(registry=registry)
+    async def tianji_cleanup(**_: Any) -> None:
+        await op.close()
+
+    @kopf.on.create(**res, backoff=backoff, id="reconcile-create")
+    async def on_create(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+        await _guarded(op, "create", reconcile(op, body, patch, logger, "create"))
+
+    @kopf.on.resume(**res, backoff=backoff, id="reconcile-resume")
+    async def on_resume(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+        await _guarded(op, "resume", reconcile(op, body, patch, logger, "resume"))
+
+    @kopf.on.update(**res, backoff=backoff, id="reconcile-update")
+    async def on_update(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+        await _guarded(op, "update", reconcile(op, body, patch, logger, "update"))
+
+    @kopf.on.delete(**res, backoff=backoff, id="release")
+    async def on_delete(body: Any, logger: logging.Logger, **_: Any) -> None:
+        # Children go with the owner (ownerReferences); only in-memory state is ours to drop.
+        op.jobs.pop(body["metadata"].get("uid", ""), None)
+        op.metrics.reconciles.labels(handler="delete", result="ok").inc()
+        logger.info("released %s", body["metadata"]["name"])
+
+    @kopf.timer(**res, interval=op.config.monitor_interval, id="monitor")
+    async def on_monitor(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+        await _guarded(op, "monitor", monitor(op, body, patch, logger), temporary=False)
+
+    @kopf.timer(**res, interval=op.config.autoscale_tick, id="autoscale")
+    async def on_autoscale(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+        await _guarded(op, "autoscale", autoscale(op, body, patch, logger), temporary=False)
+
+    return op
+
+
+async def _guarded(op: Operator, where: str, coro: Any, temporary: bool = True) -> None:
+    """Count failures; API errors become Kopf temporary errors (retried after the backoff)."""
+    try:
+        await coro
+    except kopf.TemporaryError:
+        raise
+    except StatusConflict as e:  # computed from a stale body: again, with the fresh one
+        if temporary:
+            raise kopf.TemporaryError(str(e), delay=min(1.0, op.config.handler_backoff)) from None
+        logging.getLogger("tianji.operator").debug("%s: %s", where, e)
+    except (ApiError, aiohttp.ClientError, asyncio.TimeoutError) as e:
+        op.metrics.errors.labels(where=where).inc()
+        if temporary:
+            raise kopf.TemporaryError(f"{type(e).__name__}: {e}", delay=op.config.handler_backoff) from None
+        logging.getLogger("tianji.operator").warning("%s: %s: %s", where, type(e).__name__, e)
+    except Exception:
+        op.metrics.errors.labels(where=where).inc()
+        raise

@@ -1,0 +1,40 @@
+"""The Kubernetes permissions the operator uses — exactly, no more.
+
+Kopf's own calls (watching and patching TianJiJobs, posting events, resource
+and namespace discovery) plus the operator's (`kube.py`). A ClusterRole
+(or a Role per watched namespace, with CRD/namespace discovery in a
+ClusterRole) built from RULES is sufficient; tests check that every request
+the operator makes against the emulator is covered.
+"""
+from __future__ import annotations
+
+RULES: list[dict] = [
+    # Kopf: watch the jobs, add/remove its finalizer and progress annotations, write status.
+    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs"], "verbs": ["list", "watch", "patch"]},
+    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs/status"], "verbs": ["patch"]},
+    # Children carry ownerReferences with blockOwnerDeletion: true, which the
+    # OwnerReferencesPermissionEnforcement admission plugin allows only to those who may
+    # update the owner's finalizers.
+    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs/finalizers"], "verbs": ["update"]},
+    # Kopf: Events for kubectl describe (kopf.info/warn).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # Kopf: discovery of the CRD (it may be installed after the operator) and of namespaces.
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    # The operator: children of each job.
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
+    {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create"]},
+]
+
+
+def allows(verb: str, group: str, resource: str) -> bool:
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in RULES)
+
+
+def cluster_role(name: str = "tianji-operator") -> dict:
+    """RULES as a ClusterRole manifest."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": name}, "rules": [dict(r) for r in RULES]}

@@ -1,0 +1,850 @@
+"""A Kubernetes API emulator for the operator tests: kmock 0.8 plus the gaps it leaves.
+
+Stock `kmock.KubernetesEmulator` stores objects and serves list/watch/fetch,
+but (see ../shared/notes/kubernetes-testing.md) assigns no uid,
+resourceVersion, creationTimestamp or generation; answers a failed JSON-patch
+`test` with 500; replays watches from the beginning regardless of
+`?resourceVersion`; ignores label/field selectors; treats strategic-merge as
+JSON-merge; has no PUT, no owner-reference garbage collection and no status
+subresource semantics. `KubeEmulator` fills those in, enough for the real
+Kopf operator to run against it:
+
+* metadata: uid, resourceVersion (one global counter), creationTimestamp,
+  generation (bumped when anything but metadata/status changes);
+* create → 409 AlreadyExists; generateName; namespace from the URL;
+* PATCH: merge-patch (RFC 7386), JSON-patch (a failed `test` → 422),
+  strategic-merge (merge-patch, except that lists of objects with a `name`
+  are merged by name: containers, ports, env, volumes), apply-patch → 415;
+  PUT replaces, 409 on a stale resourceVersion;
+* the `status` subresource: for resources declared with it, the main
+  endpoint ignores status changes and /status changes only status;
+* delete: finalizers → deletionTimestamp; the object goes when its last
+  finalizer is removed; background garbage collection of dependents whose
+  ownerReferences point at a deleted uid;
+* list: labelSelector (=, ==, !=, in, notin, exists, !exists) and
+  fieldSelector (metadata.name, metadata.namespace, status.phase);
+* watch: events after `?resourceVersion` from the event log, then live;
+  without one, synthetic ADDED for what exists; `timeoutSeconds` honoured;
+  a watch whose client went away ends (no lingering handler task);
+* `/api/v1/namespaces[/NAME]` addresses Namespaces (kmock 0.8 parses
+  "namespaces" there as a namespace prefix and answers 500);
+* CRDs declared with `declare_crd()`: structural defaulting and validation
+  of writes against the CRD's openAPIV3Schema (422 naming the field).
+
+No controllers run: pods get no status and StatefulSets create no pods.
+Tests play them with `set_status()` / `put_object()`. Assertions read
+`obj()`, `live()`, `requests` and `api_calls()` (verbs as RBAC names them).
+
+Below the emulator: `RunningOperator` (the real operator in its own thread
+and event loop), `FakePrometheus`, `FakePodMetrics`, `FakeClock`, `eventually`.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import datetime
+import json
+import re
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import jsonschema
+import kmock
+from kmock._internal import apps, enums, parsing, rendering
+
+from tianji.crd import apply_defaults
+
+CORE = {
+    "v1/namespaces": ("Namespace", False, set()),
+    "v1/pods": ("Pod", True, {"status"}),
+    "v1/services": ("Service", True, {"status"}),
+    "v1/configmaps": ("ConfigMap", True, set()),
+    "v1/events": ("Event", True, set()),
+    "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, set()),
+    "events.k8s.io/v1/events": ("Event", True, set()),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, {"status"}),
+}
+VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+
+
+_kmock_parse_path = parsing.parse_path
+
+
+def _parse_path(path: str) -> parsing.ParsedPath:
+    """kmock 0.8 reads `/api/v1/namespaces[/NAME]` as a namespace prefix with no resource
+    (and crashes on the list): those URLs address the Namespace resource itself."""
+    parts = path.strip("/").split("/")
+    if len(parts) >= 3 and parts[0] == "api" and parts[2] == "namespaces" and (
+            len(parts) <= 4 or (len(parts) == 5 and parts[4] in ("status", "finalize"))):
+        return parsing.ParsedPath("", parts[1], "namespaces", None,
+                                  parts[3] if len(parts) >= 4 else None, parts[4] if len(parts) == 5 else None)
+    return _kmock_parse_path(path)
+
+
+parsing.parse_path = _parse_path  # rendering.Request._parse looks it up on the module at call time
+
+
+def openapi_to_jsonschema(node: Any) -> Any:
+    """OpenAPI v3 (Kubernetes flavour: nullable, x-kubernetes-*) → JSON schema draft 4."""
+    if isinstance(node, list):
+        return [openapi_to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k.startswith("x-kubernetes-") or k == "nullable":
+            continue
+        if k == "properties":
+            out[k] = {name: openapi_to_jsonschema(p) for name, p in v.items()}
+        elif k == "default":
+            out[k] = v
+        else:
+            out[k] = openapi_to_jsonschema(v)
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge_patch(out.get(k), v)
+    return out
+
+
+def _strategic_patch(target: Any, patch: Any) -> Any:
+    """Merge patch, but lists of named objects merge by `name` (what containers/ports/env do)."""
+    if isinstance(patch, list) and isinstance(target, list) and all(
+            isinstance(x, dict) and "name" in x for x in patch + target):
+        out = [copy.deepcopy(x) for x in target]
+        for item in patch:
+            for i, old in enumerate(out):
+                if old["name"] == item["name"]:
+                    out[i] = _strategic_patch(old, item)
+                    break
+            else:
+                out.append(copy.deepcopy(item))
+        return out
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if k.startswith("$"):
+            continue
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _strategic_patch(out.get(k), v)
+    return out
+
+
+_REQ = re.compile(r"^\s*([A-Za-z0-9_./-]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_selector(sel: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in sel:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def match_label_selector(labels: dict, selector: Optional[str]) -> bool:
+    if not selector:
+        return True
+    for req in _split_selector(selector):
+        m = _REQ.match(req)
+        if m:
+            key, op, vals = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
+            if (op == "in") != (labels.get(key) in vals):
+                return False
+        elif "!=" in req:
+            k, v = req.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in req:
+            k, v = req.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif req.startswith("!"):
+            if req[1:].strip() in labels:
+                return False
+        elif req not in labels:
+            return False
+    return True
+
+
+def match_field_selector(obj: dict, selector: Optional[str]) -> bool:
+    if not selector:
+        return True
+    for req in _split_selector(selector):
+        neg = "!=" in req
+        k, v = req.replace("==", "=").split("!=" if neg else "=", 1)
+        node: Any = obj
+        for part in k.strip().split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if (str(node) == v.strip()) == neg:
+            return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(kmock.KubernetesEmulator):
+    """`kmock.KubernetesEmulator` with the behaviour Kopf and the operator rely on (module doc)."""
+
+    _rv: int = attrs.field(default=0, init=False)
+    _log: dict = attrs.field(factory=lambda: collections.defaultdict(list), init=False)
+    _changed: Optional[asyncio.Event] = attrs.field(default=None, init=False)
+    # CRD resources: openAPIV3Schema for structural defaulting and validation on writes.
+    _schemas: dict = attrs.field(factory=dict, init=False)
+
+    # ----------------------------------------------------------------- assertions
+    @property
+    def requests(self) -> list[rendering.Request]:
+        return list(self._requests)
+
+    def api_calls(self, user_agent: Optional[str] = None) -> set[tuple[str, str, str]]:
+        """(verb, apiGroup, resource[/subresource]) of every Kubernetes request, as RBAC names them."""
+        out = set()
+        for r in self._requests:
+            if r.resource is None or r.resource.plural is None:
+                continue
+            if user_agent is not None and not r.headers.get("User-Agent", "").startswith(user_agent):
+                continue
+            if r.action == enums.action.WATCH:
+                verb = "watch"
+            elif r.method == enums.method.GET:
+                verb = "get" if r.name else "list"
+            else:
+                verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(
+                    str(r.method.value), str(r.method.value).lower())
+                if verb == "delete" and not r.name:
+                    verb = "deletecollection"
+            res = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+            out.add((verb, r.resource.group, res))
+        return out
+
+    # ----------------------------------------------------------------- a client, as kubectl would
+    async def api(self, method: str, path: str, body: Any = None,
+                  content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+        """One HTTP call to this server. `Connection: close`: no idle keep-alive handler task
+        outlives the call (Kopf waits for such tasks of its event loop when it stops)."""
+        headers = {"Connection": "close"}
+        if body is not None:
+            headers["Content-Type"] = "application/json" if method == "POST" else content_type
+        async with self.request(method, path, data=None if body is None else json.dumps(body),
+                                headers=headers) as resp:
+            text = await resp.text()
+            return resp.status, (json.loads(text) if text else None)
+
+    async def create_job(self, manifest: dict, namespace: str = "tianji-test") -> dict:
+        status, out = await self.api("POST", f"/apis/tianji.dev/v1alpha1/namespaces/{namespace}/tianjijobs", manifest)
+        assert status == 201, (status, out)
+        return out
+
+    async def patch_job(self, name: str, patch: dict, namespace: str = "tianji-test") -> dict:
+        status, out = await self.api("PATCH", f"/apis/tianji.dev/v1alpha1/namespaces/{namespace}/tianjijobs/{name}",
+                                     patch)
+        assert status == 200, (status, out)
+        return out
+
+    async def delete_job(self, name: str, namespace: str = "tianji-test") -> dict:
+        status, out = await self.api("DELETE", f"/apis/tianji.dev/v1alpha1/namespaces/{namespace}/tianjijobs/{name}")
+        assert status == 200, (status, out)
+        return out
+
+    # ----------------------------------------------------------------- set-up helpers
+    def declare(self, key: str, kind: str, namespaced: bool, subresources=(), shortnames=()) -> None:
+        self.resources[key] = kmock.ResourceInfo(
+            kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=VERBS,
+            subresources=set(subresources), shortnames=set(shortnames))
+
+    def declare_core(self) -> None:
+        for key, (kind, namespaced, subs) in CORE.items():
+            self.declare(key, kind, namespaced, subs)
+
+    def declare_crd(self, crd: dict, validate: bool = True) -> None:
+        """Serve a CRD's resource; with `validate`, writes are defaulted and validated by its schema
+        (like the API server: structural defaulting, then a 422 naming the field)."""
+        spec = crd["spec"]
+        for v in spec["versions"]:
+            subs = set(v.get("subresources", {}))
+            key = f"{spec['group']}/{v['name']}/{spec['names']['plural']}"
+            self.declare(key, spec["names"]["kind"], spec["scope"] == "Namespaced", subs,
+                         spec["names"].get("shortNames", ()))
+            if validate:
+                self._schemas[kmock.resource(key)] = v["schema"]["openAPIV3Schema"]
+
+    def obj(self, key: Any, namespace: Optional[str], name: str) -> Optional[dict]:
+        """A copy of the current object, or None."""
+        res = key if isinstance(key, kmock.resource) else kmock.resource(key)
+        k = (res, namespace, name)
+        if k not in self.objects or self.objects[k].deleted:
+            return None
+        return copy.deepcopy(self.objects[k].raw)
+
+    def live(self, key: str, namespace: Optional[str] = None) -> list[dict]:
+        """Current (non-deleted) objects of one resource, sorted by name."""
+        res = kmock.resource(key)
+        out = [copy.deepcopy(o.raw) for (r, ns, _), o in self.objects.items()
+               if r == res and not o.deleted and (namespace is None or ns == namespace)]
+        return sorted(out, key=lambda o: o["metadata"]["name"])
+
+    async def put_object(self, key: str, body: dict) -> dict:
+        """Create an object as a client would (events, metadata), without HTTP."""
+        res = kmock.resource(key)
+        async with self._lock:
+            return self._create(res, body["metadata"].get("namespace"), body)
+
+    async def set_status(self, key: str, namespace: Optional[str], name: str, status: dict) -> dict:
+        """Merge `status` into an object, as a controller or kubelet would."""
+        res = kmock.resource(key)
+        async with self._lock:
+            return self._update(res, namespace, name, lambda o: _merge_patch(o, {"status": status}),
+                                subresource="status")
+
+    # ----------------------------------------------------------------- internals
+    def _signal(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _emit(self, res, etype: str, obj: dict) -> None:
+        self._log[res].append((int(obj["metadata"]["resourceVersion"]), {"type": etype, "object": copy.deepcopy(obj)}))
+        ev = self._signal()
+        self._changed = asyncio.Event()
+        ev.set()
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _has_status_subresource(self, res) -> bool:
+        return res in self.resources and "status" in self.resources[res].subresources
+
+    def _admit(self, res, obj: dict) -> dict:
+        schema = self._schemas.get(res)
+        if schema is None:
+            return obj
+        obj = apply_defaults(obj, schema)
+        errors = sorted(jsonschema.Draft4Validator(openapi_to_jsonschema(schema)).iter_errors(obj),
+                        key=lambda e: list(e.absolute_path))
+        if errors:
+            msgs = ["{}: {}".format(".".join(str(p) for p in e.absolute_path), e.message) for e in errors]
+            raise kmock.KubernetesError(status=422, reason="Invalid", message="; ".join(msgs))
+        return obj
+
+    def _create(self, res, namespace: Optional[str], body: Any) -> dict:
+        if not isinstance(body, dict):
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message="body must be an object")
+        obj = self._admit(res, copy.deepcopy(body))
+        meta = obj.setdefault("metadata", {})
+        if namespace is not None:
+            if meta.get("namespace") not in (None, namespace):
+                raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                            message="the namespace of the object does not match the URL")
+            meta["namespace"] = namespace
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise kmock.KubernetesError(status=422, reason="Invalid", message="name or generateName is required")
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        key = (res, meta.get("namespace"), meta["name"])
+        if key in self.objects and not self.objects[key].deleted:
+            raise kmock.KubernetesError(status=409, reason="AlreadyExists",
+                                        message=f'{res.plural} "{meta["name"]}" already exists')
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = self._next_rv()
+        meta["creationTimestamp"] = _now()
+        meta["generation"] = 1
+        meta.pop("deletionTimestamp", None)
+        if key in self.objects:
+            self.objects[key].history.append(obj)
+        else:
+            self.objects[key] = obj
+        self._emit(res, "ADDED", obj)
+        return obj
+
+    def _update(self, res, namespace, name, fn, subresource: Optional[str] = None,
+                expect_rv: Optional[str] = None) -> dict:
+        key = (res, namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        old = copy.deepcopy(self.objects[key].raw)
+        if expect_rv and expect_rv != old["metadata"]["resourceVersion"]:
+            raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified; "
+                                        "please apply your changes to the latest version")
+        new = fn(copy.deepcopy(old))
+        if not isinstance(new, dict):
+            raise kmock.KubernetesError(status=422, reason="Invalid", message="the result is not an object")
+        if subresource is None:
+            new = self._admit(res, new)
+        if subresource == "status":
+            merged = copy.deepcopy(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            new = merged
+        elif subresource == "scale":
+            merged = copy.deepcopy(old)
+            merged.setdefault("spec", {})["replicas"] = new.get("spec", {}).get("replicas")
+            new = merged
+        elif self._has_status_subresource(res):
+            if "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        meta = new.setdefault("metadata", {})
+        for k in ("uid", "creationTimestamp", "name", "namespace", "deletionTimestamp"):
+            if k in old["metadata"]:
+                meta[k] = old["metadata"][k]
+            else:
+                meta.pop(k, None)
+        if old["metadata"].get("deletionTimestamp") and len(meta.get("finalizers", [])) > len(
+                old["metadata"].get("finalizers", [])):
+            raise kmock.KubernetesError(status=422, reason="Invalid",
+                                        message="no new finalizers can be added if the object is being deleted")
+        body_old = {k: v for k, v in old.items() if k not in ("metadata", "status")}
+        body_new = {k: v for k, v in new.items() if k not in ("metadata", "status")}
+        meta["generation"] = old["metadata"].get("generation", 1) + (1 if body_old != body_new else 0)
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if new == old:
+            return new  # a no-op write keeps the resourceVersion, like the API server
+        meta["resourceVersion"] = self._next_rv()
+        self.objects[key].history.append(new)
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._finalize(res, key)
+        else:
+            self._emit(res, "MODIFIED", new)
+        return new
+
+    def _delete(self, res, namespace, name) -> dict:
+        key = (res, namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        obj = copy.deepcopy(self.objects[key].raw)
+        meta = obj["metadata"]
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = _now()
+                meta["resourceVersion"] = self._next_rv()
+                self.objects[key].history.append(obj)
+                self._emit(res, "MODIFIED", obj)
+            return obj
+        self._finalize(res, key)
+        return obj
+
+    def _finalize(self, res, key) -> None:
+        obj = copy.deepcopy(self.objects[key].raw)
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self.objects[key].delete()
+        self._emit(res, "DELETED", obj)
+        self._collect_garbage(obj["metadata"]["uid"])
+
+    def _collect_garbage(self, uid: str) -> None:
+        """Background cascading deletion: dependents of a deleted owner go too."""
+        for (res, ns, name), o in list(self.objects.items()):
+            if o.deleted:
+                continue
+            refs = o.raw.get("metadata", {}).get("ownerReferences", [])
+            if any(r.get("uid") == uid for r in refs):
+                self._delete(res, ns, name)
+
+    # ----------------------------------------------------------------- HTTP
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is None:
+            return await apps.RawHandler._handle(self, request)
+        method = request.method
+        mutating = request.action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE) or (
+            method == enums.method.PUT and request.name)
+        if not mutating:
+            return await super()._handle(request)
+        if res not in self.resources:
+            raise kmock.KubernetesResourceNotFoundError()
+        async with self._lock:
+            if request.action == enums.action.CREATE:
+                out = self._create(res, request.namespace, request.data)
+                return aiohttp.web.json_response(out, status=201)
+            if request.action == enums.action.DELETE:
+                return aiohttp.web.json_response(self._delete(res, request.namespace, request.name))
+            if method == enums.method.PUT:
+                body = request.data
+                rv = (body or {}).get("metadata", {}).get("resourceVersion")
+                out = self._update(res, request.namespace, request.name, lambda _: copy.deepcopy(body),
+                                   subresource=request.subresource, expect_rv=rv)
+                return aiohttp.web.json_response(out)
+            ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+            patch = request.data
+
+            def apply(obj: dict) -> dict:
+                if ctype == "application/json-patch+json":
+                    try:
+                        return jsonpatch.apply_patch(obj, patch)
+                    except jsonpatch.JsonPatchTestFailed as e:
+                        raise kmock.KubernetesError(status=422, reason="Invalid", message=f"test failed: {e}")
+                    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                        raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e))
+                if ctype == "application/merge-patch+json":
+                    return _merge_patch(obj, patch)
+                if ctype == "application/strategic-merge-patch+json":
+                    return _strategic_patch(obj, patch)
+                raise kmock.KubernetesError(status=415, reason="UnsupportedMediaType",
+                                            message=f"the emulator does not support {ctype!r} patches")
+
+            out = self._update(res, request.namespace, request.name, apply, subresource=request.subresource)
+            return aiohttp.web.json_response(out)
+
+    def _matching(self, request: rendering.Request) -> list[dict]:
+        sel_l = request.params.get("labelSelector")
+        sel_f = request.params.get("fieldSelector")
+        out = []
+        for (res, ns, name), o in self.objects.items():
+            if res != request.resource or o.deleted:
+                continue
+            if request.namespace is not None and ns != request.namespace:
+                continue
+            if request.name is not None and name != request.name:
+                continue
+            raw = o.raw
+            if match_label_selector(raw.get("metadata", {}).get("labels", {}), sel_l) and \
+                    match_field_selector(raw, sel_f):
+                out.append(copy.deepcopy(raw))
+        return out
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        if request.resource not in self.resources:
+            raise kmock.KubernetesResourceNotFoundError()
+        async with self._lock:
+            items = self._matching(request)
+            rv = str(self._rv)
+        info = self.resources[request.resource]
+        return {"apiVersion": f"{request.resource.group + '/' if request.resource.group else ''}"
+                              f"{request.resource.version}",
+                "kind": f"{info.kind or 'Object'}List", "metadata": {"resourceVersion": rv}, "items": items}
+
+    def _event_matches(self, request: rendering.Request, event: dict) -> bool:
+        obj = event["object"]
+        meta = obj.get("metadata", {})
+        if request.namespace is not None and meta.get("namespace") != request.namespace:
+            return False
+        if request.name is not None and meta.get("name") != request.name:
+            return False
+        return match_label_selector(meta.get("labels", {}), request.params.get("labelSelector")) and \
+            match_field_selector(obj, request.params.get("fieldSelector"))
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        yield b""
+        timeout = request.params.get("timeoutSeconds")
+        deadline = time.monotonic() + float(timeout) if timeout else None
+        since = request.params.get("resourceVersion")
+        log = self._log[request.resource]
+        signal = self._signal()
+        if since in (None, "", "0"):
+            for obj in self._matching(request):
+                yield {"type": "ADDED", "object": obj}
+            pos = len(log)
+        else:
+            pos = next((i for i, (rv, _) in enumerate(log) if rv > int(since)), len(log))
+        while True:
+            while pos < len(log):
+                _, event = log[pos]
+                pos += 1
+                if self._event_matches(request, event):
+                    yield event
+            signal = self._signal()
+            if pos < len(log):
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            # Poll for a client that went away: aiohttp keeps the handler task alive otherwise,
+            # and Kopf waits 5 s for such "hung" tasks of its event loop when it stops.
+            transport = request._raw_request.transport if request._raw_request is not None else None
+            if transport is None or transport.is_closing():
+                return
+            try:
+                await asyncio.wait_for(signal.wait(), 0.05 if left is None else min(left, 0.05))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
+        async with self._lock:
+            obj = self.obj(request.resource, request.namespace, request.name)
+        if obj is None:
+            raise kmock.KubernetesObjectNotFoundError()
+        return obj
+
+
+
+# ----------------------------------------------------------------- running the operator against it
+NAMESPACE = "tianji-test"
+JOBS = "tianji.dev/v1alpha1/tianjijobs"
+
+
+class FakeClock:
+    """The operator's clock in tests: advanced by hand (cooldowns, intervals, stop.seconds)."""
+
+    def __init__(self, t: float = 1_800_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Poll `predicate` (sync or async) until it returns something truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    error: Optional[BaseException] = None
+    while True:
+        try:
+            last = predicate()
+            if asyncio.iscoroutine(last):
+                last = await last
+        except (KeyError, TypeError, IndexError) as e:  # not there yet (e.g. a condition missing)
+            last, error = None, e
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}"
+                                 + (f" (last error: {error!r})" if error else ""))
+        await asyncio.sleep(interval)
+
+
+async def start_cluster(stack) -> KubeEmulator:
+    """An emulator with the core kinds, the TianJiJob CRD and the test namespace, on a local port."""
+    from tianji.crd import crd_dict
+
+    kube = await stack.enter_async_context(KubeEmulator())
+    await stack.enter_async_context(kmock.Server(kube))
+    kube.declare_core()
+    kube.declare_crd(crd_dict())
+    await kube.put_object("v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                            "metadata": {"name": NAMESPACE}})
+    return kube
+
+
+class RunningOperator:
+    """The real operator (tianji_operator.handlers under kopf.operator) talking to `kube`.
+
+    It runs in its own thread and event loop, as it would in its own process: Kopf, when it
+    stops, cancels every task of its loop that it did not start (the test's included)."""
+
+    def __init__(self, kube: KubeEmulator, **config: Any):
+        self.kube = kube
+        self.config_kwargs = config
+        self.thread: Optional[threading.Thread] = None
+        self.op = None
+        self.error: Optional[BaseException] = None
+
+    def _run(self, registry, settings, ready: threading.Event) -> None:
+        import kopf
+
+        async def main() -> None:
+            stop_flag = asyncio.Event()
+            task = asyncio.create_task(kopf.operator(
+                registry=registry, settings=settings, standalone=True, namespaces=[NAMESPACE],
+                stop_flag=stop_flag, ready_flag=ready))
+            while not self.stop_requested.is_set() and not task.done():
+                await asyncio.sleep(0.02)
+            stop_flag.set()
+            done, _ = await asyncio.wait({task}, timeout=2.0)
+            if not done:
+                # Kopf waits 5 s for tasks it did not start; a timer respawned by an event that
+                # raced the shutdown is one. asyncio.run() cancels whatever is left.
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            elif task.exception() is not None:
+                raise task.exception()
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # surfaced by __aexit__
+            self.error = e
+
+    async def __aenter__(self) -> "RunningOperator":
+        import kopf
+
+        from tianji_operator.config import OperatorConfig
+        from tianji_operator.handlers import register
+
+        cfg = dict(monitor_interval=0.1, autoscale_tick=0.05, handler_backoff=0.2, http_timeout=2.0,
+                   connection=kopf.ConnectionInfo(server=str(self.kube.url).rstrip("/"), insecure=True))
+        cfg.update(self.config_kwargs)
+        registry = kopf.OperatorRegistry()
+        self.op = register(registry, OperatorConfig(**cfg))
+        settings = kopf.OperatorSettings()
+        settings.watching.reconnect_backoff = 0.05
+        settings.queueing.idle_timeout = 0.5
+        settings.queueing.exit_timeout = 0.5
+        settings.background.cancellation_polling = 0.1
+        settings.background.instant_exit_timeout = 0.5
+        settings.execution.default_backoff = 0.2
+        settings.persistence.consistency_timeout = 1.0
+        self.stop_requested = threading.Event()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(registry, settings, ready), daemon=True,
+                                       name="kopf-operator")
+        self.thread.start()
+        if not await asyncio.to_thread(ready.wait, 15):
+            raise AssertionError(f"the operator did not start: {self.error!r}")
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.stop_requested.set()
+        await asyncio.to_thread(self.thread.join, 20)
+        if self.thread.is_alive():
+            raise AssertionError("the operator did not stop within 20 s")
+        if self.error is not None and not isinstance(self.error, asyncio.CancelledError):
+            raise self.error
+
+    @property
+    def metrics(self):
+        return self.op.metrics
+
+
+def job_manifest(name: str = "cartpole", spec: Optional[dict] = None, **meta: Any) -> dict:
+    return {"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob",
+            "metadata": {"name": name, **meta}, "spec": spec or {}}
+
+
+async def run_pods(kube: KubeEmulator, job: str, namespace: str = NAMESPACE, phase: str = "Running",
+                   ready: bool = True, ips: Optional[dict[str, str]] = None) -> None:
+    """Play kubelet and the StatefulSet controller: learner/buffer pods get `phase`; each actor
+    StatefulSet reports all replicas ready (and, with `ips`, its pods exist with those IPs)."""
+    for pod in kube.live("v1/pods", namespace):
+        if pod["metadata"].get("labels", {}).get("tianji.dev/job") != job:
+            continue
+        st = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        if ips and pod["metadata"]["name"] in ips:
+            st["podIP"] = ips[pod["metadata"]["name"]]
+        await kube.set_status("v1/pods", namespace, pod["metadata"]["name"], st)
+    for sts in kube.live("apps/v1/statefulsets", namespace):
+        if sts["metadata"].get("labels", {}).get("tianji.dev/job") != job:
+            continue
+        n = sts["spec"]["replicas"]
+        await kube.set_status("apps/v1/statefulsets", namespace, sts["metadata"]["name"],
+                              {"replicas": n, "readyReplicas": n if ready else 0})
+
+
+class FakePrometheus:
+    """Answers instant PromQL queries (`/api/v1/query`) from per-group numbers set by the test.
+
+    The query is recognised by the metric it names (what the operator asks for); `values` maps
+    produced/received/consumed to {group: rate} and frames_total/policy_version/mean_return/
+    policy_lag to scalars (None: empty result)."""
+
+    def __init__(self):
+        self.values: dict[str, Any] = {"produced": {}, "received": {}, "consumed": {}, "frames_total": None,
+                                       "policy_version": None, "mean_return": None, "policy_lag": None}
+        self.queries: list[str] = []
+        self.fail = False
+        self.url = ""
+        self._runner: Optional[aiohttp.web.AppRunner] = None
+
+    def _answer(self, q: str) -> list[dict]:
+        def vec(d):
+            return [{"metric": {"group": str(g)}, "value": [0, str(v)]} for g, v in sorted(d.items())]
+
+        def one(v):
+            return [] if v is None else [{"metric": {}, "value": [0, str(v)]}]
+
+        if "tianji_policy_lag_sum" in q:
+            return one(self.values["policy_lag"])
+        if "tianji_episode_return_mean" in q:
+            return one(self.values["mean_return"])
+        if "tianji_policy_version" in q:
+            return one(self.values["policy_version"])
+        if "tianji_env_frames_total" in q:
+            return vec(self.values["produced"]) if "rate(" in q else one(self.values["frames_total"])
+        if "tianji_samples_received_total" in q:
+            return vec(self.values["received"])
+        if "tianji_samples_consumed_total" in q:
+            return vec(self.values["consumed"])
+        return []
+
+    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        q = request.query.get("query", "")
+        self.queries.append(q)
+        if self.fail:
+            return aiohttp.web.json_response({"status": "error", "error": "boom"}, status=503)
+        return aiohttp.web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": self._answer(q)}})
+
+    async def __aenter__(self) -> "FakePrometheus":
+        app = aiohttp.web.Application()
+        app.router.add_get("/api/v1/query", self._handle)
+        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._runner.cleanup()
+
+
+class FakePodMetrics:
+    """`/metrics` of several pods on one port, told apart by loopback address (127.0.0.2, ...).
+
+    `text[ip]` is the exposition text a pod serves; tests rewrite it between scrapes."""
+
+    def __init__(self, ips: list[str]):
+        self.ips = ips
+        self.text: dict[str, str] = {ip: "" for ip in ips}
+        self.port = 0
+        self.hits: dict[str, int] = {ip: 0 for ip in ips}
+        self._runners: list[aiohttp.web.AppRunner] = []
+
+    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        ip = request.transport.get_extra_info("sockname")[0]
+        self.hits[ip] += 1
+        return aiohttp.web.Response(text=self.text.get(ip, ""), content_type="text/plain")
+
+    async def __aenter__(self) -> "FakePodMetrics":
+        for ip in self.ips:
+            app = aiohttp.web.Application()
+            app.router.add_get("/metrics", self._handle)
+            runner = aiohttp.web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = aiohttp.web.TCPSite(runner, ip, self.port)
+            await site.start()
+            self.port = self.port or site._server.sockets[0].getsockname()[1]
+            self._runners.append(runner)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for r in self._runners:
+            await r.cleanup()

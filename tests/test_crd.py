@@ -1,0 +1,219 @@
+"""The TianJiJob CRD: generated from the pydantic spec, structural, in step with crds/."""
+from __future__ import annotations
+
+import copy
+import glob
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tianji.crd import PRINTER_COLUMNS, apply_defaults, crd_dict, crd_yaml
+from tianji.spec import JobSpec, parse_job
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKED_IN = ROOT / "crds" / "tianjijob.yaml"
+
+
+def _schema() -> dict:
+    return crd_dict()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _spec_schema() -> dict:
+    return _schema()["properties"]["spec"]
+
+
+def test_checked_in_crd_matches_generated():
+    assert CHECKED_IN.exists(), "crds/tianjijob.yaml is missing: run `make crd`"
+    assert CHECKED_IN.read_text() == crd_yaml(), "crds/tianjijob.yaml is stale: run `make crd`"
+
+
+def test_crd_validates_strictly():
+    kubernetes_validate.validate(yaml.safe_load(crd_yaml()), "1.33.0", strict=True)
+
+
+def test_names_scope_and_subresources():
+    crd = crd_dict()
+    assert crd["metadata"]["name"] == "tianjijobs.tianji.dev"
+    spec = crd["spec"]
+    assert spec["group"] == "tianji.dev" and spec["scope"] == "Namespaced"
+    assert spec["names"]["plural"] == "tianjijobs" and spec["names"]["shortNames"] == ["tjj"]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+    assert _schema()["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+    names = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert names == ["Phase", "Actors", "Frames/s", "Mean return", "Policy version", "Age"]
+
+
+def test_printer_columns_point_at_declared_status_fields():
+    status = _schema()["properties"]["status"]
+    for col in PRINTER_COLUMNS:
+        parts = col["jsonPath"].lstrip(".").split(".")
+        if parts[0] == "metadata":
+            continue
+        node = _schema()
+        for p in parts:
+            node = node["properties"][p]
+        assert node["type"] == {"date": "string"}.get(col["type"], col["type"]), col
+    assert status["type"] == "object"
+
+
+# ----------------------------------------------------------------- structurality
+_JUNCTORS = ("allOf", "anyOf", "oneOf", "not")
+_FORBIDDEN_IN_JUNCTORS = ("type", "default", "description", "nullable", "additionalProperties", "title")
+
+
+def _structural_errors(s: dict, path: str, root: bool = False) -> list[str]:
+    """The rules of https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/
+    custom-resource-definitions/#specifying-a-structural-schema (apiextensions' ValidateStructural)."""
+    errs = []
+    if not (s.get("type") or s.get("x-kubernetes-preserve-unknown-fields") or s.get("x-kubernetes-int-or-string")):
+        errs.append(f"{path}: type must not be empty")
+    if root and s.get("type") != "object":
+        errs.append(f"{path}: root must be an object")
+    if s.get("type") == "array" and "items" not in s:
+        errs.append(f"{path}: array without items")
+    if "additionalProperties" in s and ("properties" in s or root):
+        errs.append(f"{path}: additionalProperties with properties / at the root")
+    if "$ref" in s:
+        errs.append(f"{path}: $ref")
+    for j in _JUNCTORS:
+        for sub in ([s[j]] if j == "not" and j in s else s.get(j, [])):
+            for key in _FORBIDDEN_IN_JUNCTORS:
+                if key in sub:
+                    errs.append(f"{path}.{j}: {key} inside a logical junctor")
+            for k in sub.get("properties", {}):
+                if k not in s.get("properties", {}):
+                    errs.append(f"{path}.{j}: property {k} not specified outside the junctor")
+    if "default" in s:
+        try:
+            jsonschema.Draft4Validator(_to_jsonschema(s)).validate(s["default"])
+        except jsonschema.ValidationError as e:
+            errs.append(f"{path}: default does not validate: {e.message}")
+        if isinstance(s["default"], dict) and not s.get("x-kubernetes-preserve-unknown-fields"):
+            unknown = set(s["default"]) - set(s.get("properties", {}))
+            if unknown:
+                errs.append(f"{path}: default has fields that would be pruned: {unknown}")
+    for k, v in s.get("properties", {}).items():
+        if root and k == "metadata":
+            extra = set(v.get("properties", {})) - {"name", "generateName"}
+            if extra:
+                errs.append(f"{path}.metadata: only name/generateName may be restricted")
+        errs += _structural_errors(v, f"{path}.{k}")
+    if "items" in s:
+        errs += _structural_errors(s["items"], f"{path}[]")
+    return errs
+
+
+def test_schema_is_structural():
+    assert _structural_errors(_schema(), "openAPIV3Schema", root=True) == []
+    text = crd_yaml()
+    for word in ("$ref", "anyOf", "oneOf", "allOf", "additionalProperties", "title:", "const:"):
+        assert word not in text, word
+
+
+# ----------------------------------------------------------------- instances
+def _to_jsonschema(node):
+    """OpenAPI v3 (Kubernetes flavour) → JSON schema draft 4, for validating instances."""
+    if isinstance(node, list):
+        return [_to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _to_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if "properties" in node and "properties" in out:
+        out["properties"] = {k: _to_jsonschema(v) for k, v in node["properties"].items()}
+    return out
+
+
+def _validate_instance(doc: dict) -> None:
+    jsonschema.Draft4Validator(_to_jsonschema(_schema())).validate(doc)
+
+
+def _job(spec: dict | None = None, name: str = "cartpole") -> dict:
+    doc = {"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": name}}
+    if spec is not None:
+        doc["spec"] = spec
+    return doc
+
+
+@pytest.mark.parametrize("spec", [
+    None,
+    {},
+    {"topology": "auto", "resources": {"cpus": 16}},
+    {"topology": {"groups": 2, "actors": 8, "buffers": 2, "learners": 1}},
+    {"algorithm": {"name": "dqn", "lr": 1e-4, "batchSize": 32}, "env": {"id": "ALE/Pong-v5"}},
+    {"network": {"hostNetwork": True, "rdma": "rdma/hca_shared_devices_a"}, "resources": {"learner": {"gpu": 1}}},
+    {"autoscale": {"enabled": True, "prometheusUrl": "http://prometheus:9090", "minActors": 2, "maxActors": 32}},
+    {"stop": {"meanReturn": 475.0, "envFrames": None}},
+])
+def test_valid_instances_pass(spec):
+    _validate_instance(_job(spec))
+
+
+@pytest.mark.parametrize("spec, where", [
+    ({"topology": "banana"}, "topology"),
+    ({"topology": {"actors": 0}}, "actors"),
+    ({"algorithm": {"lr": 1e-3}}, "name"),
+    ({"algorithm": {"name": "a2c"}}, "name"),
+    ({"algorithm": {"name": "ppo", "lr": 0}}, "lr"),
+    ({"env": {"numEnvs": "many"}}, "numEnvs"),
+    ({"resources": {"actor": {"memory": "lots"}}}, "memory"),
+    ({"autoscale": {"band": 1.0}}, "band"),
+    ({"cleanPodPolicy": "Sometimes"}, "cleanPodPolicy"),
+])
+def test_invalid_instances_fail(spec, where):
+    with pytest.raises(jsonschema.ValidationError) as err:
+        _validate_instance(_job(spec))
+    assert where in "/".join(str(p) for p in err.value.absolute_path) + err.value.message
+
+
+def test_long_or_bad_names_fail():
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_instance(_job({}, name="x" * 41))
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_instance(_job({}, name="Bad_Name"))
+
+
+def test_example_manifests_validate():
+    for path in sorted(glob.glob(str(ROOT / "examples" / "*.yaml"))):
+        for doc in yaml.safe_load_all(Path(path).read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "TianJiJob":
+                _validate_instance(doc)
+
+
+# ----------------------------------------------------------------- defaults
+def _pydantic(spec: dict) -> dict:
+    return parse_job(_job(spec)).spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@pytest.mark.parametrize("spec", [
+    {},
+    {"resources": {"learner": {"cpu": 2}}, "topology": {"actors": 4}},
+    {"resources": {"buffer": {"memory": "3Gi"}, "cpus": 8}},
+    {"network": {"rdma": "rdma/hca_shared_devices_a"}, "autoscale": {"enabled": True}},
+    {"algorithm": {"name": "ppo", "lr": 3e-4}, "model": {"hidden": [32]}},
+])
+def test_server_defaults_reproduce_pydantic_defaults(spec):
+    """What the API server stores after defaulting parses to the same job, field for field."""
+    defaulted = apply_defaults(copy.deepcopy(spec), _spec_schema())
+    assert _pydantic(defaulted) == _pydantic(spec)
+    # Field for field, except inside the algorithm union, which carries no inner defaults.
+    without = lambda d: {k: v for k, v in d.items() if k != "algorithm"}
+    assert without(defaulted) == without(_pydantic(spec))
+    assert defaulted["algorithm"]["name"] == _pydantic(spec)["algorithm"]["name"]
+
+
+def test_defaults_of_an_empty_spec_are_pydantics():
+    defaulted = apply_defaults({}, _spec_schema())
+    want = JobSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert defaulted.pop("algorithm") == {"name": want.pop("algorithm")["name"]}
+    assert defaulted == want
+
+
+def test_topology_shorthand_is_not_defaulted_into_an_object():
+    assert apply_defaults({"topology": "auto"}, _spec_schema())["topology"] == "auto"
