@@ -41,8 +41,8 @@ e2e: install
 
 images:
 	@if docker info >/dev/null 2>&1; then \
-	  docker build -f images/worker.Dockerfile -t tianji-worker:dev . && \
-	  docker build -f images/operator.Dockerfile -t tianji-operator:dev . ; \
+	  docker build -f images/worker.Dockerfile -t tianji-worker:0.1.0 . && \
+	  docker build -f images/operator.Dockerfile -t tianji-operator:0.1.0 . ; \
 	else echo "make images: no Docker engine reachable here (docker info failed); build on a machine with one." ; fi
 
 clean:

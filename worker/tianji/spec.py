@@ -129,7 +129,7 @@ class Staleness(_Model):
     )
     ratio_band: float = Field(0.2, ge=0, lt=1, description="relative band around replayRatio")
     pace_actors: bool = Field(True, description="actors pace production to the learner's advertised capacity")
-    pace_headroom: float = Field(1.3, ge=1, le=10, description="production / planned consumption when pacing")
+    pace_headroom: float = Field(1.2, ge=1, le=10, description="production / planned consumption when pacing (keep <= 1/(1-ratioBand))")
     credit_window: int = Field(2, ge=1, le=64, description="batches in flight from a buffer to its learner")
     queue_fragments: int = Field(64, ge=1, description="on-policy queue bound (fragments) per buffer")
     publish_every: int = Field(1, ge=1, description="learner versions between parameter publishes")

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import apply_gradients
 from ..spec import DQNConfig
 
 
@@ -71,12 +72,7 @@ class DQNLearner:
                 y = ret[sl] + disc[sl] * q_next_t.gather(1, a_star).squeeze(1)
             q = self.model(obs[sl]).gather(1, act[sl, None]).squeeze(1)
             loss = F.smooth_l1_loss(q, y)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.sync_grads is not None:
-                self.sync_grads(self.model)
-            nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
-            self.opt.step()
+            apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads)
             self.steps += 1
             steps += 1
             if self.steps % c.target_update_interval == 0:

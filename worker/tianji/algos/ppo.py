@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import apply_gradients
 from ..spec import PPOConfig
 
 
@@ -108,12 +109,7 @@ class PPOLearner:
                 vl = 0.5 * (v - mb_ret[i]).pow(2).mean()
                 ent = -(logp_all.exp() * logp_all).sum(-1).mean()
                 loss = pg + c.vf_coef * vl - c.ent_coef * ent
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if self.sync_grads is not None:
-                    self.sync_grads(self.model)
-                nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
-                self.opt.step()
+                apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads)
                 steps += 1
                 with torch.no_grad():
                     stats["pg_loss"] += pg.item()

@@ -145,22 +145,21 @@ class Buffer(Role):
             self.consumed += n
             self.metrics.inc("samples_sent_total", n)
 
+    def _drain(self, sock: zmq.Socket, kind: str, handle) -> None:
+        """Up to MAX_DRAIN queued messages of `kind` (rejected ones are counted by receive())."""
+        for _ in range(MAX_DRAIN):
+            msg = self.receive(sock, (kind,))
+            if msg is not None:
+                handle(msg)
+            elif not sock.poll(0):
+                return
+
     def step(self) -> None:
         events = dict(self.poller.poll(timeout=50))
         if self.credit_in in events:
-            for _ in range(MAX_DRAIN):
-                msg = self.receive(self.credit_in, ("credit",))
-                if msg is None and not self.credit_in.poll(0):
-                    break
-                if msg is not None:
-                    self._take_credit(msg)
+            self._drain(self.credit_in, "credit", self._take_credit)
         if self.frag_in in events:
-            for _ in range(MAX_DRAIN):
-                msg = self.receive(self.frag_in, ("fragment",))
-                if msg is None and not self.frag_in.poll(0):
-                    break
-                if msg is not None:
-                    self._take_fragment(msg)
+            self._drain(self.frag_in, "fragment", self._take_fragment)
         self._dispatch()
         self.metrics.set("queue_depth", self.queue.samples() if isinstance(self.algo, PPOConfig) else len(self.replay))
         self.metrics.set("policy_version", self.learner_version)
