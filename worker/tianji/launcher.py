@@ -314,7 +314,7 @@ class Launcher:
         t0 = time.monotonic()
         try:
             with open(self.run_dir / "metrics.jsonl", "a") as mf, \
-                    Progress(f"TianJi · {self.job.name} · {self.run_dir}", self.progress_enabled) as view:
+                    Progress(f"TianJi · {self.job.name}", self.progress_enabled, caption=str(self.run_dir)) as view:
                 for c in self.children:
                     self._spawn(c)
                 last_sample = last_record = 0.0

@@ -33,8 +33,8 @@ def status_fields(row: dict) -> list[tuple[str, str]]:
 
 
 class Progress:
-    def __init__(self, title: str, enabled: bool = True, line_every: float = 5.0):
-        self.title = title
+    def __init__(self, title: str, enabled: bool = True, line_every: float = 5.0, caption: str = ""):
+        self.title, self.caption = title, caption
         self.enabled = enabled
         self.tty = enabled and sys.stdout.isatty()
         self.console = Console()
@@ -53,7 +53,8 @@ class Progress:
             self.live.__exit__(*exc)
 
     def _table(self, row: Optional[dict]) -> Table:
-        t = Table(title=self.title, show_header=False, box=None, pad_edge=False)
+        t = Table(title=self.title, caption=self.caption, show_header=False, box=None, pad_edge=False,
+                  min_width=44)
         t.add_column(style="bold cyan")
         t.add_column(justify="right")
         if row:
