@@ -96,7 +96,7 @@ def build_model(algorithm: str, cfg: ModelConfig, info: EnvInfo, seed: int) -> n
 def state_arrays(model: nn.Module) -> dict[str, np.ndarray]:
     """A snapshot of the parameters for the wire. A copy, not a view: zero-copy sends leave
     later, from ZeroMQ's I/O thread, and the optimizer updates the live tensors in place."""
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}  # .cpu(): GPU learners
 
 
 def load_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 from torch import nn
+
+
+def to_tensor(a, device: torch.device, dtype=None) -> torch.Tensor:
+    """numpy (possibly a read-only wire view) → tensor on the learner's device."""
+    t = torch.from_numpy(np.asarray(a, dtype=dtype))
+    return t.to(device, non_blocking=True) if device.type != "cpu" else t
 
 
 def apply_gradients(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, max_grad_norm: float,

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import apply_gradients
+from . import apply_gradients, to_tensor
 from ..spec import DQNConfig
 
 
@@ -43,6 +43,7 @@ def act(model: nn.Module, obs: np.ndarray, eps: float, rng: np.random.Generator,
 class DQNLearner:
     def __init__(self, model: nn.Module, cfg: DQNConfig, seed: int):
         self.model, self.cfg = model, cfg
+        self.device = next(model.parameters()).device
         self.target = copy.deepcopy(model).requires_grad_(False)
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.steps = 0
@@ -56,11 +57,10 @@ class DQNLearner:
 
     def update(self, b: dict[str, np.ndarray]) -> dict[str, float]:
         c = self.cfg
-        obs = torch.from_numpy(np.asarray(b["obs"]))
-        nxt = torch.from_numpy(np.asarray(b["next_obs"]))
-        act = torch.from_numpy(np.asarray(b["actions"], dtype=np.int64))
-        ret = torch.from_numpy(np.asarray(b["returns"], dtype=np.float32))
-        disc = torch.from_numpy(np.asarray(b["discounts"], dtype=np.float32))
+        dev = self.device
+        obs, nxt = to_tensor(b["obs"], dev), to_tensor(b["next_obs"], dev)
+        act = to_tensor(b["actions"], dev, np.int64)
+        ret, disc = to_tensor(b["returns"], dev, np.float32), to_tensor(b["discounts"], dev, np.float32)
         total = obs.shape[0]
         bs = c.batch_size
         loss_sum, q_sum, steps = 0.0, 0.0, 0

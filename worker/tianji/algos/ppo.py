@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import apply_gradients
+from . import apply_gradients, to_tensor
 from ..spec import PPOConfig
 
 
@@ -51,6 +51,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, last_value: torch.Tensor, d
 class PPOLearner:
     def __init__(self, model: nn.Module, cfg: PPOConfig, seed: int):
         self.model, self.cfg = model, cfg
+        self.device = next(model.parameters()).device
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
         self.gen = torch.Generator().manual_seed(seed)
         self.samples_seen = 0
@@ -66,21 +67,22 @@ class PPOLearner:
     def update(self, b: dict[str, np.ndarray]) -> dict[str, float]:
         """One PPO iteration (epochs x minibatches) on a [T, N] batch; returns loss stats."""
         c = self.cfg
-        obs = torch.from_numpy(np.asarray(b["obs"]))
+        dev = self.device
+        obs = to_tensor(b["obs"], dev)
         T, N = obs.shape[:2]
-        f = lambda k: torch.from_numpy(np.asarray(b[k], dtype=np.float32))  # noqa: E731
+        f = lambda k: to_tensor(b[k], dev, np.float32)  # noqa: E731
         rewards, dones, terminated = f("rewards"), f("dones"), f("terminated")
         with torch.no_grad():
             flat_obs = obs.reshape(T * N, *obs.shape[2:])
             _, values = self.model(flat_obs)
             values = values.reshape(T, N)
-            _, last_value = self.model(torch.from_numpy(np.asarray(b["last_obs"])))
+            _, last_value = self.model(to_tensor(b["last_obs"], dev))
             adv = gae(rewards, values, last_value, dones, terminated, c.gamma, c.gae_lambda)
             ret = adv + values
-        valid = torch.from_numpy(np.asarray(b["valid"], dtype=bool)).reshape(-1)
+        valid = to_tensor(b["valid"], dev, bool).reshape(-1)
         idx_valid = torch.nonzero(valid).squeeze(-1)
         mb_obs = flat_obs[idx_valid]
-        mb_act = torch.from_numpy(np.asarray(b["actions"], dtype=np.int64)).reshape(-1)[idx_valid]
+        mb_act = to_tensor(b["actions"], dev, np.int64).reshape(-1)[idx_valid]
         mb_logp = f("logp").reshape(-1)[idx_valid]
         mb_adv = adv.reshape(-1)[idx_valid]
         mb_ret = ret.reshape(-1)[idx_valid]
@@ -94,7 +96,7 @@ class PPOLearner:
         mbs = min(c.minibatch_size, max(n, 1))
         per_epoch = max(1, c.batch_size // c.minibatch_size)
         for _ in range(c.epochs):
-            perm = torch.randperm(n, generator=self.gen).repeat((per_epoch * mbs) // max(n, 1) + 1)
+            perm = torch.randperm(n, generator=self.gen).to(dev).repeat((per_epoch * mbs) // max(n, 1) + 1)
             for s in range(0, per_epoch * mbs, mbs):
                 i = perm[s:s + mbs]
                 logits, v = self.model(mb_obs[i])

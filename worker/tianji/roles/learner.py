@@ -42,7 +42,7 @@ class Learner(Role):
         s = self.spec
         self.info = probe_env(s.env)
         self.algo_name = s.algorithm.name
-        self.model = build_model(self.algo_name, s.model, self.info, s.env.seed)
+        self.model = build_model(self.algo_name, s.model, self.info, s.env.seed).to(self._device())
         seed = s.env.seed + 31 * self.group + self.index
         self.algo = (PPOLearner if self.algo_name == "ppo" else DQNLearner)(self.model, s.algorithm, seed)
         self.fields = BATCH[self.algo_name]
@@ -77,6 +77,15 @@ class Learner(Role):
             self._credit(b, s.staleness.credit_window, reset=True)
         self.publish()
 
+    def _device(self) -> torch.device:
+        """The GPU when the plan gives this learner one (and CUDA is there), else the CPU."""
+        if self.spec.resources.learner.gpu > 0:
+            if torch.cuda.is_available():
+                return torch.device("cuda")
+            log.warning("%s: resources.learner.gpu > 0 but CUDA is not available; training on the CPU",
+                        self.sender)
+        return torch.device("cpu")
+
     # ---------------------------------------------------------------- state
     def _resume(self) -> None:
         if self.ckpt_dir is None:
@@ -85,7 +94,7 @@ class Learner(Role):
         if found is None:
             return
         path, st = found
-        self.model.load_state_dict(st["model"])
+        self.model.load_state_dict(st["model"])  # copies onto the model's device
         self.algo.load_state(st["algo"])
         self.version = int(st["policy_version"])
         self.consumed = int(st["counters"]["samples_consumed"])
