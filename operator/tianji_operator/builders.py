@@ -22,6 +22,7 @@ import yaml
 from tianji.addressing import PORTS, actor_set_name, pod_name, service_name
 from tianji.planner import Plan
 from tianji.spec import JobSpec, TianJiJob
+from tianji.tuning import MALLOC_TUNABLES
 
 LABEL_JOB = "tianji.dev/job"
 LABEL_ROLE = "tianji.dev/role"
@@ -204,6 +205,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
             {"name": "TIANJI_STATE_DIR", "value": STATE_DIR},
             {"name": "OMP_NUM_THREADS", "value": str(_threads(job, role))},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": "GLIBC_TUNABLES", "value": MALLOC_TUNABLES},  # see tianji/tuning.py
         ],
         "ports": ports,
         "resources": _resources(job, role),

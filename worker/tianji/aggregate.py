@@ -139,6 +139,7 @@ class Aggregate:
             out[f"{role}-{g}-{i}"] = {
                 "frames": c.get("env_frames_total", 0.0), "sent": c.get("samples_sent_total", 0.0),
                 "received": c.get("samples_received_total", 0.0), "consumed": c.get("samples_consumed_total", 0.0),
+                "bytes_sent": c.get("bytes_sent_total", 0.0),
                 "queue_depth": p.snapshot.get("gauges", {}).get("queue_depth", 0.0),
                 "version": p.extra.get("version"), "pace_fps": p.extra.get("pace_fps"),
                 "capacity_sps": p.extra.get("capacity_sps"),

@@ -27,6 +27,7 @@ import zmq
 from .aggregate import Aggregate
 from .progress import Progress
 from .spec import TianJiJob, Topology, dump_job, load_job
+from .tuning import worker_env
 from .wire import WireError, decode
 
 POLL_S = 0.1
@@ -144,8 +145,8 @@ class Launcher:
         cmd = [sys.executable, "-m", "tianji.cli", "worker", "--role", c.role, "--group", str(c.group),
                "--index", str(c.index), "--job", str(self.job_file), "--run-dir", str(self.run_dir),
                "--report", self.report_addr]
-        env = dict(os.environ, TIANJI_SOCK_DIR=str(self.sock_dir), TIANJI_PARENT_PID=str(os.getpid()),
-                   PYTHONUNBUFFERED="1")
+        env = worker_env(dict(os.environ, TIANJI_SOCK_DIR=str(self.sock_dir), TIANJI_PARENT_PID=str(os.getpid()),
+                              PYTHONUNBUFFERED="1"))
         if self.dist_init:
             env["TIANJI_DIST_INIT"] = self.dist_init
         if c.log is None:
@@ -288,6 +289,8 @@ class Launcher:
             "policy_lag": {k: (v if v is not None else 0.0) for k, v in agg.lag().items()},
             "processes": {"actors": t.groups * t.actors, "buffers": t.groups * t.buffers,
                           "learners": t.groups * t.learners},
+            "bytes_sent": int(tot["bytes_sent"]),
+            "bytes_sent_per_frame": tot["bytes_sent"] / max(tot["env_frames"], 1.0),
             "rejected_messages": agg.rejected() + self.rejected,
             "rejected_by_reason": {**agg.reasons("messages_rejected_total"),
                                    **({"launcher_report": self.rejected} if self.rejected else {})},

@@ -11,8 +11,8 @@ next to them.
     also the env alone with random actions (the simulation ceiling);
 (b) learner consumption: the real PPOLearner / DQNLearner `update` on synthetic
     batches of the job's shapes at the job's batch size and two candidates
-    (half and double), samples/s; on a CUDA machine, the same per GPU when the
-    learner takes a `device`;
+    (half and double), samples/s; on a CUDA machine, the same per GPU (wall
+    clock, synchronised) with the model on `cuda`;
 (c) message cost: one fragment-sized message through the real wire
     (`encode` → PUSH → ipc → PULL → `decode` + the buffer's `check_fragment`),
     seconds per message, sender and receiver in this process;
@@ -25,7 +25,6 @@ message_seconds, fragment_samples, bytes_per_sample) plus detail keys.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -72,88 +71,115 @@ def _fragment_buffers(spec, info, obs_dtype, n: int) -> dict[str, np.ndarray]:
     return buf
 
 
-def measure_actor(job: TianJiJob, seconds: float, env_seconds: Optional[float] = None) -> dict:
-    """Actor loop (inference + env + fragment writes) and env-only frames/s, per core."""
-    import torch
+class ActorLoop:
+    """The actor's loop body on one vector env, without the sockets: policy inference,
+    env step, reward clipping and the fragment writes (roles/actor.py's `step`)."""
 
-    from .algos import dqn, ppo
-    from .envs import env_info, make_vec_env
-    from .models import build_model
+    def __init__(self, job: TianJiJob, seed_offset: int = 0):
+        from .envs import env_info, make_vec_env
+        from .models import build_model
 
-    s = job.spec
-    env = make_vec_env(s.env)
-    try:
-        info = env_info(env)
-        model = build_model(s.algorithm.name, s.model, info, s.env.seed)
-        model.eval()
-        rng = np.random.default_rng(s.env.seed)
-        obs, _ = env.reset(seed=s.env.seed)
-        n, T = env.num_envs, s.env.fragment_length
-        buf = _fragment_buffers(s, info, obs.dtype, n)
-        clip = getattr(env, "clip_rewards", False)
-        prev_done = np.zeros(n, dtype=bool)
-        frames_global = 0.0
+        s = self.spec = job.spec
+        self.env = make_vec_env(s.env)
+        self.info = env_info(self.env)
+        self.model = build_model(s.algorithm.name, s.model, self.info, s.env.seed)
+        self.model.eval()
+        seed = s.env.seed + seed_offset
+        self.rng = np.random.default_rng(seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        self.n, self.T = self.env.num_envs, s.env.fragment_length
+        self.buf = _fragment_buffers(s, self.info, self.obs.dtype, self.n)
+        self.clip = getattr(self.env, "clip_rewards", False)
+        self.prev_done = np.zeros(self.n, dtype=bool)
+        self.frames = 0
+        self.t = 0
 
-        def act(o):
-            if s.algorithm.name == "ppo":
-                return ppo.act(model, o, rng)
-            eps = dqn.epsilon(s.algorithm, frames_global)
-            return dqn.act(model, o, eps, rng, info.n_actions)
+    def act(self, obs: np.ndarray):
+        from .algos import dqn, ppo
 
-        # warm-up: first inference allocates, first env steps page in the ROM / buffers
-        for _ in range(min(T, 4)):
-            a, _ = act(obs)
-            obs, *_ = env.step(a)
-        clock, frames, t = _Clock(), 0, 0
-        while True:
-            a, extra = act(obs)
-            nxt, r, term, trunc, inf = env.step(a)
+        s = self.spec
+        if s.algorithm.name == "ppo":
+            return ppo.act(self.model, obs, self.rng)
+        return dqn.act(self.model, obs, dqn.epsilon(s.algorithm, self.frames), self.rng, self.info.n_actions)
+
+    def fragment(self) -> int:
+        """Step T times (one fragment); returns frames produced."""
+        buf = self.buf
+        for t in range(self.T):
+            obs = self.obs
+            a, extra = self.act(obs)
+            nxt, r, term, trunc, _ = self.env.step(a)
             done = np.asarray(term) | np.asarray(trunc)
             buf["obs"][t] = obs
             buf["actions"][t] = a
-            buf["valid"][t] = ~prev_done
+            buf["valid"][t] = ~self.prev_done
             buf["dones"][t] = done
             buf["terminated"][t] = term
             raw = np.asarray(r, dtype=np.float64)
-            buf["rewards"][t] = np.sign(raw) if clip else raw
+            buf["rewards"][t] = np.sign(raw) if self.clip else raw
             if "logp" in extra:
                 buf["logp"][t] = extra["logp"]
-            prev_done, obs = done, nxt
-            frames += n
-            frames_global += n
-            t = (t + 1) % T
-            if t == 0 and clock.wall() >= seconds:
-                break
-        loop = _rates(frames, clock)
-        # the simulation alone (random actions): the ceiling an actor can approach
-        env_s = seconds / 6 if env_seconds is None else env_seconds
-        clock, steps = _Clock(), 0
-        act_rng = np.random.default_rng(0)
+            self.prev_done, self.obs = done, nxt
+            self.frames += self.n
+        return self.n * self.T
+
+    def run(self, seconds: float) -> dict:
+        """Whole fragments for at least `seconds`; frames/s per CPU second and per wall second."""
+        clock, frames = _Clock(), 0
         while True:
-            env.step(act_rng.integers(0, info.n_actions, n))
-            steps += 1
-            if steps % 8 == 0 and clock.wall() >= env_s:
+            frames += self.fragment()
+            if clock.wall() >= seconds:
                 break
-        only = _rates(steps * n, clock)
-        # inference alone at the actor's batch (n observations)
+        r = _rates(frames, clock)
+        return {"frames": frames, "fps_per_core": r["per_cpu_second"], "fps_wall": r["per_wall_second"],
+                "cpu_seconds": r["cpu_seconds"], "wall_seconds": r["wall_seconds"]}
+
+    def run_env_only(self, seconds: float, seed: int = 0) -> dict:
+        """The simulation alone with uniformly random actions: the ceiling the actor loop can approach."""
+        rng = np.random.default_rng(seed)
+        clock, steps = _Clock(), 0
+        while True:
+            self.env.step(rng.integers(0, self.info.n_actions, self.n))
+            steps += 1
+            if steps % 8 == 0 and clock.wall() >= seconds:
+                break
+        r = _rates(steps * self.n, clock)
+        return {"frames": steps * self.n, "fps_per_core": r["per_cpu_second"], "fps_wall": r["per_wall_second"],
+                "cpu_seconds": r["cpu_seconds"], "wall_seconds": r["wall_seconds"]}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def measure_actor(job: TianJiJob, seconds: float, env_seconds: Optional[float] = None) -> dict:
+    """Actor loop (inference + env + fragment writes), env-only and inference-only frames/s, per core."""
+    import torch
+
+    loop = ActorLoop(job)
+    try:
+        loop.fragment()  # warm-up: first inference allocates, first env steps page in the ROM / buffers
+        main = loop.run(seconds)
+        env_s = seconds / 6 if env_seconds is None else env_seconds
+        only = loop.run_env_only(env_s)
         clock, calls = _Clock(), 0
         while True:
-            act(obs)
+            loop.act(loop.obs)
             calls += 1
             if calls % 8 == 0 and clock.wall() >= env_s:
                 break
-        infer = _rates(calls * n, clock)
+        infer = _rates(calls * loop.n, clock)
+        info = loop.info
         return {
-            "fps_per_core": loop["per_cpu_second"], "fps_wall": loop["per_wall_second"],
-            "frames": frames, "cpu_seconds": loop["cpu_seconds"], "wall_seconds": loop["wall_seconds"],
-            "env_only_fps_per_core": only["per_cpu_second"], "env_only_fps_wall": only["per_wall_second"],
+            "fps_per_core": main["fps_per_core"], "fps_wall": main["fps_wall"],
+            "frames": main["frames"], "cpu_seconds": main["cpu_seconds"], "wall_seconds": main["wall_seconds"],
+            "env_only_fps_per_core": only["fps_per_core"], "env_only_fps_wall": only["fps_wall"],
             "inference_fps_per_core": infer["per_cpu_second"],
-            "num_envs": n, "obs_shape": list(info.obs_shape), "obs_dtype": info.obs_dtype,
-            "n_actions": info.n_actions, "env_backend": getattr(env, "backend", type(env).__name__),
+            "num_envs": loop.n, "obs_shape": list(info.obs_shape), "obs_dtype": info.obs_dtype,
+            "n_actions": info.n_actions, "env_backend": getattr(loop.env, "backend", type(loop.env).__name__),
             "torch_threads": torch.get_num_threads(),
         }
     finally:
-        env.close()
+        loop.close()
 
 
 # ----------------------------------------------------------------- (b) learner
@@ -261,9 +287,6 @@ def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cp
     s = job.spec
     info = info or probe_env(s.env)
     cls = _learner_cls(s.algorithm.name)
-    takes_device = "device" in inspect.signature(cls).parameters
-    if device != "cpu" and not takes_device:
-        raise RuntimeError(f"{cls.__name__} takes no device argument")
     rng = np.random.default_rng(0)
     cands = candidate_batch_sizes(job)
     out: dict[str, Any] = {"device": device, "candidates": {}}
@@ -278,11 +301,8 @@ def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cp
         cfg = s.algorithm.model_copy(update={"batch_size": B})
         if isinstance(cfg, PPOConfig):
             cfg = cfg.model_copy(update={"minibatch_size": min(cfg.minibatch_size, B)})
-        model = build_model(s.algorithm.name, s.model, info, s.env.seed)
-        kw = {"device": device} if takes_device else {}
-        if device != "cpu":
-            model = model.to(device)
-        learner = cls(model, cfg, 0, **kw)
+        model = build_model(s.algorithm.name, s.model, info, s.env.seed).to(device)  # the learner follows its model
+        learner = cls(model, cfg, 0)
         batch = synthetic_batch(job, B, info.obs_shape, info.obs_dtype, info.n_actions, rng)
         res = _time_updates(lambda: learner.update(batch), budget, sync)
         res["batch_size"] = B
@@ -376,7 +396,7 @@ def measure_profile(job: TianJiJob, seconds: float = 3.0) -> dict:
     if torch.cuda.is_available():
         try:
             gpu = measure_learner(job, seconds, info, device="cuda")
-        except Exception as e:  # the learner may not support devices (yet): say so, keep the CPU profile
+        except Exception as e:  # keep the CPU profile, say what failed
             gpu = {"error": f"{type(e).__name__}: {e}"}
     return {
         "actor_fps_per_core": actor["fps_per_core"],

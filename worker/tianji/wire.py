@@ -27,6 +27,10 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_ARRAYS = 256
 MAX_NDIM = 8
 MAX_META_DEPTH = 4
+# numpy dtype objects by wire name and back: `ndarray.dtype.name` costs ~3 µs per call,
+# a dict lookup ~0.1 µs. Native byte order only (a '>f4' array is not 'float32' here).
+_DT = {n: np.dtype(n) for n in DTYPES}
+_NAME = {dt: n for n, dt in _DT.items()}
 
 
 class WireError(ValueError):
@@ -61,9 +65,10 @@ def encode(kind: str, job: str, sender: str, seq: int, policy_version: int,
     specs, bufs = [], []
     for name, a in (arrays or {}).items():
         a = np.ascontiguousarray(a)
-        if a.dtype.name not in DTYPES:
+        dt = _NAME.get(a.dtype)
+        if dt is None:
             raise ValueError(f"array {name!r}: dtype {a.dtype} is not allowed on the wire")
-        specs.append([name, a.dtype.name, list(a.shape)])
+        specs.append((name, dt, a.shape))
         bufs.append(memoryview(a).cast("B") if a.size else b"")
     header = msgpack.packb({"k": kind, "v": SCHEMA_VERSION, "job": job, "from": sender, "seq": int(seq),
                             "pv": int(policy_version), "arr": specs, "meta": dict(meta or {})}, use_bin_type=True)
@@ -104,7 +109,7 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
     head = _buffer(frames[0])
     if len(head) > MAX_HEADER_BYTES:
         raise WireError("size", f"header of {len(head)} bytes")
-    raw = head.tobytes()
+    raw = head
     if raw[:1] == b"\x80" and raw[-1:] == b".":
         raise WireError("pickle", "pickle stream refused")
     try:
@@ -129,7 +134,8 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
     meta = h.get("meta", {})
     if not isinstance(meta, dict):
         raise WireError("meta", "meta is not a map")
-    _check_meta(meta)
+    if meta:
+        _check_meta(meta)
     specs = h.get("arr", [])
     if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
         raise WireError("header", "bad array list")
@@ -146,7 +152,8 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
             raise WireError("dtype", f"{name}: dtype {dtype!r}")
         if len(shape) > MAX_NDIM or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise WireError("shape", f"{name}: shape {shape!r}")
-        itemsize = np.dtype(dtype).itemsize
+        dt = _DT[dtype]
+        itemsize = dt.itemsize
         want = math.prod(shape) * itemsize
         if want > limits.max_frame_bytes:
             raise WireError("size", f"{name}: {want} bytes > {limits.max_frame_bytes}")
@@ -158,7 +165,7 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
             raise WireError("size", f"message over {limits.max_total_bytes} bytes")
         if name in arrays:
             raise WireError("header", f"duplicate array {name!r}")
-        arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        arrays[name] = np.frombuffer(buf, dtype=dt).reshape(shape)
     return Message(kind=kind, sender=sender, seq=seq, policy_version=pv, arrays=arrays, meta=meta,
                    nbytes=total + len(head))
 

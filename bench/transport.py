@@ -1,0 +1,267 @@
+"""TianJi's wire vs raw pyzmq, PUSH/PULL, ipc:// and tcp://127.0.0.1, 4 KB ... 2 MB.
+
+    python bench/transport.py [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3]
+
+For every message size and transport, side by side in one run:
+
+- raw : the sender sends one S-byte buffer per message (zero-copy), the
+        receiver takes it (zero-copy) - the method of shared/tools/transport_limit.py;
+- wire: the sender builds each message with `tianji.wire.encode` (msgpack header
+        + one uint8 array of S bytes, as an actor does per fragment) and sends
+        it zero-copy; the receiver runs `tianji.wire.decode` with validation
+        (job, kind, dtype, shape x itemsize == frame length, size caps).
+
+The sender is another process (fork). Throughput counts payload bytes only,
+timed from the first message received to the last. Each pair is repeated
+`--reps` times, interleaved (raw, wire, raw, wire, ...) so that load from other
+work on the machine hits both alike; the median is reported, with the
+ratio wire/raw. On a shared machine throughput is noisy (+-30 % between
+repetitions), so the CPU time per message of the sending and of the receiving
+process (all threads, via getrusage) is reported too: `cpu_ratio` =
+max(raw send, raw recv) / max(wire send, wire recv) is the throughput ratio to
+expect when the slower side is CPU-bound, and is stable under load. Also
+reported: the in-process CPU cost of encode and decode per message.
+
+Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import zmq
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "worker"))
+from tianji import wire as _wire  # noqa: E402
+
+encode, decode = _wire.encode, _wire.decode
+
+
+def _use_wire_module(path: str) -> None:
+    """Benchmark another implementation of the wire (same API), e.g. a proposed change."""
+    global encode, decode
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wire_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    encode, decode = mod.encode, mod.decode
+
+DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20]
+HWM = 64
+JOB = "bench"
+
+
+RECV_TIMEOUT_S = 10.0
+# Received zero-copy messages are malloc'ed per message by libzmq; with glibc's defaults a
+# receiver that holds each one for a few µs makes the heap trim and re-fault MB-sized buffers.
+from tianji.tuning import MALLOC_TUNABLES as TUNED_MALLOC  # what the launcher gives workers
+PER_MESSAGE_GUESS_S = 50e-6  # Python + pyzmq cost per message, for sizing transfers only
+
+
+def _count(size: int, seconds: float, rate_guess: float) -> int:
+    """Messages for about `seconds` at `rate_guess` B/s plus a per-message cost, at least 200."""
+    return int(max(200, min(50_000, seconds / (size / rate_guess + PER_MESSAGE_GUESS_S))))
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, all threads (ZeroMQ's I/O thread included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _sender(addr: str, mode: str, size: int, n: int, done, cpu_q) -> None:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.SNDHWM, HWM)
+    s.connect(addr)
+    arr = np.frombuffer(np.random.bytes(size), dtype=np.uint8)
+    c0 = _cpu()
+    if mode == "raw":
+        for _ in range(n):
+            s.send(arr, copy=False)
+    else:
+        for i in range(n):
+            s.send_multipart(encode("fragment", JOB, "actor-0-0", i, 7, {"obs": arr}, {"frames": 256}), copy=False)
+    # Close only after the receiver has everything: libzmq 4.3 can lose the last queued
+    # messages of an ipc PUSH with a send HWM at close despite linger (cf. zeromq/libzmq#4660).
+    done.wait(RECV_TIMEOUT_S)
+    cpu_q.put(_cpu() - c0)
+    s.close(linger=0)
+    ctx.term()
+
+
+class Stalled(RuntimeError):
+    """A transfer stopped mid-stream (seen rarely on this loaded 2-core machine); it is retried."""
+
+
+def _run_retry(addr_base: str, mode: str, size: int, n: int, stalls: list) -> tuple[float, float, float]:
+    for attempt in range(3):
+        try:
+            return _run(addr_base, mode, size, n)
+        except Stalled as e:
+            stalls.append(str(e))
+            print(f"  stalled, retrying: {e}", file=sys.stderr)
+    raise RuntimeError(f"{mode} {size} B: stalled 3 times")
+
+
+def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, float]:
+    """Payload MB/s of one transfer of n messages (timed from the first one received), and the
+    CPU µs per message of the sending and of the receiving process."""
+    ctx = zmq.Context()
+    r = ctx.socket(zmq.PULL)
+    r.setsockopt(zmq.RCVHWM, HWM)
+    r.setsockopt(zmq.LINGER, 0)
+    r.setsockopt(zmq.RCVTIMEO, int(RECV_TIMEOUT_S * 1000))
+    r.bind(addr_base)
+    addr = r.getsockopt(zmq.LAST_ENDPOINT).decode()
+    mpc = mp.get_context("fork")
+    done, cpu_q = mpc.Event(), mpc.Queue()
+    p = mpc.Process(target=_sender, args=(addr, mode, size, n, done, cpu_q))
+    p.start()
+    got = 0
+    c0 = _cpu()
+    try:
+        if mode == "raw":
+            r.recv(copy=False)
+            got = 1
+            t0 = time.perf_counter()
+            while got < n:
+                r.recv(copy=False)
+                got += 1
+        else:
+            decode(r.recv_multipart(copy=False), job=JOB)
+            got = 1
+            t0 = time.perf_counter()
+            while got < n:
+                msg = decode(r.recv_multipart(copy=False), job=JOB)
+                if msg.arrays["obs"].nbytes != size:
+                    raise RuntimeError("payload size mismatch")
+                # Release before the next receive, as the raw loop does: holding two multi-MB
+                # zero-copy buffers makes glibc unmap/trim and re-fault pages on every message,
+                # a cost of keeping data (any receiver that stores it pays it), not of the wire.
+                del msg
+                got += 1
+        dt = time.perf_counter() - t0
+        recv_cpu = _cpu() - c0
+        done.set()
+        send_cpu = cpu_q.get(timeout=RECV_TIMEOUT_S)
+    except zmq.Again:
+        raise Stalled(f"{mode} {size} B: nothing received for {RECV_TIMEOUT_S:g}s after {got} of {n}") from None
+    finally:
+        done.set()
+        p.join(timeout=RECV_TIMEOUT_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        r.close()
+        ctx.term()
+    return (n - 1) * size / dt / 1e6, send_cpu / n * 1e6, recv_cpu / n * 1e6
+
+
+def overhead_us(size: int = 4096, reps: int = 20_000) -> dict:
+    """CPU µs per message of encode and of decode (validation included), in process."""
+    arr = np.zeros(size, dtype=np.uint8)
+    meta = {"frames": 256}
+    t0 = time.perf_counter()
+    for i in range(reps):
+        frames = encode("fragment", JOB, "actor-0-0", i, 7, {"obs": arr}, meta)
+    t_enc = (time.perf_counter() - t0) / reps
+    frames = [bytes(f) for f in frames]
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        decode(frames, job=JOB)
+    t_dec = (time.perf_counter() - t0) / reps
+    # a realistic PPO CartPole fragment: 8 arrays
+    T, n = 32, 4
+    frag = {"obs": np.zeros((T, n, 4), np.float32), "actions": np.zeros((T, n), np.int64),
+            "logp": np.zeros((T, n), np.float32), "rewards": np.zeros((T, n), np.float32),
+            "dones": np.zeros((T, n), bool), "terminated": np.zeros((T, n), bool), "valid": np.ones((T, n), bool),
+            "last_obs": np.zeros((n, 4), np.float32)}
+    t0 = time.perf_counter()
+    for i in range(reps // 4):
+        f8 = encode("fragment", JOB, "actor-0-0", i, 7, frag, meta)
+    t_enc8 = (time.perf_counter() - t0) / (reps // 4)
+    f8 = [bytes(f) for f in f8]
+    t0 = time.perf_counter()
+    for _ in range(reps // 4):
+        decode(f8, job=JOB)
+    t_dec8 = (time.perf_counter() - t0) / (reps // 4)
+    return {"encode_1_array_us": t_enc * 1e6, "decode_1_array_us": t_dec * 1e6,
+            "encode_8_arrays_us": t_enc8 * 1e6, "decode_8_arrays_us": t_dec8 * 1e6}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="message sizes in bytes")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per pair (median reported)")
+    ap.add_argument("--seconds", type=float, default=0.3, help="approximate seconds per transfer")
+    ap.add_argument("--transports", default="ipc,tcp")
+    ap.add_argument("--wire", help="path of an alternative wire.py to benchmark instead of tianji.wire")
+    ap.add_argument("--tuned-malloc", action="store_true",
+                    help=f"run with GLIBC_TUNABLES={TUNED_MALLOC} (no heap trimming, large buffers from the heap)")
+    a = ap.parse_args(argv)
+    if a.tuned_malloc and os.environ.get("GLIBC_TUNABLES") != TUNED_MALLOC:
+        os.environ["GLIBC_TUNABLES"] = TUNED_MALLOC  # read by glibc at process start: re-exec
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])])
+    if a.wire:
+        _use_wire_module(a.wire)
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    tmp = tempfile.mkdtemp(prefix="tianji-bench-")
+    bases = {"ipc": f"ipc://{tmp}/t", "tcp": "tcp://127.0.0.1:*"}
+    guess = {"ipc": 3e9, "tcp": 1.2e9}
+    t_start = time.perf_counter()
+    rows, stalls = [], []
+    for size in sizes:
+        for tr in a.transports.split(","):
+            n = _count(size, a.seconds, guess[tr])
+            raw, wire = [], []
+            for _ in range(a.reps):
+                raw.append(_run_retry(bases[tr], "raw", size, n, stalls))
+                wire.append(_run_retry(bases[tr], "wire", size, n, stalls))
+            med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
+            r, w = med(raw, 0), med(wire, 0)
+            rc = {"send": round(med(raw, 1), 1), "recv": round(med(raw, 2), 1)}
+            wc = {"send": round(med(wire, 1), 1), "recv": round(med(wire, 2), 1)}
+            cpu_ratio = max(rc.values()) / max(wc.values())
+            rows.append({"bytes": size, "transport": tr, "messages": n, "raw_MBps": round(r, 1),
+                         "wire_MBps": round(w, 1), "ratio": round(w / r, 3),
+                         "raw_cpu_us_per_msg": rc, "wire_cpu_us_per_msg": wc, "cpu_ratio": round(cpu_ratio, 3),
+                         "raw_all": [round(x[0]) for x in raw], "wire_all": [round(x[0]) for x in wire]})
+            print(f"  {tr} {size:>8} B: raw {r:8.0f} MB/s  wire {w:8.0f} MB/s  ratio {w / r:.3f}  "
+                  f"cpu µs/msg raw {rc['send']:.0f}/{rc['recv']:.0f} wire {wc['send']:.0f}/{wc['recv']:.0f} "
+                  f"(cpu ratio {cpu_ratio:.3f})", file=sys.stderr)
+    try:
+        os.rmdir(tmp)
+    except OSError:
+        pass
+    big = [x["ratio"] for x in rows if x["bytes"] >= 64 << 10]
+    big_cpu = [x["cpu_ratio"] for x in rows if x["bytes"] >= 64 << 10]
+    out = {
+        "bench": "transport", "wire": a.wire or "tianji.wire", "unit": "MB/s of payload (1e6 B/s)", "reps": a.reps,
+        "results": rows,
+        "min_ratio_at_ge_64KB": min(big) if big else None,
+        "target_ratio_at_ge_64KB": 0.9,
+        "meets_target": (min(big) >= 0.9) if big else None,
+        "min_cpu_ratio_at_ge_64KB": min(big_cpu) if big_cpu else None,
+        "stalled_transfers_retried": stalls,
+        "wire_overhead_cpu": {k: round(v, 2) for k, v in overhead_us().items()},
+        "host": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg()), "pyzmq": zmq.pyzmq_version(),
+                 "libzmq": zmq.zmq_version(), "glibc_tunables": os.environ.get("GLIBC_TUNABLES")},
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

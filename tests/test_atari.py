@@ -1,0 +1,177 @@
+"""Atari envs (tianji.atari) and a Pong smoke run through the real roles."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tianji import atari
+from tianji.envs import env_info, make_vec_env
+from tianji.spec import EnvConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = ["native", pytest.param("gymnasium", marks=pytest.mark.skipif(
+    importlib.util.find_spec("cv2") is None, reason="gymnasium's AtariPreprocessing needs opencv-python"))]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    monkeypatch.setenv("TIANJI_ATARI_BACKEND", request.param)
+    if request.param == "native":
+        pytest.importorskip("ale_py.vector_env")
+    return request.param
+
+
+def _env(env_id="ALE/Breakout-v5", n=1, **kw):
+    return atari.make_atari_vec(EnvConfig(id=env_id, num_envs=n, **kw), n)
+
+
+def test_rom_names():
+    assert atari.rom_name("ALE/Pong-v5") == "pong"
+    assert atari.rom_name("PongNoFrameskip-v4") == "pong"
+    assert atari.rom_name("ALE/MsPacman-v5") == "ms_pacman"
+    with pytest.raises(ValueError, match="env.id"):
+        atari.rom_name("ALE/NoSuchGame-v5")
+
+
+def test_shapes_dtypes(backend):
+    env = make_vec_env(EnvConfig(id="ALE/Pong-v5", num_envs=3, frame_stack=4))
+    try:
+        assert env.backend == backend
+        info = env_info(env)
+        assert info.obs_shape == (4, 84, 84) and info.obs_dtype == "uint8" and info.n_actions == 6
+        obs, _ = env.reset(seed=3)
+        assert obs.shape == (3, 4, 84, 84) and obs.dtype == np.uint8
+        obs, r, term, trunc, _ = env.step(np.zeros(3, dtype=np.int64))
+        assert obs.shape == (3, 4, 84, 84) and obs.dtype == np.uint8
+        assert np.asarray(r).shape == (3,) and np.asarray(term).dtype == bool and np.asarray(trunc).dtype == bool
+        assert obs[:, -1].max() > 0  # a real picture in the newest frame
+    finally:
+        env.close()
+    env = _env("ALE/Pong-v5", 2, frame_stack=2)
+    try:
+        assert env.reset(seed=0)[0].shape == (2, 2, 84, 84)
+    finally:
+        env.close()
+
+
+def test_reward_clipping_flag(backend):
+    for clip in (True, False):
+        env = _env(clip_rewards=clip)
+        try:
+            assert env.clip_rewards is clip  # the actor clips; the env reports raw rewards
+        finally:
+            env.close()
+
+
+def _lockstep_until(a, b, rng, stop, limit=20_000):
+    """Step two identically seeded envs with the same random actions until stop(term, trunc, info)."""
+    for _ in range(limit):
+        act = rng.integers(0, a.single_action_space.n, 1)
+        oa, ra, ta, tra, ia = a.step(act)
+        ob, rb, tb, trb, ib = b.step(act)
+        np.testing.assert_array_equal(oa, ob)
+        if stop(ta, tra, ia):
+            return oa, ra, ta, tra, ia
+    raise AssertionError("condition never met")
+
+
+def test_next_step_autoreset(backend):
+    """The step after a game over returns the reset observation, reward 0, and ignores its action."""
+    a, b = _env(), _env()
+    try:
+        a.reset(seed=5)
+        b.reset(seed=5)
+        rng = np.random.default_rng(0)
+        _lockstep_until(a, b, rng, lambda t, tr, i: bool(t[0] or tr[0]))
+        oa, ra, ta, tra, _ = a.step(np.array([0]))
+        ob, rb, tb, trb, _ = b.step(np.array([3]))  # a different action: must be ignored
+        np.testing.assert_array_equal(oa, ob)
+        assert float(ra[0]) == 0.0 and not ta[0] and not tra[0]
+        assert not oa[0, :-1].any() and oa[0, -1].any()  # fresh stack: zero padding + the reset frame
+        oa, *_ = a.step(np.array([1]))
+        assert oa[0, -2].any()  # and then stacking continues
+    finally:
+        a.close()
+        b.close()
+
+
+def test_episodic_life(backend):
+    """A lost life is `terminated` for learning; info['episode_end'] marks the game over."""
+    a, b = _env(episodic_life=True), _env(episodic_life=True)
+    try:
+        _, info = a.reset(seed=7)
+        b.reset(seed=7)
+        lives0 = int(np.asarray(info["lives"])[0])
+        assert lives0 == 5
+        rng = np.random.default_rng(1)
+        lost = 0
+        while True:
+            oa, ra, ta, tra, ia = _lockstep_until(a, b, rng, lambda t, tr, i: bool(t[0] or tr[0]))
+            if ia["episode_end"][0]:
+                break
+            lost += 1
+            assert ta[0] and ia["life_loss"][0]
+            assert int(ia["lives"][0]) == lives0 - lost  # the game goes on
+            # the step after a life loss ignores its action, like a reset step
+            oa, ra, ta, tra, ia = a.step(np.array([0]))
+            ob, *_ = b.step(np.array([3]))
+            np.testing.assert_array_equal(oa, ob)
+            assert not ta[0] and not ia["episode_end"][0]
+            assert int(ia["lives"][0]) == lives0 - lost
+        assert lost == lives0 - 1  # the last life ends the game: episode_end, not a plain life loss
+        oa, ra, ta, tra, ia = a.step(np.array([0]))  # reset step: lives back, no false life loss
+        assert not ta[0] and not ia["life_loss"][0] and int(ia["lives"][0]) == lives0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_without_episodic_life_no_life_loss_done():
+    env = _env(episodic_life=False)
+    try:
+        env.reset(seed=7)
+        rng = np.random.default_rng(1)
+        lives = 5
+        for _ in range(20_000):
+            _, _, t, tr, info = env.step(rng.integers(0, 4, 1))
+            now = int(np.asarray(info["lives"])[0])
+            if t[0] or tr[0]:
+                assert now == 0 or tr[0]
+                break
+            assert now <= lives
+            lives = now
+        else:
+            raise AssertionError("no game over")
+        assert lives < 5  # lives were lost on the way without a done
+    finally:
+        env.close()
+
+
+def test_pong_smoke_through_roles(tmp_path):
+    """A few thousand Pong frames through actor -> buffer -> learner (no learning target)."""
+    from tianji.cli import main
+
+    run = tmp_path / "run"
+    rc = main(["run", str(ROOT / "examples" / "pong-dqn.yaml"), "--run-dir", str(run), "--quiet", "--max-seconds", "120",
+               "--set", "spec.stop.envFrames=3000",
+               "--set", "spec.algorithm.learningStarts=200",
+               "--set", "spec.algorithm.replayCapacity=5000",
+               "--set", "spec.algorithm.stepsPerBatch=1",
+               "--set", "spec.staleness.replayRatio=4",
+               "--set", "spec.staleness.paceActors=false",
+               "--set", "spec.env.numEnvs=4",
+               "--set", "spec.env.fragmentLength=16",
+               "--set", "spec.topology.actors=1",
+               "--set", "spec.resources.learner.cpu=1"])
+    s = json.loads((run / "summary.json").read_text())
+    assert rc == 0, s
+    assert s["exit_reason"] == "frames"
+    assert s["env_frames"] >= 3000
+    assert s["throughput"]["consumed_sps"] > 0
+    assert s["policy_version"] >= 1
+    assert s["rejected_messages"] == 0
+    assert s["restarts"] == {"actor": 0, "buffer": 0, "learner": 0}

@@ -1,0 +1,59 @@
+"""`tianji profile`: short measurements on CartPole that the planner can load."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tianji.planner import Profile, plan
+from tianji.profiler import candidate_batch_sizes, measure_profile
+from tianji.spec import load_job
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _check(d: dict, job) -> Profile:
+    p = Profile.from_json(d)
+    assert p.actor_fps_per_core > 0 and p.learner_sps_per_core > 0
+    assert p.message_seconds > 0 and p.bytes_per_sample > 0
+    assert p.fragment_samples == job.spec.env.num_envs * job.spec.env.fragment_length
+    assert d["actor"]["env_only_fps_per_core"] > 0
+    assert str(job.spec.algorithm.batch_size) in d["learner"]["candidates"]
+    assert json.loads(json.dumps(d)) == d  # plain JSON
+    plan(job, cpus=4, profile=p)  # and the planner takes it
+    return p
+
+
+def test_profile_cli_cartpole_ppo(tmp_path):
+    from tianji.cli import main
+
+    out = tmp_path / "profile.json"
+    rc = main(["profile", str(ROOT / "examples" / "cartpole-ppo.yaml"), "--seconds", "0.5", "--out", str(out),
+               "--set", "spec.algorithm.epochs=2"])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    job = load_job(ROOT / "examples" / "cartpole-ppo.yaml", ["spec.algorithm.epochs=2"])
+    _check(d, job)
+    assert d["learner_sps_per_gpu"] is None or d["learner_sps_per_gpu"] > 0
+    assert set(d["learner"]["candidates"]) == {"128", "256", "512"}
+
+
+def test_profile_cartpole_dqn():
+    job = load_job(ROOT / "examples" / "cartpole-dqn.yaml")
+    d = measure_profile(job, 0.5)
+    p = _check(d, job)
+    # a CartPole fragment: 4 float32 obs + action/reward/flags per step, plus a small header
+    assert 20 < p.bytes_per_sample < 200
+
+
+def test_candidates_respect_spec():
+    job = load_job(ROOT / "examples" / "cartpole-ppo.yaml", ["spec.algorithm.batchSize=128",
+                                                             "spec.algorithm.minibatchSize=128"])
+    assert candidate_batch_sizes(job) == [128, 256]  # 64 is not a whole number of 128-sample fragments
+
+
+def test_bad_seconds():
+    job = load_job(ROOT / "examples" / "cartpole-ppo.yaml")
+    with pytest.raises(ValueError):
+        measure_profile(job, 0)
