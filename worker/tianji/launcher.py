@@ -290,7 +290,8 @@ class Launcher:
             "processes": {"actors": t.groups * t.actors, "buffers": t.groups * t.buffers,
                           "learners": t.groups * t.learners},
             "bytes_sent": int(tot["bytes_sent"]),
-            "bytes_sent_per_frame": tot["bytes_sent"] / max(tot["env_frames"], 1.0),
+            "bytes_sent_per_frame": {r: agg.role_totals(r).get("bytes_sent_total", 0.0) / max(tot["env_frames"], 1.0)
+                                     for r in ("actor", "buffer", "learner")},
             "rejected_messages": agg.rejected() + self.rejected,
             "rejected_by_reason": {**agg.reasons("messages_rejected_total"),
                                    **({"launcher_report": self.rejected} if self.rejected else {})},

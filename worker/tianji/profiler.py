@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .spec import DQNConfig, PPOConfig, TianJiJob, load_job
+from .spec import PPOConfig, TianJiJob, load_job
 
 WARMUP_MAX_FRACTION = 0.25  # a first (warm-up) learner update longer than this share of the budget is the measurement
 

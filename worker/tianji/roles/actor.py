@@ -23,6 +23,7 @@ import numpy as np
 import zmq
 
 from ..addressing import buffer_for_actor, learner_for_actor
+from .. import framestack
 from ..algos import dqn, ppo
 from ..envs import env_info, make_vec_env
 from ..models import build_model, load_arrays
@@ -161,8 +162,10 @@ class Actor(Role):
         return np.asarray(real, dtype=bool) if real is not None else done
 
     def _send_fragment(self, arrays: dict, version: int) -> None:
-        arrays["last_obs"] = self.obs
         samples = int(arrays["valid"].sum())
+        if self.info.is_image and self.info.obs_shape[0] > 1:  # stacked frames: send each frame once
+            arrays.update(framestack.compress(arrays.pop("obs")))
+        arrays["last_obs"] = self.obs
         if self.send(self.push, "fragment", arrays, meta={"frames": self.n * self.T}, policy_version=version):
             self.metrics.inc("samples_sent_total", samples)
         else:

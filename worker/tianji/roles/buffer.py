@@ -17,6 +17,7 @@ import numpy as np
 import zmq
 
 from ..addressing import learner_for_buffer
+from .. import framestack
 from ..envs import probe_env
 from ..fields import FRAGMENT, STEP_DTYPES
 from ..spec import DQNConfig, PPOConfig
@@ -89,6 +90,11 @@ class Buffer(Role):
     # ---------------------------------------------------------------- inputs
     def _take_fragment(self, msg: Message) -> None:
         try:
+            if "frames" in msg.arrays:  # stacks sent frame by frame (framestack.py): rebuild them
+                require(msg, framestack.FIELDS)
+                a = msg.arrays
+                msg.arrays["obs"] = framestack.expand(a.pop("frames"), a.pop("key"), a.pop("keystacks"),
+                                                      self.info.obs_shape[0])
             frag = check_fragment(msg, self.fields, self.info, self.T)
         except WireError as e:
             self.reject(e.reason, str(e))
