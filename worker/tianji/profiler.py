@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .rollout import Rollout
 from .spec import PPOConfig, TianJiJob, load_job
 
 WARMUP_MAX_FRACTION = 0.25  # a first (warm-up) learner update longer than this share of the budget is the measurement
@@ -60,74 +61,19 @@ def _rates(work: float, clock: _Clock) -> dict:
 
 
 # ----------------------------------------------------------------- (a) actor
-def _fragment_buffers(spec, info, obs_dtype, n: int) -> dict[str, np.ndarray]:
-    T = spec.env.fragment_length
-    buf = {"obs": np.empty((T, n, *info.obs_shape), dtype=obs_dtype),
-           "actions": np.empty((T, n), dtype=np.int64), "rewards": np.empty((T, n), dtype=np.float32),
-           "dones": np.empty((T, n), dtype=bool), "terminated": np.empty((T, n), dtype=bool),
-           "valid": np.empty((T, n), dtype=bool)}
-    if spec.algorithm.name == "ppo":
-        buf["logp"] = np.empty((T, n), dtype=np.float32)
-    return buf
-
-
-class ActorLoop:
-    """The actor's loop body on one vector env, without the sockets: policy inference,
-    env step, reward clipping and the fragment writes (roles/actor.py's `step`)."""
+class ActorLoop(Rollout):
+    """The actor's loop body (rollout.Rollout: policy inference, env step, reward clipping,
+    fragment writes) plus timing: exactly what an actor runs, without its sockets."""
 
     def __init__(self, job: TianJiJob, seed_offset: int = 0):
-        from .envs import env_info, make_vec_env
-        from .models import build_model
-
-        s = self.spec = job.spec
-        self.env = make_vec_env(s.env)
-        self.info = env_info(self.env)
-        self.model = build_model(s.algorithm.name, s.model, self.info, s.env.seed)
-        self.model.eval()
-        seed = s.env.seed + seed_offset
-        self.rng = np.random.default_rng(seed)
-        self.obs, _ = self.env.reset(seed=seed)
-        self.n, self.T = self.env.num_envs, s.env.fragment_length
-        self.buf = _fragment_buffers(s, self.info, self.obs.dtype, self.n)
-        self.clip = getattr(self.env, "clip_rewards", False)
-        self.prev_done = np.zeros(self.n, dtype=bool)
-        self.frames = 0
-        self.t = 0
-
-    def act(self, obs: np.ndarray):
-        from .algos import dqn, ppo
-
-        s = self.spec
-        if s.algorithm.name == "ppo":
-            return ppo.act(self.model, obs, self.rng)
-        return dqn.act(self.model, obs, dqn.epsilon(s.algorithm, self.frames), self.rng, self.info.n_actions)
-
-    def fragment(self) -> int:
-        """Step T times (one fragment); returns frames produced."""
-        buf = self.buf
-        for t in range(self.T):
-            obs = self.obs
-            a, extra = self.act(obs)
-            nxt, r, term, trunc, _ = self.env.step(a)
-            done = np.asarray(term) | np.asarray(trunc)
-            buf["obs"][t] = obs
-            buf["actions"][t] = a
-            buf["valid"][t] = ~self.prev_done
-            buf["dones"][t] = done
-            buf["terminated"][t] = term
-            raw = np.asarray(r, dtype=np.float64)
-            buf["rewards"][t] = np.sign(raw) if self.clip else raw
-            if "logp" in extra:
-                buf["logp"][t] = extra["logp"]
-            self.prev_done, self.obs = done, nxt
-            self.frames += self.n
-        return self.n * self.T
+        super().__init__(job.spec, job.spec.env.seed + seed_offset)
 
     def run(self, seconds: float) -> dict:
         """Whole fragments for at least `seconds`; frames/s per CPU second and per wall second."""
         clock, frames = _Clock(), 0
         while True:
-            frames += self.fragment()
+            self.fragment()
+            frames += self.n * self.T
             if clock.wall() >= seconds:
                 break
         r = _rates(frames, clock)
@@ -146,9 +92,6 @@ class ActorLoop:
         r = _rates(steps * self.n, clock)
         return {"frames": steps * self.n, "fps_per_core": r["per_cpu_second"], "fps_wall": r["per_wall_second"],
                 "cpu_seconds": r["cpu_seconds"], "wall_seconds": r["wall_seconds"]}
-
-    def close(self) -> None:
-        self.env.close()
 
 
 def measure_actor(job: TianJiJob, seconds: float, env_seconds: Optional[float] = None) -> dict:

@@ -1,6 +1,6 @@
 """Actor: policy inference + simulation in one loop (dependency II stays local).
 
-Per fragment: step N vectorised envs for T steps with the local policy,
+Per fragment: step N vectorised envs for T steps with the local policy (rollout.py),
 push the fragment to the group's buffer (NOBLOCK: a full queue drops the
 fragment and counts it), then probe the parameter subscription without
 waiting and swap in the newest version. The fragment carries the
@@ -24,10 +24,9 @@ import zmq
 
 from ..addressing import buffer_for_actor, learner_for_actor
 from .. import framestack
-from ..algos import dqn, ppo
-from ..envs import env_info, make_vec_env
-from ..models import build_model, load_arrays
+from ..models import load_arrays
 from ..planner import pace_fps
+from ..rollout import Rollout
 from .base import Role
 
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
@@ -62,50 +61,17 @@ class Actor(Role):
     def setup(self) -> None:
         s = self.spec
         topo = s.topology
-        self.env = make_vec_env(s.env)
-        self.info = env_info(self.env)
-        self.algo = s.algorithm.name
-        self.model = build_model(self.algo, s.model, self.info, s.env.seed)
-        self.model.eval()
+        seed = s.env.seed + 10_000 * self.group + 100 * self.index + 1
+        self.rollout = Rollout(s, seed, frames_scale=topo.groups * topo.actors)
+        self.model, self.info = self.rollout.model, self.rollout.info
         self.version = 0
         b = buffer_for_actor(self.index, topo.buffers)
         l = learner_for_actor(self.index, topo.buffers, topo.learners)
         self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4)
         self.sub = self.socket(zmq.SUB, self.addrs.connect("params", self.group, l), bind=False, hwm=2)
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
-        self.total_actors = topo.groups * topo.actors
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
-        seed = s.env.seed + 10_000 * self.group + 100 * self.index + 1
-        self.rng = np.random.default_rng(seed)
-        self.obs, _ = self.env.reset(seed=seed)
-        n, T = self.env.num_envs, s.env.fragment_length
-        self.n, self.T = n, T
-        self.prev_done = np.zeros(n, dtype=bool)
-        self.ep_return = np.zeros(n, dtype=np.float64)
         self.recent = deque(maxlen=100)
-        self.frames = 0
-        self.clip_rewards = getattr(self.env, "clip_rewards", False)
-
-    def _new_fragment(self) -> dict[str, np.ndarray]:
-        """Fresh arrays per fragment: a zero-copy send still owns the previous ones."""
-        T, n = self.T, self.n
-        buf = {
-            "obs": np.empty((T, n, *self.info.obs_shape), dtype=self.obs.dtype),
-            "actions": np.empty((T, n), dtype=np.int64),
-            "rewards": np.empty((T, n), dtype=np.float32),
-            "dones": np.empty((T, n), dtype=bool),
-            "terminated": np.empty((T, n), dtype=bool),
-            "valid": np.empty((T, n), dtype=bool),
-        }
-        if self.algo == "ppo":
-            buf["logp"] = np.empty((T, n), dtype=np.float32)
-        return buf
-
-    def _act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
-        if self.algo == "ppo":
-            return ppo.act(self.model, obs, self.rng)
-        eps = dqn.epsilon(self.spec.algorithm, self.frames * self.total_actors)
-        return dqn.act(self.model, obs, eps, self.rng, self.info.n_actions)
 
     def _rest(self, seconds: float) -> None:
         """Sleep while pacing, but keep probing parameters."""
@@ -118,55 +84,28 @@ class Actor(Role):
                 self.probe_params()
 
     def step(self) -> None:
-        buf, version = self._new_fragment(), self.version
-        for t in range(self.T):
-            obs = self.obs
-            actions, extra = self._act(obs)
-            next_obs, reward, term, trunc, info = self.env.step(actions)
-            done = term | trunc
-            buf["obs"][t] = obs
-            buf["actions"][t] = actions
-            buf["valid"][t] = ~self.prev_done
-            buf["dones"][t] = done
-            buf["terminated"][t] = term
-            raw = np.asarray(reward, dtype=np.float64)
-            self.ep_return += raw
-            buf["rewards"][t] = np.sign(raw) if self.clip_rewards else raw
-            if "logp" in extra:
-                buf["logp"][t] = extra["logp"]
-            ended = self._episode_ends(done, info)
-            if ended.any():
-                finished = self.ep_return[ended]
-                self.recent.extend(finished.tolist())
-                self.add_episodes(finished)
-                self.metrics.inc("episodes_total", len(finished))
-                self.ep_return[ended] = 0.0
-            self.prev_done = done
-            self.obs = next_obs
-            self.pacer.add(self.n)
-            self.frames += self.n
-            if self.stopping:
-                return
-        self.metrics.inc("env_frames_total", self.n * self.T)
-        self._send_fragment(buf, version)
-        if self.recent:
+        version = self.version
+        arrays, finished = self.rollout.fragment()
+        frames = self.rollout.n * self.rollout.T
+        if finished:
+            self.recent.extend(finished)
+            self.add_episodes(finished)
+            self.metrics.inc("episodes_total", len(finished))
             self.metrics.set("episode_return_mean", float(np.mean(self.recent)))
+        self.metrics.inc("env_frames_total", frames)
+        self.pacer.add(frames)
+        self._send_fragment(arrays, version, frames)
         self.probe_params()
         wait = self.pacer.wait_time()
         if wait > 0:
             self._rest(wait)
 
-    def _episode_ends(self, done: np.ndarray, info: dict) -> np.ndarray:
-        """Real episode ends (with episodic life, a lost life is a `done` but not an episode end)."""
-        real = info.get("episode_end") if isinstance(info, dict) else None
-        return np.asarray(real, dtype=bool) if real is not None else done
-
-    def _send_fragment(self, arrays: dict, version: int) -> None:
+    def _send_fragment(self, arrays: dict, version: int, frames: int) -> None:
         samples = int(arrays["valid"].sum())
         if self.info.is_image and self.info.obs_shape[0] > 1:  # stacked frames: send each frame once
             arrays.update(framestack.compress(arrays.pop("obs")))
-        arrays["last_obs"] = self.obs
-        if self.send(self.push, "fragment", arrays, meta={"frames": self.n * self.T}, policy_version=version):
+        arrays["last_obs"] = self.rollout.obs
+        if self.send(self.push, "fragment", arrays, meta={"frames": frames}, policy_version=version):
             self.metrics.inc("samples_sent_total", samples)
         else:
             self.metrics.inc("samples_dropped_total", samples, reason="hwm")
@@ -199,4 +138,4 @@ class Actor(Role):
         return {"version": self.version, "pace_fps": self.pacer.fps}
 
     def teardown(self) -> None:
-        self.env.close()
+        self.rollout.close()
