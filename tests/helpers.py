@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -68,7 +67,3 @@ def interrupt(proc: subprocess.Popen, timeout: float = 60) -> str:
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=timeout)
     return out
-
-
-def env_for_workers() -> dict:
-    return dict(os.environ, PYTHONUNBUFFERED="1")

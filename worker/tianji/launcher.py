@@ -329,8 +329,7 @@ class Launcher:
                         self._supervise(now)
                     if now - last_sample >= SAMPLE_EVERY_S:
                         last_sample = now
-                        self.agg.sample(now)
-                        self._check_target(now)
+                        self.agg.sample(now)  # (the target is checked as episodes arrive, in _drain)
                         view.update(self._row(now))
                     if now - last_record >= RECORD_EVERY_S:
                         last_record = now

@@ -12,7 +12,6 @@ import signal
 import time
 from typing import Any, Iterable, Optional
 
-import numpy as np
 import zmq
 
 from ..addressing import Addresses
@@ -157,7 +156,3 @@ class Role:
                     self._report_sock.close(linger=1000)
                 self.ctx.destroy(linger=0)
         return self.exit_code
-
-
-def as_bool(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a).astype(bool, copy=False)

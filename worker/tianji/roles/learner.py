@@ -169,7 +169,6 @@ class Learner(Role):
         self.metrics.set("policy_version", self.version)
         if self.capacity:
             self.metrics.set("learner_capacity_sps", self.capacity)
-        self.last_stats = stats
         if self.version - self.last_pub_version >= self.spec.staleness.publish_every:
             self.publish()
 
