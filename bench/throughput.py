@@ -4,7 +4,7 @@
     python bench/throughput.py --env cartpole [--max-actors N] [--seconds S] [--job FILE] [--no-pace]
 
 pong: produced frames/s of k = 1..N actor processes running the actor's loop
-  body (tianji.profiler.ActorLoop: policy inference with the job's Nature CNN +
+  body (tianji.runtime.profiler.ActorLoop: policy inference with the job's Nature CNN +
   ALE step + fragment writes, one torch thread, one ALE thread), against the
   raw ALE ceiling measured in the same run: k processes stepping the same
   preprocessed vector env with random actions and no policy. Per k the two
@@ -16,7 +16,7 @@ cartpole: the paper's Figure 6(a) shape - k = 1..N actors with the learner
   (and buffer) fixed, each point a real `tianji run` of S seconds. Reported:
   produced / received / consumed throughput over the steady part of the run
   (from the first consumed sample to the end, from metrics.jsonl) and over the
-  whole run (summary.json), and what `tianji.planner.plan_for_job` predicts
+  whole run (summary.json), and what `tianji.control.plan.plan_for_job` predicts
   for the same topology from a profile measured at the start of this run
   (produced, consumed, bottleneck).
 """
@@ -44,8 +44,8 @@ def _pong_worker(job_path: str, overrides: list, mode: str, index: int, seconds:
     import torch
 
     torch.set_num_threads(1)
-    from tianji.profiler import ActorLoop
-    from tianji.spec import load_job
+    from tianji.runtime.profiler import ActorLoop
+    from tianji.control.spec import load_job
 
     loop = ActorLoop(load_job(job_path, overrides), seed_offset=1000 * index)
     try:
@@ -112,9 +112,9 @@ def _steady(run_dir: Path) -> dict:
 
 
 def bench_cartpole(job_path: str, overrides: list, max_actors: int, seconds: float, profile_seconds: float) -> dict:
-    from tianji.planner import Profile, plan_for_job
-    from tianji.profiler import measure_profile
-    from tianji.spec import load_job
+    from tianji.control.plan import Profile, plan_for_job
+    from tianji.runtime.profiler import measure_profile
+    from tianji.control.spec import load_job
 
     base = load_job(job_path, overrides)
     prof_d = measure_profile(base, profile_seconds)

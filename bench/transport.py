@@ -6,9 +6,9 @@ For every message size and transport, side by side in one run:
 
 - raw : the sender sends one S-byte buffer per message (zero-copy), the
         receiver takes it (zero-copy) - the method of shared/tools/transport_limit.py;
-- wire: the sender builds each message with `tianji.wire.encode` (msgpack header
+- wire: the sender builds each message with `tianji.runtime.wire.encode` (msgpack header
         + one uint8 array of S bytes, as an actor does per fragment) and sends
-        it zero-copy; the receiver runs `tianji.wire.decode` with validation
+        it zero-copy; the receiver runs `tianji.runtime.wire.decode` with validation
         (job, kind, dtype, shape x itemsize == frame length, size caps).
 
 The sender is another process (fork). Throughput counts payload bytes only,
@@ -40,7 +40,7 @@ import numpy as np
 import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "worker"))
-from tianji import wire as _wire  # noqa: E402
+from tianji.runtime import wire as _wire  # noqa: E402
 
 encode, decode = _wire.encode, _wire.decode
 
@@ -64,7 +64,7 @@ JOB = "bench"
 RECV_TIMEOUT_S = 10.0
 # Received zero-copy messages are malloc'ed per message by libzmq; with glibc's defaults a
 # receiver that holds each one for a few µs makes the heap trim and re-fault MB-sized buffers.
-from tianji.tuning import MALLOC_TUNABLES as TUNED_MALLOC  # what the launcher gives workers
+from tianji.control.launch import MALLOC_TUNABLES as TUNED_MALLOC  # what the launcher gives workers
 PER_MESSAGE_GUESS_S = 50e-6  # Python + pyzmq cost per message, for sizing transfers only
 
 
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per pair (median reported)")
     ap.add_argument("--seconds", type=float, default=0.3, help="approximate seconds per transfer")
     ap.add_argument("--transports", default="ipc,tcp")
-    ap.add_argument("--wire", help="path of an alternative wire.py to benchmark instead of tianji.wire")
+    ap.add_argument("--wire", help="path of an alternative wire.py to benchmark instead of tianji.runtime.wire")
     ap.add_argument("--tuned-malloc", action="store_true",
                     help=f"run with GLIBC_TUNABLES={TUNED_MALLOC} (no heap trimming, large buffers from the heap)")
     a = ap.parse_args(argv)
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
     big = [x["ratio"] for x in rows if x["bytes"] >= 64 << 10]
     big_cpu = [x["cpu_ratio"] for x in rows if x["bytes"] >= 64 << 10]
     out = {
-        "bench": "transport", "wire": a.wire or "tianji.wire", "unit": "MB/s of payload (1e6 B/s)", "reps": a.reps,
+        "bench": "transport", "wire": a.wire or "tianji.runtime.wire", "unit": "MB/s of payload (1e6 B/s)", "reps": a.reps,
         "results": rows,
         "min_ratio_at_ge_64KB": min(big) if big else None,
         "target_ratio_at_ge_64KB": 0.9,

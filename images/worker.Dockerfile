@@ -33,7 +33,7 @@ COPY pyproject.toml README.md /src/
 COPY worker /src/worker
 COPY operator /src/operator
 RUN pip install -c /tmp/constraints.txt /src \
-    && python -c "import torch, gymnasium, zmq, tianji.worker, tianji.cli; print('torch', torch.__version__)" \
+    && python -c "import torch, gymnasium, zmq, tianji.runtime.worker, tianji.cli; print('torch', torch.__version__)" \
     && python -m compileall -q /opt/venv
 
 FROM base AS runtime

@@ -58,7 +58,7 @@ import jsonschema
 import kmock
 from kmock._internal import apps, enums, parsing, rendering
 
-from tianji.crd import apply_defaults
+from tianji.control.crd import apply_defaults
 
 CORE = {
     "v1/namespaces": ("Namespace", False, set()),
@@ -643,7 +643,7 @@ async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02, w
 
 async def start_cluster(stack) -> KubeEmulator:
     """An emulator with the core kinds, the TianJiJob CRD and the test namespace, on a local port."""
-    from tianji.crd import crd_dict
+    from tianji.control.crd import crd_dict
 
     kube = await stack.enter_async_context(KubeEmulator())
     await stack.enter_async_context(kmock.Server(kube))

@@ -1,4 +1,4 @@
-"""Atari envs (tianji.atari) and a Pong smoke run through the real roles."""
+"""Atari envs (tianji.envs.atari) and a Pong smoke run through the real roles."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tianji import atari
+from tianji.envs import atari
 from tianji.envs import env_info, make_vec_env
-from tianji.spec import EnvConfig
+from tianji.control.spec import EnvConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ["native", pytest.param("gymnasium", marks=pytest.mark.skipif(

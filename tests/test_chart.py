@@ -11,7 +11,7 @@ checked against the code:
 * the operator Deployment's args/env are accepted by the operator's CLI and
   config, its pod labels are admitted by the job NetworkPolicy's scrapers;
 * the PodMonitor selects the pods the operator builds, on their `metrics` port;
-* every metric the dashboard queries is exported by `tianji.metrics`
+* every metric the dashboard queries is exported by `tianji.observability.metrics`
   (or is on an explicit allow-list of kube-state-metrics series);
 * the chart's CRD is `crds/tianjijob.yaml`, byte for byte;
 * the images pin the torch the project pins, run as non-root, and the slim
@@ -35,7 +35,7 @@ import yaml
 
 helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
 
-from tianji import metrics as tianji_metrics  # noqa: E402
+from tianji.observability import metrics as tianji_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "tianji-operator"
@@ -358,7 +358,7 @@ def test_servicemonitor_and_podmonitor_are_opt_in():
 
 @pytest.mark.parametrize("variant", ["cluster-monitors", "custom"])
 def test_podmonitor_selects_the_pods_the_operator_builds(variant):
-    from tianji.spec import parse_job
+    from tianji.control.spec import parse_job
     from tianji_operator import builders
 
     docs = render(VARIANTS[variant])
@@ -469,7 +469,7 @@ def _kopf_needs() -> set[tuple[str, str, str]]:
     diff-base annotations); status written through the status subresource when the CRD has
     one; events for kopf.info/warn/exception (core v1 events); the CRD observer; and the
     namespace observer, which runs only when the operator is given namespaces."""
-    from tianji.crd import GROUP, PLURAL
+    from tianji.control.crd import GROUP, PLURAL
 
     src = "\n".join(p.read_text() for p in OPERATOR_SRC.glob("*.py"))
     needs: set[tuple[str, str, str]] = set()
@@ -672,7 +672,7 @@ def test_every_dashboard_metric_is_exported():
             used.add(name)
             if name.startswith(tianji_metrics.PREFIX):
                 if name not in exported:
-                    problems.append(f"{where}: {name} is not exported by tianji.metrics")
+                    problems.append(f"{where}: {name} is not exported by tianji.observability.metrics")
                 if labels - TIANJI_LABELS:
                     problems.append(f"{where}: {name} has no label(s) {sorted(labels - TIANJI_LABELS)}")
                 base = name.removeprefix(tianji_metrics.PREFIX)
@@ -694,7 +694,7 @@ def test_every_dashboard_metric_is_exported():
 
 
 def test_dashboard_reads_actor_statefulsets_by_the_operator_names():
-    from tianji.addressing import actor_set_name
+    from tianji.control.addressing import actor_set_name
 
     text = DASHBOARD.read_text()
     assert actor_set_name("$job", 0).replace("0", "$group") in text  # statefulset=~"$job-actor-$group"

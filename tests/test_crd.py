@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tianji.crd import PRINTER_COLUMNS, apply_defaults, crd_dict, crd_yaml
-from tianji.spec import JobSpec, parse_job
+from tianji.control.crd import PRINTER_COLUMNS, apply_defaults, crd_dict, crd_yaml
+from tianji.control.spec import JobSpec, parse_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED_IN = ROOT / "crds" / "tianjijob.yaml"

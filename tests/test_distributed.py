@@ -18,10 +18,10 @@ def _free_port() -> int:
 def _learner(rank: int, world: int, init: str, out) -> None:
     torch.set_num_threads(1)
     from tianji.algos.ppo import PPOLearner
-    from tianji.distributed import GradientAverager
+    from tianji.runtime.distributed import GradientAverager
     from tianji.envs import probe_env
-    from tianji.models import build_model
-    from tianji.spec import load_job
+    from tianji.algos.models import build_model
+    from tianji.control.spec import load_job
 
     job = load_job(EXAMPLES / "cartpole-ppo.yaml")
     info = probe_env(job.spec.env)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import EXAMPLES, interrupt, last_record, read_summary, run_tianji, start_tianji, wait_for
-from tianji import checkpoint
+from tianji.runtime import checkpoint
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
 

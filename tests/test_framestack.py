@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from tianji.framestack import compress, expand
-from tianji.wire import WireError
+from tianji.runtime.framestack import compress, expand
+from tianji.runtime.wire import WireError
 
 
 def stacked_episode(T=20, N=3, S=4, H=6, W=5, resets=((7, 0), (8, 2), (15, 1)), seed=0):

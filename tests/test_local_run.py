@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from helpers import EXAMPLES, interrupt, last_record, read_summary, run_tianji, start_tianji, wait_for, worker_pids
-from tianji.wire import encode
+from tianji.runtime.wire import encode
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
 DQN = str(EXAMPLES / "cartpole-dqn.yaml")

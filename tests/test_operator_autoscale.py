@@ -10,9 +10,9 @@ from prometheus_client import generate_latest
 
 from kube_emulator import (JOBS, NAMESPACE, FakeClock, FakePodMetrics, FakePrometheus, RunningOperator, eventually,
                            job_manifest, run_pods, start_cluster)
-from tianji.metrics import RoleMetrics
-from tianji.planner import GroupThroughput
-from tianji.spec import JobSpec
+from tianji.observability.metrics import RoleMetrics
+from tianji.control.plan import GroupThroughput
+from tianji.control.spec import JobSpec
 from tianji_operator import autoscaler as asc
 from tianji_operator import rbac
 from tianji_operator import status as st
@@ -85,7 +85,7 @@ def test_promql_selects_the_job_role_and_window():
 
 
 def test_the_workers_metrics_parse():
-    """The names the operator scrapes are the ones tianji.metrics exports."""
+    """The names the operator scrapes are the ones tianji.observability.metrics exports."""
     m = RoleMetrics("cp", "actor", 0, 1)
     m.inc("env_frames_total", 640)
     m.inc("episodes_total", 3)

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from tianji.cli import build_parser
-from tianji.planner import plan_for_job
-from tianji.spec import parse_job
+from tianji.control.plan import plan_for_job
+from tianji.control.spec import parse_job
 from tianji_operator import builders as b
 from tianji_operator.config import DEFAULT_SCRAPERS
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kube_emulator import (JOBS, NAMESPACE, RunningOperator, eventually, job_manifest, run_pods, start_cluster)
-from tianji.spec import parse_job
+from tianji.control.spec import parse_job
 from tianji_operator import builders as b
 from tianji_operator import rbac
 

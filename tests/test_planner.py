@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tianji.cli import main
-from tianji.planner import (
+from tianji.control.plan import (
     COMMUNICATION_BOUND,
     SAMPLE_BOUND,
     TRAINING_BOUND,
@@ -22,7 +22,7 @@ from tianji.planner import (
     plan_for_job,
     rebalance,
 )
-from tianji.spec import parse_job
+from tianji.control.spec import parse_job
 
 
 def job(**spec):

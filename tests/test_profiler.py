@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tianji.planner import Profile, plan
-from tianji.profiler import candidate_batch_sizes, measure_profile
-from tianji.spec import load_job
+from tianji.control.plan import Profile, plan
+from tianji.runtime.profiler import candidate_batch_sizes, measure_profile
+from tianji.control.spec import load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 

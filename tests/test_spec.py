@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from helpers import EXAMPLES, run_tianji
-from tianji.spec import SpecError, load_job
+from tianji.control.spec import SpecError, load_job
 
 GOOD = """\
 apiVersion: tianji.dev/v1alpha1

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tianji.algos.ppo import gae
-from tianji.storage import Replay, RolloutQueue, nstep_transitions
+from tianji.runtime.storage import Replay, RolloutQueue, nstep_transitions
 
 
 def fragment(T=4, N=1, version=0, done_at=None, terminated=True):

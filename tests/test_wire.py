@@ -5,7 +5,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from tianji.wire import Limits, WireError, decode, encode
+from tianji.runtime.wire import Limits, WireError, decode, encode
 
 
 def frames_of(**arrays):

@@ -12,7 +12,7 @@ or, with no URL, by scraping each running pod's `/metrics` (named port
 to `.status.throughput` (with policy version, lag and mean return) whether or
 not autoscaling is on.
 
-With `spec.autoscale.enabled`, `tianji.planner.rebalance` turns them into an
+With `spec.autoscale.enabled`, `tianji.control.plan.rebalance` turns them into an
 actor count per group; the operator clamps it to [minActors, maxActors],
 waits `cooldownSeconds` after the previous change, patches the group's
 StatefulSet `spec.replicas`, posts an event and records the decision in
@@ -28,7 +28,7 @@ from typing import Any, Optional
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tianji.planner import GroupThroughput, RebalancePolicy, rebalance
+from tianji.control.plan import GroupThroughput, RebalancePolicy, rebalance
 
 from . import status as st
 

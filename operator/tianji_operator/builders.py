@@ -1,7 +1,7 @@
 """Child objects of a TianJiJob: pure functions, job (+ plan) in, manifests (dicts) out.
 
 Names are fixed (idempotent creation, no duplicates after a restart), from
-`tianji.addressing`:
+`tianji.control.addressing`:
 
     ConfigMap      <job>-job            job.yaml: the job as planned (resolved topology and requests)
     Service        <job>                headless; gives learner/buffer pods DNS names
@@ -19,10 +19,10 @@ from typing import Optional
 
 import yaml
 
-from tianji.addressing import PORTS, actor_set_name, pod_name, service_name
-from tianji.planner import Plan
-from tianji.spec import JobSpec, TianJiJob
-from tianji.tuning import MALLOC_TUNABLES
+from tianji.control.addressing import PORTS, actor_set_name, pod_name, service_name
+from tianji.control.plan import Plan
+from tianji.control.spec import JobSpec, TianJiJob
+from tianji.control.launch import MALLOC_TUNABLES
 
 LABEL_JOB = "tianji.dev/job"
 LABEL_ROLE = "tianji.dev/role"
@@ -205,7 +205,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
             {"name": "TIANJI_STATE_DIR", "value": STATE_DIR},
             {"name": "OMP_NUM_THREADS", "value": str(_threads(job, role))},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
-            {"name": "GLIBC_TUNABLES", "value": MALLOC_TUNABLES},  # see tianji/tuning.py
+            {"name": "GLIBC_TUNABLES", "value": MALLOC_TUNABLES},  # see tianji/control/launch.py
         ],
         "ports": ports,
         "resources": _resources(job, role),

@@ -67,7 +67,7 @@ class OperatorConfig:
         """The planner profile, or None for the planner's built-in estimates."""
         if not self.profile_path:
             return None
-        from tianji.planner import Profile
+        from tianji.control.plan import Profile
 
         with open(self.profile_path) as f:
             return Profile.from_json(json.load(f))

@@ -26,10 +26,10 @@ import aiohttp
 import kopf
 import yaml
 
-from tianji.addressing import actor_set_name
-from tianji.crd import GROUP, PLURAL, VERSION
-from tianji.planner import PlanError, plan_for_job
-from tianji.spec import API_VERSION, KIND, SpecError, TianJiJob, parse_job
+from tianji.control.addressing import actor_set_name
+from tianji.control.crd import GROUP, PLURAL, VERSION
+from tianji.control.plan import PlanError, plan_for_job
+from tianji.control.spec import API_VERSION, KIND, SpecError, TianJiJob, parse_job
 
 from . import autoscaler as asc
 from . import builders as b

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import apply_gradients, to_tensor
-from ..spec import DQNConfig
+from tianji.algos import apply_gradients, to_tensor
+from tianji.control.spec import DQNConfig
 
 
 

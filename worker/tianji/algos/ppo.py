@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import apply_gradients, to_tensor
-from ..spec import PPOConfig
+from tianji.algos import apply_gradients, to_tensor
+from tianji.control.spec import PPOConfig
 
 
 @torch.inference_mode()

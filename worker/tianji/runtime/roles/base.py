@@ -14,10 +14,10 @@ from typing import Any, Iterable, Optional
 
 import zmq
 
-from ..addressing import Addresses
-from ..metrics import RoleMetrics
-from ..spec import TianJiJob
-from ..wire import Limits, Message, WireError, decode, encode
+from tianji.control.addressing import Addresses
+from tianji.observability.metrics import RoleMetrics
+from tianji.control.spec import TianJiJob
+from tianji.runtime.wire import Limits, Message, WireError, decode, encode
 
 log = logging.getLogger("tianji")
 

@@ -44,7 +44,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .spec import EnvConfig
+from tianji.control.spec import EnvConfig
 
 SCREEN = 84
 FRAME_SKIP = 4

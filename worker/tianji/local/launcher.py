@@ -24,11 +24,11 @@ from typing import IO, Optional
 
 import zmq
 
-from .aggregate import Aggregate
-from .progress import Progress
-from .spec import TianJiJob, Topology, dump_job, load_job
-from .tuning import worker_env
-from .wire import WireError, decode
+from tianji.control.accounting import Aggregate
+from tianji.observability.progress import Progress
+from tianji.control.spec import TianJiJob, Topology, dump_job, load_job
+from tianji.control.launch import worker_env
+from tianji.runtime.wire import WireError, decode
 
 POLL_S = 0.1
 SAMPLE_EVERY_S = 1.0
@@ -64,7 +64,7 @@ def resolve_topology(job: TianJiJob) -> TianJiJob:
     """`topology: auto` → the planner's topology and per-role resources for this machine."""
     if not job.spec.topology.auto:
         return job
-    from .planner import plan_for_job
+    from tianji.control.plan import plan_for_job
 
     plan = plan_for_job(job)
     job = job.model_copy(deep=True)

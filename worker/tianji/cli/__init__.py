@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .spec import SpecError
+from tianji.control.spec import SpecError
 
 
 def _run(a: argparse.Namespace) -> int:
-    from .launcher import RunDirError, run_job
+    from tianji.local.launcher import RunDirError, run_job
 
     if bool(a.job) == bool(a.resume):
         print("tianji run: give a JOB.yaml or --resume RUN_DIR (not both)", file=sys.stderr)
@@ -26,37 +26,37 @@ def _run(a: argparse.Namespace) -> int:
 
 
 def _eval(a: argparse.Namespace) -> int:
-    from .evaluate import eval_command
+    from tianji.cli.evaluate import eval_command
 
     return eval_command(a)
 
 
 def _plot(a: argparse.Namespace) -> int:
-    from .plot import plot_command
+    from tianji.observability.plot import plot_command
 
     return plot_command(a)
 
 
 def _worker(a: argparse.Namespace) -> int:
-    from .worker import run_worker
+    from tianji.runtime.worker import run_worker
 
     return run_worker(a)
 
 
 def _plan(a: argparse.Namespace) -> int:
-    from .plan_cli import plan_command
+    from tianji.cli.plan import plan_command
 
     return plan_command(a)
 
 
 def _profile(a: argparse.Namespace) -> int:
-    from .profiler import profile_command
+    from tianji.runtime.profiler import profile_command
 
     return profile_command(a)
 
 
 def _crd(a: argparse.Namespace) -> int:
-    from .crd import crd_yaml
+    from tianji.control.crd import crd_yaml
 
     sys.stdout.write(crd_yaml())
     return 0

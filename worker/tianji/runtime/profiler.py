@@ -18,7 +18,7 @@ next to them.
     seconds per message, sender and receiver in this process;
 (d) bytes per sample: encoded fragment bytes / samples in a fragment.
 
-The output is a JSON object that `tianji.planner.Profile.from_json` loads
+The output is a JSON object that `tianji.control.plan.Profile.from_json` loads
 (actor_fps_per_core, learner_sps_per_core, learner_sps_per_gpu,
 message_seconds, fragment_samples, bytes_per_sample) plus detail keys.
 """
@@ -35,8 +35,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .rollout import Rollout
-from .spec import PPOConfig, TianJiJob, load_job
+from tianji.runtime.rollout import Rollout
+from tianji.control.spec import PPOConfig, TianJiJob, load_job
 
 WARMUP_MAX_FRACTION = 0.25  # a first (warm-up) learner update longer than this share of the budget is the measurement
 
@@ -151,7 +151,7 @@ def synthetic_fragment(job: TianJiJob, obs_shape: tuple, obs_dtype: str, n_actio
 def synthetic_batch(job: TianJiJob, batch_size: int, obs_shape: tuple, obs_dtype: str, n_actions: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A learner batch as the buffer sends it: PPO [T, B/T] fragments; DQN batchSize x stepsPerBatch transitions."""
-    from .fields import BATCH
+    from tianji.runtime.fields import BATCH
 
     s = job.spec
     if s.algorithm.name == "ppo":
@@ -192,8 +192,8 @@ def candidate_batch_sizes(job: TianJiJob) -> list[int]:
 
 
 def _learner_cls(name: str):
-    from .algos.dqn import DQNLearner
-    from .algos.ppo import PPOLearner
+    from tianji.algos.dqn import DQNLearner
+    from tianji.algos.ppo import PPOLearner
 
     return PPOLearner if name == "ppo" else DQNLearner
 
@@ -224,8 +224,8 @@ def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cp
     """Learner samples/s at each candidate batch size (job's size: half the budget; others a quarter each)."""
     import torch
 
-    from .envs import probe_env
-    from .models import build_model
+    from tianji.envs import probe_env
+    from tianji.algos.models import build_model
 
     s = job.spec
     info = info or probe_env(s.env)
@@ -262,10 +262,10 @@ def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
     """Per-message cost of one fragment: wire.encode → PUSH/ipc → PULL → wire.decode + check_fragment."""
     import zmq
 
-    from .envs import probe_env
-    from .fields import FRAGMENT
-    from .roles.buffer import check_fragment
-    from .wire import decode, encode
+    from tianji.envs import probe_env
+    from tianji.runtime.fields import FRAGMENT
+    from tianji.runtime.roles.buffer import check_fragment
+    from tianji.runtime.wire import decode, encode
 
     s = job.spec
     info = info or probe_env(s.env)
@@ -327,7 +327,7 @@ def measure_profile(job: TianJiJob, seconds: float = 3.0) -> dict:
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     torch.set_num_threads(1)
-    from .envs import probe_env
+    from tianji.envs import probe_env
 
     t0 = time.perf_counter()
     s = job.spec

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import checkpoint
-from .spec import parse_job
+from tianji.runtime import checkpoint
+from tianji.control.spec import parse_job
 
 
 def resolve_checkpoint(path: str) -> Path:
@@ -31,8 +31,8 @@ def resolve_checkpoint(path: str) -> Path:
 def evaluate(ckpt_path: Path, episodes: int, seed: int) -> dict:
     import torch
 
-    from .envs import env_info, make_vec_env
-    from .models import build_model
+    from tianji.envs import env_info, make_vec_env
+    from tianji.algos.models import build_model
 
     torch.set_num_threads(1)
     state = checkpoint.load(ckpt_path)

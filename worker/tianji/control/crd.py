@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from .spec import API_VERSION, KIND, JobSpec
+from tianji.control.spec import API_VERSION, KIND, JobSpec
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "tianjijobs"
@@ -322,7 +322,7 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-HEADER = "# Generated from worker/tianji/spec.py by `tianji crd` (make crd). Do not edit by hand.\n"
+HEADER = "# Generated from worker/tianji/control/spec.py by `tianji crd` (make crd). Do not edit by hand.\n"
 
 
 def crd_yaml() -> str:

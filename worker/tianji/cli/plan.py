@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from .planner import Plan, PlanError, Profile, default_profile, plan
-from .spec import load_job
+from tianji.control.plan import Plan, PlanError, Profile, default_profile, plan
+from tianji.control.spec import load_job
 
 
 def _load_profile(path: str) -> Profile:

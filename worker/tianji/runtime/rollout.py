@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .algos import dqn, ppo
-from .envs import env_info, make_vec_env
-from .models import build_model
-from .spec import JobSpec
+from tianji.algos import dqn, ppo
+from tianji.envs import env_info, make_vec_env
+from tianji.algos.models import build_model
+from tianji.control.spec import JobSpec
 
 
 class Rollout:

@@ -18,17 +18,17 @@ import numpy as np
 import torch
 import zmq
 
-from .. import checkpoint
-from ..addressing import dist_init_method, learner_for_buffer
-from ..distributed import GradientAverager, world_of
-from ..algos.dqn import DQNLearner
-from ..algos.ppo import PPOLearner
-from ..envs import probe_env
-from ..fields import BATCH
-from ..models import build_model, state_arrays
-from ..spec import dump_job
-from ..wire import Message, WireError, require
-from .base import Role
+from tianji.runtime import checkpoint
+from tianji.control.addressing import dist_init_method, learner_for_buffer
+from tianji.runtime.distributed import GradientAverager, world_of
+from tianji.algos.dqn import DQNLearner
+from tianji.algos.ppo import PPOLearner
+from tianji.envs import probe_env
+from tianji.runtime.fields import BATCH
+from tianji.algos.models import build_model, state_arrays
+from tianji.control.spec import dump_job
+from tianji.runtime.wire import Message, WireError, require
+from tianji.runtime.roles.base import Role
 
 log = logging.getLogger("tianji")
 CREDIT_REFRESH_S = 1.0

@@ -16,14 +16,14 @@ from __future__ import annotations
 import numpy as np
 import zmq
 
-from ..addressing import learner_for_buffer
-from .. import framestack
-from ..envs import probe_env
-from ..fields import FRAGMENT, STEP_DTYPES
-from ..spec import DQNConfig, PPOConfig
-from ..storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
-from ..wire import Message, WireError, require
-from .base import Role
+from tianji.control.addressing import learner_for_buffer
+from tianji.runtime import framestack
+from tianji.envs import probe_env
+from tianji.runtime.fields import FRAGMENT, STEP_DTYPES
+from tianji.control.spec import DQNConfig, PPOConfig
+from tianji.runtime.storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
+from tianji.runtime.wire import Message, WireError, require
+from tianji.runtime.roles.base import Role
 
 MAX_DRAIN = 64  # messages per socket per loop turn: fairness between fan-in and dispatch
 

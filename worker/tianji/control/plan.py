@@ -51,7 +51,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from .spec import TianJiJob
+from tianji.control.spec import TianJiJob
 
 # Process-size grid the planner searches (cores). Actors step envs in one
 # thread, so they stay at <= 1 core; a learner gains little from intra-op

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .wire import WireError
+from tianji.runtime.wire import WireError
 
 FIELDS = ("frames", "key", "keystacks")  # replace "obs" in a compressed fragment
 

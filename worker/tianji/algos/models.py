@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .envs import EnvInfo
-from .spec import ModelConfig
+from tianji.envs import EnvInfo
+from tianji.control.spec import ModelConfig
 
 
 def _init(layer: nn.Module, gain: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:

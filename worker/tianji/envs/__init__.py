@@ -2,7 +2,7 @@
 
 Classic-control ids with a native vector implementation (CartPole) use it:
 one numpy step for all envs, no per-env Python loop. Atari ids go through
-`tianji.atari`. Vector envs use Gymnasium's NEXT_STEP autoreset: the step
+`tianji.envs.atari`. Vector envs use Gymnasium's NEXT_STEP autoreset: the step
 after a `done` returns the reset observation and ignores its action, so the
 actor marks that step invalid (see roles/actor.py).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from .spec import EnvConfig
+from tianji.control.spec import EnvConfig
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def is_atari(env_id: str) -> bool:
 def make_vec_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.VectorEnv:
     n = num_envs or cfg.num_envs
     if is_atari(cfg.id):
-        from .atari import make_atari_vec
+        from tianji.envs.atari import make_atari_vec
 
         return make_atari_vec(cfg, n)
     try:

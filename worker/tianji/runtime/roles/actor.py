@@ -22,12 +22,12 @@ from typing import Optional
 import numpy as np
 import zmq
 
-from ..addressing import buffer_for_actor, learner_for_actor
-from .. import framestack
-from ..models import load_arrays
-from ..planner import pace_fps
-from ..rollout import Rollout
-from .base import Role
+from tianji.control.addressing import buffer_for_actor, learner_for_actor
+from tianji.runtime import framestack
+from tianji.algos.models import load_arrays
+from tianji.control.plan import pace_fps
+from tianji.runtime.rollout import Rollout
+from tianji.runtime.roles.base import Role
 
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
 

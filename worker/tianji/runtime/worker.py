@@ -13,8 +13,8 @@ import os
 import signal
 import sys
 
-from .addressing import Addresses, index_from_hostname
-from .spec import load_job
+from tianji.control.addressing import Addresses, index_from_hostname
+from tianji.control.spec import load_job
 
 
 def torch_threads(job, role: str) -> int:
@@ -50,9 +50,9 @@ def run_worker(a: argparse.Namespace) -> int:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set by an earlier parallel region
         pass
-    from .roles.actor import Actor
-    from .roles.buffer import Buffer
-    from .roles.learner import Learner
+    from tianji.runtime.roles.actor import Actor
+    from tianji.runtime.roles.buffer import Buffer
+    from tianji.runtime.roles.learner import Learner
 
     cls = {"actor": Actor, "buffer": Buffer, "learner": Learner}[a.role]
     addrs = Addresses.from_env(job.name, job.spec.network.base_port, a.run_dir)

@@ -1,0 +1,5 @@
+import sys
+
+from tianji.cli import main
+
+sys.exit(main())
