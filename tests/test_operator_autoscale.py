@@ -8,7 +8,8 @@ import aiohttp
 import pytest
 from prometheus_client import generate_latest
 
-from kube_emulator import (JOBS, NAMESPACE, FakeClock, FakePodMetrics, FakePrometheus, RunningOperator, eventually,
+from kube.fakes import FakePodMetrics, FakePrometheus
+from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, eventually,
                            job_manifest, run_pods, start_cluster)
 from tianji.observability.metrics import RoleMetrics
 from tianji.control.plan import GroupThroughput

@@ -1,4 +1,4 @@
-"""The test API server itself (tests/kube_emulator.py): the kmock gaps it fills behave like
+"""The test API server itself (tests/kube/emulator.py): the kmock gaps it fills behave like
 Kubernetes, since the operator tests rely on them."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kube_emulator import JOBS, NAMESPACE, job_manifest, start_cluster
+from kube.operator_harness import JOBS, NAMESPACE, job_manifest, start_cluster
 
 CM = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 

@@ -12,7 +12,7 @@ import sys
 import aiohttp
 import yaml
 
-from kube_emulator import NAMESPACE, eventually, job_manifest, start_cluster
+from kube.operator_harness import NAMESPACE, eventually, job_manifest, start_cluster
 from tianji_operator import handlers, rbac
 from tianji_operator import status as st
 from tianji_operator.config import DEFAULT_SCRAPERS, OperatorConfig

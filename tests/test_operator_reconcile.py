@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kube_emulator import (JOBS, NAMESPACE, RunningOperator, eventually, job_manifest, run_pods, start_cluster)
+from kube.operator_harness import (JOBS, NAMESPACE, RunningOperator, eventually, job_manifest, run_pods, start_cluster)
 from tianji.control.spec import parse_job
 from tianji_operator import builders as b
 from tianji_operator import rbac

@@ -1,0 +1,1 @@
+"""Kubernetes test doubles: the API emulator, the operator under test, metric fakes."""

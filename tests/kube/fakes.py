@@ -1,0 +1,100 @@
+"""Canned metric sources for autoscaler tests that need exact numbers: a Prometheus HTTP API
+answering fixed vectors, and pods serving fixed /metrics text."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import aiohttp.web
+
+
+class FakePrometheus:
+    """Answers instant PromQL queries (`/api/v1/query`) from per-group numbers set by the test.
+
+    The query is recognised by the metric it names (what the operator asks for); `values` maps
+    produced/received/consumed to {group: rate} and frames_total/policy_version/mean_return/
+    policy_lag to scalars (None: empty result)."""
+
+    def __init__(self):
+        self.values: dict[str, Any] = {"produced": {}, "received": {}, "consumed": {}, "frames_total": None,
+                                       "policy_version": None, "mean_return": None, "policy_lag": None}
+        self.queries: list[str] = []
+        self.fail = False
+        self.url = ""
+        self._runner: Optional[aiohttp.web.AppRunner] = None
+
+    def _answer(self, q: str) -> list[dict]:
+        def vec(d):
+            return [{"metric": {"group": str(g)}, "value": [0, str(v)]} for g, v in sorted(d.items())]
+
+        def one(v):
+            return [] if v is None else [{"metric": {}, "value": [0, str(v)]}]
+
+        if "tianji_policy_lag_sum" in q:
+            return one(self.values["policy_lag"])
+        if "tianji_episode_return_mean" in q:
+            return one(self.values["mean_return"])
+        if "tianji_policy_version" in q:
+            return one(self.values["policy_version"])
+        if "tianji_env_frames_total" in q:
+            return vec(self.values["produced"]) if "rate(" in q else one(self.values["frames_total"])
+        if "tianji_samples_received_total" in q:
+            return vec(self.values["received"])
+        if "tianji_samples_consumed_total" in q:
+            return vec(self.values["consumed"])
+        return []
+
+    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        q = request.query.get("query", "")
+        self.queries.append(q)
+        if self.fail:
+            return aiohttp.web.json_response({"status": "error", "error": "boom"}, status=503)
+        return aiohttp.web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": self._answer(q)}})
+
+    async def __aenter__(self) -> "FakePrometheus":
+        app = aiohttp.web.Application()
+        app.router.add_get("/api/v1/query", self._handle)
+        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._runner.cleanup()
+
+
+class FakePodMetrics:
+    """`/metrics` of several pods on one port, told apart by loopback address (127.0.0.2, ...).
+
+    `text[ip]` is the exposition text a pod serves; tests rewrite it between scrapes."""
+
+    def __init__(self, ips: list[str]):
+        self.ips = ips
+        self.text: dict[str, str] = {ip: "" for ip in ips}
+        self.port = 0
+        self.hits: dict[str, int] = {ip: 0 for ip in ips}
+        self._runners: list[aiohttp.web.AppRunner] = []
+
+    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        ip = request.transport.get_extra_info("sockname")[0]
+        self.hits[ip] += 1
+        return aiohttp.web.Response(text=self.text.get(ip, ""), content_type="text/plain")
+
+    async def __aenter__(self) -> "FakePodMetrics":
+        for ip in self.ips:
+            app = aiohttp.web.Application()
+            app.router.add_get("/metrics", self._handle)
+            runner = aiohttp.web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = aiohttp.web.TCPSite(runner, ip, self.port)
+            await site.start()
+            self.port = self.port or site._server.sockets[0].getsockname()[1]
+            self._runners.append(runner)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for r in self._runners:
+            await r.cleanup()
