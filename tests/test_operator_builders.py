@@ -6,6 +6,8 @@ import copy
 import kopf
 import kubernetes_validate
 import pytest
+
+from tianji.control.launch import torch_threads
 import yaml
 
 from tianji.cli import build_parser
@@ -92,8 +94,8 @@ def test_actor_statefulset_is_parallel_and_indexes_by_ordinal():
     _, _, _, objs = _children(actors={0: 5})
     sts = objs["StatefulSet", "cp-actor-0"]["spec"]
     assert sts["podManagementPolicy"] == "Parallel" and sts["serviceName"] == "cp" and sts["replicas"] == 5
-    cmd = sts["template"]["spec"]["containers"][0]["command"]
-    assert cmd[cmd.index("--index") + 1] == "auto"
+    args = sts["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--index") + 1] == "auto"
     assert sts["template"]["spec"]["restartPolicy"] == "Always"
 
 
@@ -103,8 +105,8 @@ def test_commands_follow_the_worker_cli(variant):
     for obj in objs.values():
         spec = obj["spec"]["template"]["spec"] if obj["kind"] == "StatefulSet" else obj.get("spec", {})
         for c in spec.get("containers", []):
-            assert c["command"][:2] == CMD
-            a = build_parser().parse_args(c["command"][1:])
+            assert c["command"] == CMD
+            a = build_parser().parse_args([*c["command"][1:], *c["args"]])
             assert a.cmd == "worker" and a.job == "/etc/tianji/job.yaml" and a.run_dir is None
             assert a.metrics_port == resolved.spec.network.metrics_port
             assert a.role == obj["metadata"]["labels"][b.LABEL_ROLE]
@@ -112,6 +114,8 @@ def test_commands_follow_the_worker_cli(variant):
             assert ports["metrics"] == a.metrics_port
             env = {e["name"]: e for e in c["env"]}
             assert env["TIANJI_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+            assert env["TIANJI_POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+            assert env["OMP_NUM_THREADS"]["value"] == str(torch_threads(resolved, a.role))
 
 
 def test_data_ports_follow_addressing():

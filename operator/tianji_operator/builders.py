@@ -22,7 +22,7 @@ import yaml
 from tianji.control.addressing import PORTS, actor_set_name, pod_name, service_name
 from tianji.control.plan import Plan
 from tianji.control.spec import JobSpec, TianJiJob
-from tianji.control.launch import MALLOC_TUNABLES
+from tianji.control.launch import CONFIG_DIR, JOB_FILE, STATE_DIR, TERMINATION_LOG, worker_launch
 
 LABEL_JOB = "tianji.dev/job"
 LABEL_ROLE = "tianji.dev/role"
@@ -33,9 +33,6 @@ ANNOTATION_GENERATION = "tianji.dev/applied-generation"
 ANNOTATION_PLAN = "tianji.dev/plan"
 MANAGED_BY = {"app.kubernetes.io/name": "tianji", "app.kubernetes.io/managed-by": "tianji-operator"}
 
-CONFIG_DIR = "/etc/tianji"
-JOB_FILE = "job.yaml"
-STATE_DIR = "/var/lib/tianji"
 CONTAINER = "worker"
 
 ROLE_PORTS = {  # container ports per role (offsets from spec.network.basePort)
@@ -182,31 +179,24 @@ def _resources(job: TianJiJob, role: str) -> dict:
     return {"requests": dict(q), "limits": dict(q)}
 
 
-def _threads(job: TianJiJob, role: str) -> int:
-    r = getattr(job.spec.resources, role)
-    return r.threads or max(1, int(r.cpu))
-
-
 def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
              hostname: Optional[str] = None) -> dict:
     net = job.spec.network
     base = net.base_port
+    launch = worker_launch(job, role, group, index, engine="pod", job_file=f"{CONFIG_DIR}/{JOB_FILE}",
+                           command=command, metrics_port=net.metrics_port)
     ports = [{"name": ch, "containerPort": base + PORTS[ch], "protocol": "TCP"} for ch in ROLE_PORTS[role]]
     ports.append({"name": "metrics", "containerPort": net.metrics_port, "protocol": "TCP"})
     container = {
         "name": CONTAINER,
         "image": job.spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": list(command) + [
-            "--role", role, "--group", str(group), "--index", index,
-            "--job", f"{CONFIG_DIR}/{JOB_FILE}", "--metrics-port", str(net.metrics_port)],
-        "env": [
-            {"name": "TIANJI_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            {"name": "TIANJI_STATE_DIR", "value": STATE_DIR},
-            {"name": "OMP_NUM_THREADS", "value": str(_threads(job, role))},
-            {"name": "PYTHONUNBUFFERED", "value": "1"},
-            {"name": "GLIBC_TUNABLES", "value": MALLOC_TUNABLES},  # see tianji/control/launch.py
-        ],
+        "command": launch.command,
+        "args": launch.args,
+        "env": [*({"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in launch.field_env.items()),
+                *({"name": k, "value": v} for k, v in launch.env.items())],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
         "ports": ports,
         "resources": _resources(job, role),
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},

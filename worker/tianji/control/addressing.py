@@ -57,12 +57,13 @@ class Addresses:
     base_port: int = 5550
     run_dir: Optional[Path] = None
     namespace: Optional[str] = None
+    bind_host: str = "*"  # pods: TIANJI_POD_IP, so that pods sharing a network never collide
 
     @classmethod
     def from_env(cls, job: str, base_port: int, run_dir: Optional[str]) -> "Addresses":
         if run_dir:
             return cls(job, base_port, Path(run_dir))
-        return cls(job, base_port, None, os.environ.get("TIANJI_NAMESPACE"))
+        return cls(job, base_port, None, os.environ.get("TIANJI_NAMESPACE"), os.environ.get("TIANJI_POD_IP") or "*")
 
     def _check(self, channel: str) -> str:
         if channel not in PORTS:
@@ -76,7 +77,7 @@ class Addresses:
         if self.run_dir is not None:
             return f"ipc://{self.ipc_path(channel, group, index)}"
         self._check(channel)
-        return f"tcp://*:{self.base_port + PORTS[channel]}"
+        return f"tcp://{self.bind_host}:{self.base_port + PORTS[channel]}"
 
     def connect(self, channel: str, group: int, index: int) -> str:
         owner = self._check(channel)

@@ -27,7 +27,7 @@ import zmq
 from tianji.control.accounting import Aggregate
 from tianji.observability.progress import Progress
 from tianji.control.spec import TianJiJob, Topology, dump_job, load_job
-from tianji.control.launch import worker_env
+from tianji.control.launch import worker_launch
 from tianji.runtime.wire import WireError, decode
 
 POLL_S = 0.1
@@ -142,17 +142,17 @@ class Launcher:
 
     # ---------------------------------------------------------------- processes
     def _spawn(self, c: Child) -> None:
-        cmd = [sys.executable, "-m", "tianji.cli", "worker", "--role", c.role, "--group", str(c.group),
-               "--index", str(c.index), "--job", str(self.job_file), "--run-dir", str(self.run_dir),
-               "--report", self.report_addr]
-        env = worker_env(dict(os.environ, TIANJI_SOCK_DIR=str(self.sock_dir), TIANJI_PARENT_PID=str(os.getpid()),
-                              PYTHONUNBUFFERED="1"))
-        if self.dist_init:
-            env["TIANJI_DIST_INIT"] = self.dist_init
+        launch = worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
+                               command=[sys.executable, "-m", "tianji.cli", "worker"], run_dir=str(self.run_dir),
+                               report=self.report_addr, sock_dir=str(self.sock_dir), parent_pid=os.getpid(),
+                               dist_init=self.dist_init)
+        env = {**os.environ, **launch.env}
+        if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
+            env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
         # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
-        c.proc = subprocess.Popen(cmd, stdout=c.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         c.started_at = time.monotonic()
         c.last_report = None
         c.restart_at = None

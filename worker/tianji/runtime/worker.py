@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import sys
 
 from tianji.control.addressing import Addresses, index_from_hostname
+from tianji.control.launch import ENV_PARENT_PID, ENV_POD_IP, ENV_STATE_DIR, torch_threads
 from tianji.control.spec import load_job
-
-
-def torch_threads(job, role: str) -> int:
-    r = getattr(job.spec.resources, role)
-    return r.threads or max(1, math.floor(r.cpu))
 
 
 def die_with_parent() -> None:
     """Ask Linux to SIGTERM us when the launcher dies (even by kill -9): no orphans."""
-    parent = os.environ.get("TIANJI_PARENT_PID")
+    parent = os.environ.get(ENV_PARENT_PID)
     if not parent or not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -56,9 +51,9 @@ def run_worker(a: argparse.Namespace) -> int:
 
     cls = {"actor": Actor, "buffer": Buffer, "learner": Learner}[a.role]
     addrs = Addresses.from_env(job.name, job.spec.network.base_port, a.run_dir)
-    role = cls(job, a.group, index, addrs, report=a.report, run_dir=a.run_dir or os.environ.get("TIANJI_STATE_DIR"))
+    role = cls(job, a.group, index, addrs, report=a.report, run_dir=a.run_dir or os.environ.get(ENV_STATE_DIR))
     if a.metrics_port:
-        role.metrics.serve(a.metrics_port)
+        role.metrics.serve(a.metrics_port, os.environ.get(ENV_POD_IP) or "0.0.0.0")
     try:
         return role.run()
     except Exception:
