@@ -6,12 +6,11 @@ import copy
 import kopf
 import kubernetes_validate
 import pytest
-
-from tianji.control.launch import torch_threads
 import yaml
 
 from tianji.cli import build_parser
-from tianji.control.plan import plan_for_job
+from tianji.control.launch import torch_threads
+from tianji.control.plan import resolve
 from tianji.control.spec import parse_job
 from tianji_operator import builders as b
 from tianji_operator.config import DEFAULT_SCRAPERS
@@ -28,8 +27,7 @@ def _job(spec: dict | None = None, name: str = "cp"):
 
 def _children(spec: dict | None = None, actors: dict | None = None, adopt: bool = True):
     job = _job(spec)
-    plan = plan_for_job(job)
-    resolved = b.resolve(job, plan)
+    resolved, plan = resolve(job)
     objs = b.children(resolved, job.spec, actors or {}, scrapers=DEFAULT_SCRAPERS, command=CMD)
     if adopt:
         for o in objs:

@@ -20,7 +20,6 @@ from typing import Optional
 import yaml
 
 from tianji.control.addressing import PORTS, actor_set_name, pod_name, service_name
-from tianji.control.plan import Plan
 from tianji.control.spec import JobSpec, TianJiJob
 from tianji.control.launch import CONFIG_DIR, JOB_FILE, STATE_DIR, TERMINATION_LOG, worker_launch
 
@@ -81,25 +80,7 @@ def cpu_quantity(cores: float) -> str:
     return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
 
 
-# ----------------------------------------------------------------- the planned job
-def resolve(job: TianJiJob, plan: Plan) -> TianJiJob:
-    """The job as it will run: topology and per-role requests from the plan.
-
-    Workers read this (ConfigMap job.yaml), so all pods agree on the topology
-    even when the spec says `topology: auto`.
-    """
-    doc = job.to_manifest()
-    spec = doc.setdefault("spec", {})
-    spec["topology"] = {"auto": False, **plan.topology()}
-    res = spec.setdefault("resources", {})
-    for role in ("actor", "buffer", "learner"):
-        rp = getattr(plan, role)
-        res[role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
-    if plan.batch_size and spec.get("algorithm", {}).get("batchSize") != plan.batch_size:
-        spec["algorithm"]["batchSize"] = plan.batch_size
-    return TianJiJob.model_validate(doc)
-
-
+# ----------------------------------------------------------------- the applied spec
 def spec_json(spec: JobSpec) -> str:
     """Canonical JSON of a spec (defaults filled): what `applied-spec` stores and diffs compare."""
     return json.dumps(spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True,

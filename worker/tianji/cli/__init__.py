@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tianji.control.plan import PlanError
 from tianji.control.spec import SpecError
 
 
@@ -19,7 +20,7 @@ def _run(a: argparse.Namespace) -> int:
         return 2
     try:
         return run_job(a.job, overrides=a.set, run_dir=a.run_dir, max_seconds=a.max_seconds,
-                       progress=not a.quiet, resume=a.resume)
+                       progress=not a.quiet, resume=a.resume, metrics_port=a.metrics_port)
     except RunDirError as e:
         print(f"tianji run: {e}", file=sys.stderr)
         return 2
@@ -74,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-dir", help="where sockets, logs, metrics.jsonl and summary.json go (default runs/<job>-<time>)")
     r.add_argument("--max-seconds", type=float, help="wall-clock cap on top of spec.stop")
     r.add_argument("--quiet", action="store_true", help="no live progress view")
+    r.add_argument("--metrics-port", type=int, metavar="N",
+                   help="serve every role's Prometheus metrics on 127.0.0.1:N/metrics")
     r.set_defaults(fn=_run)
 
     w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")
@@ -128,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except SpecError as e:
         print(f"tianji: invalid job spec\n{e}", file=sys.stderr)
+        return 2
+    except PlanError as e:
+        print(f"tianji: the job cannot be planned\n{e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

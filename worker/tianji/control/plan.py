@@ -544,3 +544,29 @@ def pace_fps(learner_capacity_sps: float, ratio: float, actors: int, headroom: f
     if not headroom > 0:
         raise ValueError(f"headroom must be > 0, got {headroom!r}")
     return learner_capacity_sps / ratio * headroom / actors
+
+
+def resolve(job: TianJiJob, profile: Optional[Profile] = None) -> tuple[TianJiJob, Plan]:
+    """The job as it will run, and its plan: the one entry point of both engines.
+
+    Always plans, so an explicit topology is validated exactly like `topology: auto`
+    (a manifest `tianji run` accepts is one the operator accepts). The resolved job has
+    the planned topology (`auto: false`), per-role requests and batch size; workers read
+    it (run dir job.yaml, or the ConfigMap), so every process agrees on the topology.
+    PlanError names the spec field at fault.
+    """
+    try:
+        p = plan_for_job(job, profile)
+    except PlanError as e:
+        where = "spec.resources" if job.spec.topology.auto else "spec.topology"
+        raise PlanError(f"{where}: {e}") from None
+    doc = job.to_manifest()
+    spec = doc.setdefault("spec", {})
+    spec["topology"] = {"auto": False, **p.topology()}
+    res = spec.setdefault("resources", {})
+    for role in ("actor", "buffer", "learner"):
+        rp = getattr(p, role)
+        res[role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
+    if p.batch_size and spec.get("algorithm", {}).get("batchSize") != p.batch_size:
+        spec["algorithm"]["batchSize"] = p.batch_size
+    return TianJiJob.model_validate(doc), p

@@ -1,11 +1,16 @@
 """`tianji run`: the local engine. One `tianji worker` process per role on this machine.
 
-The launcher owns no training logic. It writes the resolved job to the run
-dir, starts the workers (ipc:// sockets), collects their heartbeat reports,
-restarts a worker that died or went silent (exponential back-off, capped),
-shows progress, stops everyone at the stop criteria or on Ctrl-C/SIGTERM, and
-writes `summary.json` and `metrics.jsonl`. Workers ask the kernel to kill
-them if the launcher dies (PR_SET_PDEATHSIG), so no process outlives a run.
+The local engine is an adapter: processes instead of pods. Everything that
+gives a run its meaning is tianji.control's, shared with the operator: the plan
+(`resolve`), the worker command and environment (`worker_launch`), the counting
+(`Accounting`) and the stop rule (`StopRule`). What is left here: write the
+resolved job to the run dir, start the workers (ipc:// sockets), feed their
+pushed reports to the accounting, restart a worker that died or went silent
+(exponential back-off, capped), show progress, stop everyone at the stop rule
+or on Ctrl-C/SIGTERM, and write `summary.json`, `metrics.jsonl` and
+`accounting.json` (what `--resume` continues counting from). Workers ask the
+kernel to kill them if the launcher dies (PR_SET_PDEATHSIG), so no process
+outlives a run. `--metrics-port` serves every role's metrics for Prometheus.
 """
 from __future__ import annotations
 
@@ -24,10 +29,12 @@ from typing import IO, Optional
 
 import zmq
 
-from tianji.control.accounting import Aggregate
-from tianji.observability.progress import Progress
-from tianji.control.spec import TianJiJob, Topology, dump_job, load_job
+from tianji.control.accounting import Accounting, ReportError, StopRule, parse_report
 from tianji.control.launch import worker_launch
+from tianji.control.plan import resolve
+from tianji.control.spec import TianJiJob, dump_job, load_job
+from tianji.observability.exporter import JobExporter
+from tianji.observability.progress import Progress
 from tianji.runtime.wire import WireError, decode
 
 POLL_S = 0.1
@@ -60,22 +67,6 @@ class Child:
         return f"{self.role}-{self.group}-{self.index}"
 
 
-def resolve_topology(job: TianJiJob) -> TianJiJob:
-    """`topology: auto` → the planner's topology and per-role resources for this machine."""
-    if not job.spec.topology.auto:
-        return job
-    from tianji.control.plan import plan_for_job
-
-    plan = plan_for_job(job)
-    job = job.model_copy(deep=True)
-    job.spec.topology = Topology(**plan.topology())
-    for role in ("actor", "buffer", "learner"):
-        rp = getattr(plan, role)
-        r = getattr(job.spec.resources, role)
-        r.cpu, r.gpu, r.threads = rp.cpu, rp.gpu, rp.threads
-    return job
-
-
 def default_run_dir(job: TianJiJob) -> Path:
     return Path("runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -85,29 +76,32 @@ class RunDirError(ValueError):
 
 
 def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None, max_seconds: Optional[float] = None,
-            progress: bool = True, resume: Optional[str] = None) -> int:
+            progress: bool = True, resume: Optional[str] = None, metrics_port: Optional[int] = None) -> int:
     """Start a run (job_path) or continue one (resume=RUN_DIR, its job.yaml and newest checkpoints)."""
     if resume:
         rd = Path(resume)
         if not (rd / "job.yaml").is_file():
             raise RunDirError(f"--resume {resume}: no job.yaml there; is it a TianJi run directory?")
-        job = load_job(rd / "job.yaml", overrides)
+        job, _ = resolve(load_job(rd / "job.yaml", overrides))
     else:
-        job = resolve_topology(load_job(job_path, overrides))
+        job, _ = resolve(load_job(job_path, overrides))
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
             raise RunDirError(f"{rd} already holds a run; continue it with `tianji run --resume {rd}` "
                               "or choose another --run-dir")
-    summary = Launcher(job, rd.resolve(), max_seconds=max_seconds, progress=progress, resume=bool(resume)).run()
+    summary = Launcher(job, rd.resolve(), max_seconds=max_seconds, progress=progress, resume=bool(resume),
+                       metrics_port=metrics_port).run()
     return 0 if summary["exit_reason"] in ("target", "frames", "seconds") else (
         130 if summary["exit_reason"] == "interrupted" else 1)
 
 
 class Launcher:
     def __init__(self, job: TianJiJob, run_dir: Path, max_seconds: Optional[float] = None, progress: bool = True,
-                 resume: bool = False):
+                 resume: bool = False, metrics_port: Optional[int] = None):
         self.job, self.run_dir = job, run_dir
-        self.max_seconds = max_seconds
+        self.stop_rule = StopRule(job.spec.stop, max_seconds)
+        self.metrics_port = metrics_port
+        self.exporter: Optional[JobExporter] = None
         self.progress_enabled = progress
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(exist_ok=True)
@@ -126,19 +120,24 @@ class Launcher:
             with socket.socket() as so:
                 so.bind(("127.0.0.1", 0))
                 self.dist_init = f"tcp://127.0.0.1:{so.getsockname()[1]}"
-        self.agg = Aggregate()
+        self.acc = Accounting()
         self.resumed_from: Optional[dict] = None
-        if resume and (run_dir / "summary.json").exists():
-            self._continue_counts(json.loads((run_dir / "summary.json").read_text()))
-        self.rejected = 0
+        if resume:
+            self._continue_counts()
+        self.started = time.monotonic()
+        self.target_reached_at: Optional[float] = None
         self.interrupted = False
         self.error: Optional[str] = None
 
-    def _continue_counts(self, prev: dict) -> None:
-        """A resumed run keeps counting frames and episodes where the previous launch stopped."""
-        self.resumed_from = {k: prev.get(k) for k in ("env_frames", "episodes", "policy_version", "exit_reason")}
-        self.agg.retired["actor"]["env_frames_total"] = float(prev.get("env_frames", 0))
-        self.agg.episodes_total = int(prev.get("episodes", 0))
+    def _continue_counts(self) -> None:
+        """A resumed run keeps counting (frames, episodes, the last 100 returns, lag) where the
+        previous launch stopped: its accounting is restored whole."""
+        state, prev = self.run_dir / "accounting.json", self.run_dir / "summary.json"
+        if state.exists():
+            self.acc = Accounting(json.loads(state.read_text()))
+        if prev.exists():
+            s = json.loads(prev.read_text())
+            self.resumed_from = {k: s.get(k) for k in ("env_frames", "episodes", "policy_version", "exit_reason")}
 
     # ---------------------------------------------------------------- processes
     def _spawn(self, c: Child) -> None:
@@ -208,54 +207,36 @@ class Launcher:
                 return
             try:
                 msg = decode(frames, job=self.job.name)
-                meta = msg.meta
-                if msg.kind != "report" or meta.get("role") not in ("actor", "buffer", "learner") \
-                        or not isinstance(meta.get("group"), int) or not isinstance(meta.get("index"), int) \
-                        or not isinstance(meta.get("pid"), int) or not isinstance(meta.get("metrics"), dict):
-                    raise WireError("report", "malformed report")
-            except WireError:
-                self.rejected += 1
+                if msg.kind != "report":
+                    raise WireError("report", f"{msg.kind!r} on the report socket")
+                rep = parse_report(msg.meta, job=self.job.name)
+                self.acc.take(rep)
+            except (WireError, ReportError):
+                self.acc.rejected += 1
                 continue
-            key = self.agg.take(meta)
-            if meta.get("episodes"):
-                self._check_target(time.monotonic())
+            if rep.episodes_total and self.target_reached_at is None and self.stop_rule.target_reached(self.acc):
+                self.target_reached_at = time.monotonic() - self.started
             for c in self.children:
-                if (c.role, c.group, c.index) == key and c.proc is not None and c.proc.pid == meta["pid"]:
+                if (c.role, c.group, c.index) == rep.key and c.proc is not None and c.proc.pid == rep.pid:
                     c.last_report = time.monotonic()
 
     # ---------------------------------------------------------------- stop rule
     def _exit_reason(self, now: float) -> Optional[str]:
-        stop = self.job.spec.stop
         if self.error:
             return "error"
         if self.interrupted:
             return "interrupted"
-        if self.agg.target_reached_at is not None:
+        if self.target_reached_at is not None:
             return "target"
-        if stop.env_frames and self.agg.totals()["env_frames"] >= stop.env_frames:
-            return "frames"
-        limit = min(x for x in (stop.seconds, self.max_seconds, float("inf")) if x is not None)
-        if self.agg.elapsed(now) >= limit:
-            return "seconds"
-        return None
-
-    def _check_target(self, now: float) -> None:
-        target = self.job.spec.stop.mean_return
-        if target is None or self.agg.target_reached_at is not None:
-            return
-        if len(self.agg.episodes) >= 100 and self.agg.mean_return() >= target:
-            self.agg.target_reached_at = self.agg.elapsed(now)
+        return self.stop_rule.check(self.acc, now - self.started)
 
     # ---------------------------------------------------------------- outputs
     def _row(self, now: float) -> dict:
-        agg = self.agg
-        tot = agg.totals()
-        dropped = sum(agg.reasons("samples_dropped_total").values())
-        ckpts = [p.extra.get("checkpoint") for p in agg.procs.values() if p.role == "learner"]
-        return {"elapsed": agg.elapsed(now), "env_frames": tot["env_frames"], **agg.rates(),
-                "policy_version": agg.policy_version(), "lag": agg.lag(), "episodes": agg.episodes_total,
-                "mean_return": agg.mean_return(), "dropped": dropped, "rejected": agg.rejected() + self.rejected,
-                "restarts": self._restarts(), "checkpoint": next((c for c in ckpts if c), None)}
+        v = self.acc.view(now - self.started)
+        return {"elapsed": now - self.started, "env_frames": v["env_frames"], **v["rates"],
+                "policy_version": v["policy_version"], "lag": v["policy_lag"], "episodes": v["episodes"],
+                "mean_return": v["mean_return"], "dropped": sum(v["dropped_samples"].values()),
+                "rejected": v["rejected_messages"], "restarts": self._restarts(), "checkpoint": self.acc.checkpoint()}
 
     def _restarts(self) -> dict[str, int]:
         out = {"actor": 0, "buffer": 0, "learner": 0}
@@ -266,39 +247,44 @@ class Launcher:
     def _record(self, f: IO, now: float) -> None:
         row = self._row(now)
         row["t"] = round(row.pop("elapsed"), 3)
-        row["dropped_by_reason"] = self.agg.reasons("samples_dropped_total")
-        row["processes"] = self.agg.role_rates()
+        row["dropped_by_reason"] = self.acc.reasons("samples_dropped_total")
+        row["processes"] = self.acc.processes()
         f.write(json.dumps(row) + "\n")
         f.flush()
+        self._export()
+
+    def _export(self) -> None:
+        if self.exporter is not None:
+            self.exporter.update(self.acc)
+        _write_json(self.run_dir / "accounting.json", self.acc.state())
 
     def summary(self, reason: str, wall: float) -> dict:
-        agg, spec = self.agg, self.job.spec
-        tot = agg.totals()
-        t = spec.topology
-        w = max(wall, 1e-9)
-        mean = agg.mean_return()
+        """summary.json: the accounting's view (the numbers the TianJiJob status shows) plus
+        what only a local run has (restarts, run dir, exit reason)."""
+        acc, spec, t = self.acc, self.job.spec, self.job.spec.topology
+        v = acc.view(wall)
+        frames = max(v["env_frames"], 1)
+        rejected = acc.reasons("messages_rejected_total")
         return {
             "job": self.job.name, "algorithm": spec.algorithm.name, "env": spec.env.id,
             "target_return": float(spec.stop.mean_return) if spec.stop.mean_return is not None else None,
-            "reached_target": agg.target_reached_at is not None,
-            "seconds_to_target": round(agg.target_reached_at, 3) if agg.target_reached_at is not None else None,
-            "wall_seconds": round(wall, 3), "env_frames": int(tot["env_frames"]), "episodes": agg.episodes_total,
-            "mean_return": float(mean) if mean is not None else 0.0,
-            "throughput": {"produced_fps": tot["env_frames"] / w, "received_fps": tot["received"] / w,
-                           "consumed_sps": tot["consumed"] / w, "train_steps_per_s": tot["train_steps"] / w},
-            "policy_lag": {k: (v if v is not None else 0.0) for k, v in agg.lag().items()},
+            "reached_target": self.target_reached_at is not None,
+            "seconds_to_target": round(self.target_reached_at, 3) if self.target_reached_at is not None else None,
+            "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
+            "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
+            "throughput": v["throughput"],
+            "policy_lag": {k: (x if x is not None else 0.0) for k, x in v["policy_lag"].items()},
             "processes": {"actors": t.groups * t.actors, "buffers": t.groups * t.buffers,
                           "learners": t.groups * t.learners},
-            "bytes_sent": int(tot["bytes_sent"]),
-            "bytes_sent_per_frame": {r: agg.role_totals(r).get("bytes_sent_total", 0.0) / max(tot["env_frames"], 1.0)
+            "bytes_sent": v["bytes_sent"],
+            "bytes_sent_per_frame": {r: acc.role_totals(r).get("bytes_sent_total", 0.0) / frames
                                      for r in ("actor", "buffer", "learner")},
-            "rejected_messages": agg.rejected() + self.rejected,
-            "rejected_by_reason": {**agg.reasons("messages_rejected_total"),
-                                   **({"launcher_report": self.rejected} if self.rejected else {})},
+            "rejected_messages": v["rejected_messages"],
+            "rejected_by_reason": {**rejected, **({"launcher_report": acc.rejected} if acc.rejected else {})},
             "exit_reason": reason,
             "restarts": self._restarts(),
-            "dropped_samples": agg.reasons("samples_dropped_total"),
-            "policy_version": agg.policy_version(),
+            "dropped_samples": v["dropped_samples"],
+            "policy_version": v["policy_version"],
             "run_dir": str(self.run_dir),
             **({"resumed_from": self.resumed_from} if self.resumed_from else {}),
             **({"error": self.error} if self.error else {}),
@@ -315,8 +301,11 @@ class Launcher:
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(self.report_addr)
         reason = "error"
-        t0 = time.monotonic()
+        t0 = self.started = time.monotonic()
+        self.exporter = JobExporter(self.job.name) if self.metrics_port else None
         try:
+            if self.exporter is not None:
+                self.exporter.serve(self.metrics_port)
             with open(self.run_dir / "metrics.jsonl", "a") as mf, \
                     Progress(f"TianJi · {self.job.name}", self.progress_enabled, caption=str(self.run_dir)) as view:
                 for c in self.children:
@@ -329,7 +318,7 @@ class Launcher:
                         self._supervise(now)
                     if now - last_sample >= SAMPLE_EVERY_S:
                         last_sample = now
-                        self.agg.sample(now)  # (the target is checked as episodes arrive, in _drain)
+                        self.acc.sample(now)  # (the target is checked as episodes arrive, in _drain)
                         view.update(self._row(now))
                     if now - last_record >= RECORD_EVERY_S:
                         last_record = now
@@ -340,7 +329,7 @@ class Launcher:
                         break
                 self._stop_children(sock)
                 now = time.monotonic()
-                self.agg.sample(now)
+                self.acc.sample(now)
                 self._record(mf, now)
                 view.update(self._row(now))
         except Exception as e:  # still write what we know: nothing is lost on failure
@@ -357,14 +346,22 @@ class Launcher:
             sock.close()
             ctx.term()
             shutil.rmtree(self.sock_dir, ignore_errors=True)  # no socket file outlives the run
+            if self.exporter is not None:
+                self.exporter.close()
             for s, h in old.items():
                 signal.signal(s, h)
         wall = time.monotonic() - t0
         summary = self.summary(reason, wall)
-        tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, self.run_dir / "summary.json")
+        self._export()
+        _write_json(self.run_dir / "summary.json", summary)
         print(f"tianji: {self.job.name} ended ({reason}) after {wall:.1f}s: {int(summary['env_frames'])} frames, "
               f"mean return {summary['mean_return']:.1f}; summary: {self.run_dir / 'summary.json'}",
               file=sys.stderr)
         return summary
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    """Atomically: a reader (or a crash) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    os.replace(tmp, path)

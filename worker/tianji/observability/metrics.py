@@ -1,43 +1,23 @@
-"""Prometheus metrics of one role process (names from DESIGN.md, prefix `tianji_`).
+"""Prometheus metrics of one role process (the table is tianji.control.accounting's, prefix `tianji_`).
 
-Each process owns a registry labelled job/role/group/index. On Kubernetes the
-worker serves it on the `metrics` port; locally the same numbers travel to the
-launcher in heartbeat reports (`snapshot()`), so there is one source of truth.
+Each process owns a registry labelled job/role/group/index, and plain mirrors of
+the same numbers (`snapshot()`) that go into its report (tianji.control.accounting).
+`serve()` answers on one port: /metrics (Prometheus text) and /report (the report,
+JSON; what the operator counts), so Prometheus and the operator read one process
+the same way the local launcher does.
 """
 from __future__ import annotations
 
-from typing import Optional
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from tianji.control.accounting import COUNTERS, GAUGES, HISTOGRAMS, REASON_LABELED
 
 PREFIX = "tianji_"
 LABELS = ("job", "role", "group", "index")
-
-COUNTERS = {
-    "env_frames_total": "Environment frames stepped by actors",
-    "samples_sent_total": "Samples pushed to the next role",
-    "samples_received_total": "Samples received from the previous role",
-    "samples_consumed_total": "Samples used by learner updates",
-    "samples_dropped_total": "Samples dropped, by reason (stale, overflow, hwm)",
-    "train_steps_total": "Learner gradient steps",
-    "bytes_sent_total": "Payload bytes sent on data sockets",
-    "bytes_received_total": "Payload bytes received on data sockets",
-    "messages_rejected_total": "Received messages that failed validation, by reason",
-    "episodes_total": "Episodes finished by actors",
-}
-GAUGES = {
-    "policy_version": "Policy version this role holds",
-    "episode_return_mean": "Mean return of the last 100 episodes this actor finished",
-    "queue_depth": "Samples queued in this role",
-    "replay_ratio": "Samples consumed / samples inserted",
-    "learner_capacity_sps": "Learner consumption capacity (samples per busy second)",
-}
-HISTOGRAMS = {
-    "policy_lag": ("Mean policy lag (learner version - behaviour version) of each consumed batch",
-                   (0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 1024)),
-}
-# Counters whose increments carry a `reason` label.
-REASON_LABELED = {"samples_dropped_total", "messages_rejected_total"}
 
 
 def metric_names() -> set[str]:
@@ -104,5 +84,35 @@ class RoleMetrics:
         return {"counts": dict(self.counts), "reasons": {k: dict(v) for k, v in self.reasons.items()},
                 "gauges": dict(self.gauges), "lag": dict(self.lag)}
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0", report: Optional[Callable[[], bytes]] = None) -> ThreadingHTTPServer:
+        return serve_registry(self.registry, port, addr, report)
+
+
+def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
+                   report: Optional[Callable[[], bytes]] = None) -> ThreadingHTTPServer:
+    """/metrics and /report (JSON bytes from `report()`, which must be safe to call from
+    the server's thread) on addr:port, in a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+            elif path == "/report" and report is not None:
+                body, ctype = report(), "application/json"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # scrapes every second would flood the log
+            pass
+
+    server = ThreadingHTTPServer((addr, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

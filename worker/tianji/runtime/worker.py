@@ -53,7 +53,7 @@ def run_worker(a: argparse.Namespace) -> int:
     addrs = Addresses.from_env(job.name, job.spec.network.base_port, a.run_dir)
     role = cls(job, a.group, index, addrs, report=a.report, run_dir=a.run_dir or os.environ.get(ENV_STATE_DIR))
     if a.metrics_port:
-        role.metrics.serve(a.metrics_port, os.environ.get(ENV_POD_IP) or "0.0.0.0")
+        role.metrics.serve(a.metrics_port, os.environ.get(ENV_POD_IP) or "0.0.0.0", report=role.report_json)
     try:
         return role.run()
     except Exception:

@@ -6,15 +6,20 @@ NOBLOCK and a full peer queue is counted, not waited on.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import time
+import uuid
+from collections import deque
 from typing import Any, Iterable, Optional
 
 import zmq
 
+from tianji.control.accounting import WINDOW, build_report, compact_json
 from tianji.control.addressing import Addresses
+from tianji.control.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 from tianji.observability.metrics import RoleMetrics
 from tianji.control.spec import TianJiJob
 from tianji.runtime.wire import Limits, Message, WireError, decode, encode
@@ -22,7 +27,6 @@ from tianji.runtime.wire import Limits, Message, WireError, decode, encode
 log = logging.getLogger("tianji")
 
 REPORT_INTERVAL_S = 0.5
-MAX_EPISODES_PER_REPORT = 2000
 
 
 class Role:
@@ -42,7 +46,10 @@ class Role:
         if report:
             self._report_sock = self.socket(zmq.PUSH, report, bind=False, hwm=16)
         self._last_report = 0.0
-        self._pending_episodes: list[float] = []
+        self.incarnation = uuid.uuid4().hex[:12]  # this process; a restart is a new incarnation
+        self._report_seq = 0
+        self._recent: deque = deque(maxlen=WINDOW)  # (finish time, return) of the last episodes
+        self._report_json = b"{}"  # the newest report, served on /report (swapped whole: thread-safe)
         self.started = time.monotonic()
         self.status = "starting"
         self.exit_code = 0
@@ -105,26 +112,46 @@ class Role:
 
     # ------------------------------------------------------------ reports
     def add_episodes(self, returns: Iterable[float]) -> None:
-        self._pending_episodes.extend(float(r) for r in returns)
-        del self._pending_episodes[:-MAX_EPISODES_PER_REPORT]
+        now = time.time()
+        self._recent.extend((now, float(r)) for r in returns)
 
     def report_extra(self) -> dict[str, Any]:
         return {}
 
-    def maybe_report(self, force: bool = False) -> None:
+    def report(self, final: bool = False) -> dict:
+        """This process's report (tianji.control.accounting): cumulative counts of this incarnation."""
+        self._report_seq += 1
+        return build_report(job=self.job.name, role=self.name, group=self.group, index=self.index,
+                            incarnation=self.incarnation, pid=os.getpid(), seq=self._report_seq, time=time.time(), final=final,
+                            snapshot=self.metrics.snapshot(),
+                            episodes_total=int(self.metrics.counts.get("episodes_total", 0)),
+                            recent=list(self._recent), extra=self.report_extra())
+
+    def report_json(self) -> bytes:
+        return self._report_json
+
+    def maybe_report(self, force: bool = False, final: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_report < REPORT_INTERVAL_S:
             return
         self._last_report = now
-        if self._report_sock is None:
-            self._pending_episodes.clear()
+        rep = self.report(final)
+        self._report_json = json.dumps(rep, separators=(",", ":")).encode()
+        if self._report_sock is not None:
+            self.send(self._report_sock, "report", meta=rep, policy_version=int(self.metrics.gauges.get("policy_version", 0)))
+        if final:
+            self._write_termination_log(rep)
+
+    def _write_termination_log(self, rep: dict) -> None:
+        """Pods: the final counts go where the kubelet copies them into the pod status."""
+        path = os.environ.get(ENV_TERMINATION_LOG)
+        if not path:
             return
-        meta = {"role": self.name, "group": self.group, "index": self.index, "pid": os.getpid(),
-                "status": self.status, "uptime": now - self.started, "metrics": self.metrics.snapshot(),
-                "episodes": self._pending_episodes, **self.report_extra()}
-        if self.send(self._report_sock, "report", meta=meta,
-                     policy_version=int(self.metrics.gauges.get("policy_version", 0))):
-            self._pending_episodes = []
+        try:
+            with open(path, "wb") as f:
+                f.write(compact_json(rep, TERMINATION_MESSAGE_MAX))
+        except OSError as e:  # not a pod (or a read-only one): nothing else depends on it
+            log.warning("%s: cannot write the final report to %s: %s", self.sender, path, e)
 
     # ------------------------------------------------------------ lifecycle
     def setup(self) -> None: ...
@@ -151,7 +178,7 @@ class Role:
             try:
                 self.teardown()
             finally:
-                self.maybe_report(force=True)
+                self.maybe_report(force=True, final=True)
                 if self._report_sock is not None:  # the final report may still be queued: give it 1 s
                     self._report_sock.close(linger=1000)
                 self.ctx.destroy(linger=0)
