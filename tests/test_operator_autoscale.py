@@ -1,22 +1,23 @@
-"""Throughput measurement and actor rescaling: the decision, PromQL, /metrics scraping, and the
-operator's timer against a fake Prometheus and fake pods (deterministic clock)."""
+"""Counting and actor rescaling: the decision, PromQL, pods' reports, and the operator's timers
+against a fake Prometheus and fake pods (deterministic clock)."""
 from __future__ import annotations
 
 import contextlib
+import json
 
 import aiohttp
 import pytest
-from prometheus_client import generate_latest
 
-from kube.fakes import FakePodMetrics, FakePrometheus
-from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, eventually,
-                           job_manifest, run_pods, start_cluster)
-from tianji.observability.metrics import RoleMetrics
+from kube.fakes import FakePodMetrics, FakePrometheus, worker_report
+from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, eventually, job_manifest, run_pods,
+                                   start_cluster)
+from tianji.control.accounting import Accounting, ReportError
 from tianji.control.plan import GroupThroughput
 from tianji.control.spec import JobSpec
 from tianji_operator import autoscaler as asc
 from tianji_operator import rbac
 from tianji_operator import status as st
+from tianji_operator.reports import scrape_reports, terminated_reports
 
 STS = "apps/v1/statefulsets"
 
@@ -75,75 +76,54 @@ def test_paced_actors_aim_at_headroom_times_need():
     assert d.kind == "unchanged"
 
 
-# ----------------------------------------------------------------- PromQL and /metrics
+# ----------------------------------------------------------------- PromQL and reports
 def test_promql_selects_the_job_role_and_window():
     q = asc.promql_queries("cp", "ns", "2m")
     assert q["produced"] == 'sum by (group) (rate(tianji_env_frames_total{job="cp",namespace="ns",role="actor"}[2m]))'
     assert 'role="buffer"' in q["received"] and "tianji_samples_received_total" in q["received"]
     assert 'role="learner"' in q["consumed"] and "tianji_samples_consumed_total" in q["consumed"]
     q = asc.promql_queries("cp", "ns", "1m", job_label="exported_job", namespace_label="")
-    assert '{exported_job="cp",role="actor"}' in q["frames_total"]
+    assert '{exported_job="cp",role="actor"}' in q["produced"]
 
 
-def test_the_workers_metrics_parse():
-    """The names the operator scrapes are the ones tianji.observability.metrics exports."""
-    m = RoleMetrics("cp", "actor", 0, 1)
-    m.inc("env_frames_total", 640)
-    m.inc("episodes_total", 3)
-    m.set("episode_return_mean", 120.5)
-    values = asc.parse_metrics(generate_latest(m.registry).decode())
-    assert values["tianji_env_frames_total"] == 640 and values["tianji_episodes_total"] == 3
-    assert values["tianji_episode_return_mean"] == 120.5
-    learner = RoleMetrics("cp", "learner", 0, 0)
-    learner.inc("samples_consumed_total", 1000)
-    learner.set("policy_version", 7)
-    learner.observe_lag([1, 2, 3])
-    values = asc.parse_metrics(generate_latest(learner.registry).decode())
-    assert values["tianji_samples_consumed_total"] == 1000 and values["tianji_policy_version"] == 7
-    assert values["tianji_policy_lag_count"] == 1 and values["tianji_policy_lag_sum"] == 2
-
-
-def _exposition(role: str, group: int, index: int, **counters) -> str:
-    m = RoleMetrics("cp", role, group, index)
-    for name, v in counters.items():
-        if name in ("policy_version", "episode_return_mean"):
-            m.set(name, v)
-        else:
-            m.inc(name, v)
-    return generate_latest(m.registry).decode()
-
-
-def _pod(name, role, group, ip, uid=None):
-    return {"metadata": {"name": name, "uid": uid or name,
-                         "labels": {"tianji.dev/role": role, "tianji.dev/group": str(group)}},
+def _pod(name, role, group, ip):
+    return {"metadata": {"name": name, "labels": {"tianji.dev/role": role, "tianji.dev/group": str(group)}},
             "status": {"phase": "Running", "podIP": ip}}
 
 
-async def test_scraping_differences_counters_into_rates():
+async def test_reports_are_read_from_running_pods_and_validated():
     ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
     async with FakePodMetrics(ips) as pods, aiohttp.ClientSession() as http:
-        listing = [_pod("a0", "actor", 0, ips[0]), _pod("b0", "buffer", 0, ips[1]), _pod("l0", "learner", 0, ips[2])]
-        state = asc.ScrapeState()
-        pods.text = {ips[0]: _exposition("actor", 0, 0, env_frames_total=1000),
-                     ips[1]: _exposition("buffer", 0, 0, samples_received_total=900),
-                     ips[2]: _exposition("learner", 0, 0, samples_consumed_total=500, policy_version=3)}
-        first = await asc.scrape_pods(http, listing, pods.port, state, 100.0, "tianji.dev/role", "tianji.dev/group")
-        assert first is None  # a rate needs two samples
-        pods.text = {ips[0]: _exposition("actor", 0, 0, env_frames_total=3000, episodes_total=2,
-                                         episode_return_mean=42.0),
-                     ips[1]: _exposition("buffer", 0, 0, samples_received_total=2900),
-                     ips[2]: _exposition("learner", 0, 0, samples_consumed_total=4500, policy_version=9)}
-        obs = await asc.scrape_pods(http, listing, pods.port, state, 110.0, "tianji.dev/role", "tianji.dev/group")
-    assert obs.groups == {0: {"produced": 200.0, "received": 200.0, "consumed": 400.0}}
-    assert obs.frames_total == 3000 and obs.policy_version == 9 and obs.mean_return == 42.0
-    assert obs.source == "scrape" and pods.hits == {ip: 2 for ip in ips}
+        listing = [_pod("a0", "actor", 0, ips[0]), _pod("l0", "learner", 0, ips[1]), _pod("x0", "actor", 0, ips[2])]
+        pods.reports = {ips[0]: worker_report("cp", "actor", 0, 0, env_frames_total=1000, episodes=[10.0, 12.0]),
+                        ips[1]: worker_report("cp", "learner", 0, 0, samples_consumed_total=500, version=3),
+                        ips[2]: {**worker_report("cp", "actor", 0, 1), "counts": {"env_frames_total": float("nan")}}}
+        reports, errors = await scrape_reports(http, listing, pods.port, "cp")
+        assert sorted(r.name for r in reports) == ["actor-0-0", "learner-0-0"]
+        assert len(errors) == 1 and errors[0].startswith("x0: bad report") and "env_frames_total" in errors[0]
+        # A report of another job is refused, not counted.
+        _, errors = await scrape_reports(http, listing[:1], pods.port, "other-job")
+        assert "not 'other-job'" in errors[0]
+    acc = Accounting()
+    for r in reports:
+        acc.take(r)
+    assert acc.totals()["env_frames"] == 1000 and acc.episodes_total == 2 and acc.policy_version() == 3
 
 
-async def test_scraping_unreachable_pods_is_an_error():
+async def test_an_unreachable_pod_is_an_error_not_a_zero():
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as http:
-        with pytest.raises(asc.MetricsError):
-            await asc.scrape_pods(http, [_pod("a0", "actor", 0, "127.0.0.9")], 1, asc.ScrapeState(), 1.0,
-                                  "tianji.dev/role", "tianji.dev/group")
+        reports, errors = await scrape_reports(http, [_pod("a0", "actor", 0, "127.0.0.9")], 1, "cp")
+    assert reports == [] and errors and errors[0].startswith("a0:")
+
+
+def test_a_termination_message_is_a_final_report():
+    rep = worker_report("cp", "actor", 0, 0, env_frames_total=77, final=True)
+    pod = {"metadata": {"name": "a0"}, "status": {"containerStatuses": [
+        {"state": {"terminated": {"exitCode": 0, "message": json.dumps(rep)}}},
+        {"lastState": {"terminated": {"exitCode": 137, "message": "not json"}}}]}}
+    got = list(terminated_reports(pod, "cp"))
+    assert got[0].final and got[0].counts["env_frames_total"] == 77
+    assert isinstance(got[1], ReportError) and "termination message" in str(got[1])
 
 
 # ----------------------------------------------------------------- the operator's timer
@@ -175,9 +155,13 @@ async def _evaluated(kube, clock, decision=None):
     return await eventually(done, what=f"an autoscale evaluation ({decision}) at {st.iso(clock.t)}")
 
 
+async def _counted(kube, clock):
+    await eventually(lambda: _status(kube).get("reportTime") == st.iso(clock.t), what="a count at the current time")
+
+
 async def _running_job(kube, prom, autoscale: dict, spec: dict | None = None, clock=None):
     """Create the job, play its pods to Running; with `clock`, also wait until the operator has
-    sampled the metrics at the current time (the next sample then needs clock.advance())."""
+    counted and evaluated at the current time (the next ones then need clock.advance())."""
     a = {"enabled": True, "prometheusUrl": prom.url, "minActors": 1, "maxActors": 12, "band": 0.15,
          "cooldownSeconds": 30, "intervalSeconds": 10} | autoscale
     await kube.create_job(job_manifest("cartpole", {"autoscale": a, "staleness": {"paceActors": False},
@@ -186,24 +170,21 @@ async def _running_job(kube, prom, autoscale: dict, spec: dict | None = None, cl
     await run_pods(kube, "cartpole")
     await eventually(lambda: _status(kube).get("phase") == "Running", what="phase Running")
     if clock is not None:
-        await eventually(lambda: (_status(kube).get("throughput") or {}).get("time") == st.iso(clock.t),
-                         what="a first sample")
+        await _counted(kube, clock)
+        await _evaluated(kube, clock)
 
 
 async def test_scale_up_cooldown_and_again(env):
     kube, prom, clock, op = env
     await _running_job(kube, prom, {}, clock=clock)  # no series yet: nothing to decide
-    prom.values.update(produced={0: 500}, received={0: 500}, consumed={0: 2000}, frames_total=1e6,
-                       policy_version=12, mean_return=55.5, policy_lag=1.5)
+    prom.values.update(produced={0: 500}, received={0: 500}, consumed={0: 2000})
     clock.advance(10)
     rec = await _evaluated(kube, clock, "up")
     await eventually(lambda: _replicas(kube) == 6, what="6 actors")
     s = _status(kube)
-    assert rec["actors"] == {"0": 6}
+    assert rec["actors"] == {"0": 6} and rec["source"] == "prometheus"
+    assert rec["groups"] == [{"group": 0, "producedFps": 500, "receivedFps": 500, "consumedSps": 2000}]
     assert s["autoscale"]["lastRescaleTime"] == st.iso(clock.t)
-    assert s["throughput"]["framesPerSecond"] == 500 and s["throughput"]["samplesConsumedPerSecond"] == 2000
-    assert s["throughput"]["framesTotal"] == 1000000 and s["throughput"]["source"] == "prometheus"
-    assert s["policyVersion"] == 12 and s["meanReturn"] == 55.5 and s["policyLag"] == 1.5
     rescaled = next(c for c in s["conditions"] if c["type"] == "Rescaled")
     assert rescaled["status"] == "True" and rescaled["reason"] == "ScaledUp" and "2 -> 6" in rescaled["message"]
     await eventually(lambda: [e for e in kube.live("v1/events") if e.get("reason") == "Rescaled"])
@@ -249,14 +230,14 @@ async def test_bounds_hold_against_edits_and_manual_scaling(env):
     await eventually(lambda: _replicas(kube) == 8, what="clamped again")
 
 
-async def test_autoscaling_off_still_reports_throughput(env):
+async def test_autoscaling_off_records_the_evaluation_and_rescales_nothing(env):
     kube, prom, clock, op = env
-    prom.values.update(produced={0: 100}, received={0: 100}, consumed={0: 2000}, frames_total=5000)
+    prom.values.update(produced={0: 100}, received={0: 100}, consumed={0: 2000})
     await _running_job(kube, prom, {"enabled": False}, clock=clock)
     clock.advance(10)
-    await eventually(lambda: (_status(kube).get("throughput") or {}).get("time") == st.iso(clock.t))
-    assert _status(kube)["throughput"]["framesPerSecond"] == 100
-    assert _replicas(kube) == 2 and "autoscale" not in _status(kube)
+    rec = await _evaluated(kube, clock, "disabled")
+    assert rec["groups"][0]["producedFps"] == 100 and rec["source"] == "prometheus"
+    assert _replicas(kube) == 2 and "lastRescaleTime" not in _status(kube)["autoscale"]
 
 
 async def test_prometheus_errors_change_nothing(env):
@@ -265,49 +246,79 @@ async def test_prometheus_errors_change_nothing(env):
     await _running_job(kube, prom, {})
     clock.advance(10)
     await eventually(lambda: op.metrics.value("tianji_operator_errors_total", where="metrics") >= 1)
-    assert _replicas(kube) == 2 and "throughput" not in _status(kube)
+    assert _replicas(kube) == 2 and "autoscale" not in _status(kube)
     assert _status(kube)["phase"] == "Running"
 
 
-async def test_reaching_the_mean_return_target_ends_the_job(env):
+async def _job_with_report_pods(kube, pods, ips, spec):
+    await kube.create_job(job_manifest("cartpole", {"network": {"metricsPort": pods.port}, **spec}))
+    await eventually(lambda: kube.obj(STS, NAMESPACE, "cartpole-actor-0"))
+    for i in range(2):  # play the StatefulSet controller: its two actor pods
+        await kube.put_object("v1/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"cartpole-actor-0-{i}", "namespace": NAMESPACE,
+            "labels": {"tianji.dev/job": "cartpole", "tianji.dev/role": "actor", "tianji.dev/group": "0"}}})
+    await run_pods(kube, "cartpole", ips=ips)
+    await eventually(lambda: _status(kube).get("phase") == "Running")
+
+
+IPS = {"cartpole-learner-0-0": "127.0.0.5", "cartpole-buffer-0-0": "127.0.0.6",
+       "cartpole-actor-0-0": "127.0.0.7", "cartpole-actor-0-1": "127.0.0.8"}
+
+
+def _serve(pods, seq: int, frames: float, received: float, consumed: float, episodes=(), version: int = 1):
+    """Every pod's report: frames split over the two actors, episodes finished by actor 0."""
+    pods.reports[IPS["cartpole-actor-0-0"]] = worker_report("cartpole", "actor", 0, 0, seq=seq, episodes=episodes,
+                                                            env_frames_total=frames / 2)
+    pods.reports[IPS["cartpole-actor-0-1"]] = worker_report("cartpole", "actor", 0, 1, seq=seq,
+                                                            env_frames_total=frames / 2)
+    pods.reports[IPS["cartpole-buffer-0-0"]] = worker_report("cartpole", "buffer", 0, 0, seq=seq,
+                                                             samples_received_total=received)
+    pods.reports[IPS["cartpole-learner-0-0"]] = worker_report("cartpole", "learner", 0, 0, seq=seq, version=version,
+                                                              samples_consumed_total=consumed)
+
+
+async def test_reaching_the_mean_return_target_ends_the_job_with_the_accountings_numbers(env):
     kube, prom, clock, op = env
-    prom.values.update(produced={0: 2000}, received={0: 2000}, consumed={0: 2000}, mean_return=480.0)
-    await _running_job(kube, prom, {"enabled": False}, {"stop": {"meanReturn": 475}})
-    clock.advance(10)
-    await eventually(lambda: _status(kube).get("phase") == "Succeeded", what="phase Succeeded")
-    progressing = next(c for c in _status(kube)["conditions"] if c["type"] == "Progressing")
-    assert progressing["reason"] == "JobSucceeded" and "mean return 480" in progressing["message"]
+    async with FakePodMetrics(list(IPS.values())) as pods:
+        _serve(pods, 1, 1000, 1000, 1000, episodes=[100.0] * 50)
+        await _job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}})
+        await _counted(kube, clock)
+        assert _status(kube)["episodes"] == 50 and _status(kube)["meanReturn"] == 100.0
+        # 100 more episodes: the last 100 finished all returned 480.
+        _serve(pods, 2, 3000, 3000, 3000, episodes=[100.0] * 50 + [480.0] * 100, version=7)
+        clock.advance(10)
+        await eventually(lambda: _status(kube).get("phase") == "Succeeded", what="phase Succeeded")
+    s = _status(kube)
+    assert s["envFrames"] == 3000 and s["episodes"] == 150 and s["meanReturn"] == 480.0 and s["policyVersion"] == 7
+    done = next(c for c in s["conditions"] if c["type"] == "Succeeded")
+    assert done["status"] == "True" and done["reason"] == "StopConditionReached" and "mean return 480" in done["message"]
     await eventually(lambda: _replicas(kube) == 0, what="actors scaled to 0 (cleanPodPolicy Running)")
 
 
-async def test_scraping_pods_without_prometheus(env):
+async def test_autoscaling_from_reports_without_prometheus(env):
     kube, prom, clock, op = env
-    ips = {"cartpole-learner-0-0": "127.0.0.5", "cartpole-buffer-0-0": "127.0.0.6",
-           "cartpole-actor-0-0": "127.0.0.7", "cartpole-actor-0-1": "127.0.0.8"}
-    async with FakePodMetrics(list(ips.values())) as pods:  # every pod's :metrics, on one port
+    async with FakePodMetrics(list(IPS.values())) as pods:
         a = {"enabled": True, "minActors": 1, "maxActors": 12, "cooldownSeconds": 30, "intervalSeconds": 10}
-        await kube.create_job(job_manifest("cartpole", {"autoscale": a, "staleness": {"paceActors": False},
-                                                         "network": {"metricsPort": pods.port}}))
-        await eventually(lambda: kube.obj(STS, NAMESPACE, "cartpole-actor-0"))
-        for i in range(2):  # play the StatefulSet controller: its two actor pods
-            await kube.put_object("v1/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
-                "name": f"cartpole-actor-0-{i}", "namespace": NAMESPACE,
-                "labels": {"tianji.dev/job": "cartpole", "tianji.dev/role": "actor", "tianji.dev/group": "0"}}})
-
-        def serve(frames: float, received: float, consumed: float) -> None:
-            pods.text[ips["cartpole-actor-0-0"]] = _exposition("actor", 0, 0, env_frames_total=frames / 2)
-            pods.text[ips["cartpole-actor-0-1"]] = _exposition("actor", 0, 1, env_frames_total=frames / 2)
-            pods.text[ips["cartpole-buffer-0-0"]] = _exposition("buffer", 0, 0, samples_received_total=received)
-            pods.text[ips["cartpole-learner-0-0"]] = _exposition("learner", 0, 0, samples_consumed_total=consumed)
-
-        serve(1, 1, 1)
-        await run_pods(kube, "cartpole", ips=ips)
-        await eventually(lambda: _status(kube).get("phase") == "Running")
-        await eventually(lambda: all(n >= 1 for n in pods.hits.values()), what="a first scrape of every pod")
-        serve(5001, 5001, 20001)  # over the next 10 s: 500 frames/s produced, 2000 samples/s consumed
+        _serve(pods, 1, 1, 1, 1)
+        await _job_with_report_pods(kube, pods, IPS, {"autoscale": a, "staleness": {"paceActors": False}})
+        await _counted(kube, clock)
+        _serve(pods, 2, 5001, 5001, 20001)  # over the next 10 s: 500 frames/s produced, 2000 samples/s consumed
         clock.advance(10)
-        await _evaluated(kube, clock, "up")
+        rec = await _evaluated(kube, clock, "up")
         await eventually(lambda: _replicas(kube) == 6)
-        thr = _status(kube)["throughput"]
-        assert thr["source"] == "scrape" and thr["framesPerSecond"] == 500
-        assert thr["samplesConsumedPerSecond"] == 2000 and thr["framesTotal"] == 5001
+    assert rec["source"] == "reports" and rec["groups"] == [
+        {"group": 0, "producedFps": 500, "receivedFps": 500, "consumedSps": 2000}]
+    assert _status(kube)["envFrames"] == 5001
+
+
+async def test_a_finished_job_is_never_rescaled(env):
+    kube, prom, clock, op = env
+    await _running_job(kube, prom, {"intervalSeconds": 30}, {"stop": {"seconds": 5}}, clock=clock)
+    clock.advance(10)  # past stop.seconds: the monitor ends the job
+    await eventually(lambda: _status(kube).get("phase") == "Succeeded", what="phase Succeeded")
+    await eventually(lambda: _replicas(kube) == 0, what="actors scaled to 0")
+    prom.values.update(produced={0: 100}, received={0: 100}, consumed={0: 5000})  # would scale up
+    for _ in range(3):
+        clock.advance(30)
+        await _counted(kube, clock)  # the monitor still counts (final reports); nothing else moves
+    assert _replicas(kube) == 0 and "lastRescaleTime" not in (_status(kube).get("autoscale") or {})

@@ -1,36 +1,35 @@
-"""Live throughput and actor rescaling (a Kopf timer per TianJiJob).
+"""Actor rescaling from measured throughput (a Kopf timer per TianJiJob).
 
-Every `spec.autoscale.intervalSeconds` the timer measures, per group,
+Every `spec.autoscale.intervalSeconds` the timer takes, per group,
 
     produced   actors' env frames/s        tianji_env_frames_total{role="actor"}
     received   buffers' samples/s in       tianji_samples_received_total{role="buffer"}
     consumed   learners' samples/s used    tianji_samples_consumed_total{role="learner"}
 
 either with PromQL against `spec.autoscale.prometheusUrl` (rate over a window),
-or, with no URL, by scraping each running pod's `/metrics` (named port
-`metrics`) and differencing the counters between two ticks. The numbers go
-to `.status.throughput` (with policy version, lag and mean return) whether or
-not autoscaling is on.
+or, with no URL, from the job's accounting (tianji.control.accounting, fed by the
+monitor from the pods' reports: the same counters). The status numbers (frames,
+mean return, lag, rates) are the accounting's in both cases; this module only
+decides actor counts.
 
-With `spec.autoscale.enabled`, `tianji.control.plan.rebalance` turns them into an
+With `spec.autoscale.enabled`, `tianji.control.plan.rebalance` turns the rates into an
 actor count per group; the operator clamps it to [minActors, maxActors],
 waits `cooldownSeconds` after the previous change, patches the group's
 StatefulSet `spec.replicas`, posts an event and records the decision in
-`.status.autoscale` and the `Rescaled` condition.
+`.status.autoscale` and the `Rescaled` condition. A job that is not Running is
+never rescaled (checked on a fresh read, just before the patch).
 """
 from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
+from tianji.control.accounting import Accounting
 from tianji.control.plan import GroupThroughput, RebalancePolicy, rebalance
-
-from . import status as st
 
 ACTOR, BUFFER, LEARNER = "actor", "buffer", "learner"
 
@@ -42,10 +41,6 @@ class MetricsError(RuntimeError):
 @dataclass
 class Observation:
     groups: dict[int, dict[str, float]]  # group -> {produced, received, consumed}
-    frames_total: Optional[float] = None
-    policy_version: Optional[float] = None
-    mean_return: Optional[float] = None
-    policy_lag: Optional[float] = None
     source: str = ""
 
     def throughput(self, actors: dict[int, int]) -> dict[int, GroupThroughput]:
@@ -53,31 +48,23 @@ class Observation:
                                    consumed_sps=v.get("consumed", 0.0), actors=actors[g])
                 for g, v in self.groups.items() if g in actors}
 
-    def status_fields(self, now: float) -> dict:
-        tot = {k: sum(v.get(k, 0.0) for v in self.groups.values()) for k in ("produced", "received", "consumed")}
-        thr: dict[str, Any] = {
-            "framesPerSecond": round(tot["produced"], 3),
-            "samplesReceivedPerSecond": round(tot["received"], 3),
-            "samplesConsumedPerSecond": round(tot["consumed"], 3),
-            "source": self.source,
-            "time": st.iso(now),
-            "groups": [{"group": g, "framesPerSecond": round(v.get("produced", 0.0), 3),
-                        "samplesReceivedPerSecond": round(v.get("received", 0.0), 3),
-                        "samplesConsumedPerSecond": round(v.get("consumed", 0.0), 3)}
-                       for g, v in sorted(self.groups.items())],
-        }
-        if tot["produced"] > 0:
-            thr["replayRatio"] = round(tot["consumed"] / tot["produced"], 4)
-        if self.frames_total is not None:
-            thr["framesTotal"] = int(self.frames_total)
-        out: dict[str, Any] = {"throughput": thr}
-        if self.policy_version is not None:
-            out["policyVersion"] = int(self.policy_version)
-        if self.mean_return is not None:
-            out["meanReturn"] = round(self.mean_return, 4)
-        if self.policy_lag is not None:
-            out["policyLag"] = round(self.policy_lag, 4)
-        return out
+    def record(self) -> dict:
+        """What the decision was made from (status.autoscale.lastEvaluation)."""
+        return {"source": self.source,
+                "groups": [{"group": g, "producedFps": round(v.get("produced", 0.0), 3),
+                            "receivedFps": round(v.get("received", 0.0), 3),
+                            "consumedSps": round(v.get("consumed", 0.0), 3)} for g, v in sorted(self.groups.items())]}
+
+
+def from_accounting(acc: Accounting) -> Optional[Observation]:
+    """Per-group rates of the accounting's window; None until it has two samples."""
+    if len(acc.history) < 2:
+        return None
+    groups = {}
+    for g in acc.groups():
+        r = acc.rates(g)
+        groups[g] = {"produced": r["produced_fps"], "received": r["received_fps"], "consumed": r["consumed_sps"]}
+    return Observation(groups=groups, source="reports")
 
 
 # ----------------------------------------------------------------- Prometheus
@@ -94,12 +81,6 @@ def promql_queries(job: str, namespace: Optional[str], window: str, job_label: s
         "produced": rate_by_group("tianji_env_frames_total", ACTOR),
         "received": rate_by_group("tianji_samples_received_total", BUFFER),
         "consumed": rate_by_group("tianji_samples_consumed_total", LEARNER),
-        "frames_total": f'sum(tianji_env_frames_total{{{sel},role="{ACTOR}"}})',
-        "policy_version": f'max(tianji_policy_version{{{sel},role="{LEARNER}"}})',
-        "mean_return": (f'avg(tianji_episode_return_mean{{{sel},role="{ACTOR}"}} '
-                        f'and on (group, index) (tianji_episodes_total{{{sel},role="{ACTOR}"}} > 0))'),
-        "policy_lag": (f'sum(rate(tianji_policy_lag_sum{{{sel}}}[{window}])) / '
-                       f'sum(rate(tianji_policy_lag_count{{{sel}}}[{window}]))'),
     }
 
 
@@ -138,107 +119,7 @@ async def query_prometheus(session: aiohttp.ClientSession, url: str, queries: di
                 continue
             groups.setdefault(g, {})[key] = v
 
-    def scalar(key: str) -> Optional[float]:
-        vals = [v for _, v in results[key]]
-        return vals[0] if vals else None
-
-    return Observation(groups=groups, frames_total=scalar("frames_total"), policy_version=scalar("policy_version"),
-                       mean_return=scalar("mean_return"), policy_lag=scalar("policy_lag"), source="prometheus")
-
-
-# ----------------------------------------------------------------- direct scraping
-COUNTERS = {"tianji_env_frames_total": "produced", "tianji_samples_received_total": "received",
-            "tianji_samples_consumed_total": "consumed"}
-ROLE_OF = {"produced": ACTOR, "received": BUFFER, "consumed": LEARNER}
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """The sums a pod exposes, keyed by sample name (plus episode bookkeeping)."""
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name in COUNTERS or s.name in ("tianji_policy_version", "tianji_episode_return_mean",
-                                                "tianji_episodes_total", "tianji_policy_lag_sum",
-                                                "tianji_policy_lag_count"):
-                out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    return out
-
-
-@dataclass
-class ScrapeState:
-    """Counter values of the previous scrape, per pod uid, to difference into rates."""
-    samples: dict[str, tuple[float, dict[str, float]]] = field(default_factory=dict)
-
-
-async def scrape_pods(session: aiohttp.ClientSession, pods: list[dict], port: int, state: ScrapeState,
-                      now: float, label_role: str, label_group: str) -> Optional[Observation]:
-    """Scrape running pods; rates need two scrapes, so the first call returns None."""
-    targets = []
-    for p in pods:
-        ip = (p.get("status") or {}).get("podIP")
-        if ip and st.pod_phase(p) == "Running":
-            targets.append(p)
-
-    async def one(pod: dict) -> Optional[dict[str, float]]:
-        url = f"http://{pod['status']['podIP']}:{port}/metrics"
-        try:
-            async with session.get(url) as resp:
-                if resp.status != 200:
-                    return None
-                return parse_metrics(await resp.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return None
-
-    scraped = await asyncio.gather(*(one(p) for p in targets))
-    if targets and all(s is None for s in scraped):
-        raise MetricsError(f"none of the {len(targets)} running pods answered on :{port}/metrics")
-    groups: dict[int, dict[str, float]] = {}
-    have_rates = False
-    frames_total = 0.0
-    versions, returns, lag_sum, lag_count = [], [], 0.0, 0.0
-    seen = set()
-    for pod, values in zip(targets, scraped):
-        if values is None:
-            continue
-        uid = pod["metadata"].get("uid") or pod["metadata"]["name"]
-        seen.add(uid)
-        labels = pod["metadata"].get("labels", {})
-        role = labels.get(label_role)
-        try:
-            g = int(labels.get(label_group, ""))
-        except ValueError:
-            continue
-        prev = state.samples.get(uid)
-        state.samples[uid] = (now, values)
-        if role == ACTOR:
-            frames_total += values.get("tianji_env_frames_total", 0.0)
-            if values.get("tianji_episodes_total", 0.0) > 0 and "tianji_episode_return_mean" in values:
-                returns.append(values["tianji_episode_return_mean"])
-        if role == LEARNER and "tianji_policy_version" in values:
-            versions.append(values["tianji_policy_version"])
-        entry = groups.setdefault(g, {"produced": 0.0, "received": 0.0, "consumed": 0.0})
-        if prev is None or now <= prev[0]:
-            continue
-        dt = now - prev[0]
-        have_rates = True
-        for name, key in COUNTERS.items():
-            if ROLE_OF[key] != role or name not in values:
-                continue
-            delta = values[name] - prev[1].get(name, 0.0)
-            entry[key] += (values[name] if delta < 0 else delta) / dt  # a restart resets counters
-        d_sum = values.get("tianji_policy_lag_sum", 0.0) - prev[1].get("tianji_policy_lag_sum", 0.0)
-        d_cnt = values.get("tianji_policy_lag_count", 0.0) - prev[1].get("tianji_policy_lag_count", 0.0)
-        if d_cnt > 0 and d_sum >= 0:
-            lag_sum, lag_count = lag_sum + d_sum, lag_count + d_cnt
-    for uid in list(state.samples):
-        if uid not in seen:
-            del state.samples[uid]
-    if not have_rates:
-        return None
-    return Observation(groups=groups, frames_total=frames_total,
-                       policy_version=max(versions) if versions else None,
-                       mean_return=sum(returns) / len(returns) if returns else None,
-                       policy_lag=lag_sum / lag_count if lag_count else None, source="scrape")
+    return Observation(groups=groups, source="prometheus")
 
 
 # ----------------------------------------------------------------- decision

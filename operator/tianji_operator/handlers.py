@@ -8,11 +8,17 @@ Reconciliation (create, resume, update) is level-based and idempotent:
 validate the spec (pydantic) → compare with the applied spec stored on the
 ConfigMap (immutable changes are refused as a whole) → plan once → create
 whatever child is missing (fixed names; 409 means "already there") → status.
-The monitor timer derives phase/readiness from the children, re-creates lost
-learner/buffer pods, ends the job on its stop conditions and applies
-`cleanPodPolicy`. The autoscale timer measures throughput and rescales actors
-(see autoscaler.py). Every status write is a JSON patch conditioned on the
-resourceVersion the handler read (no lost updates between handlers and timers).
+The monitor timer reads the pods' reports into the job's accounting
+(tianji.control.accounting: the same counting and stop rule as `tianji run`),
+derives phase/readiness from the children, re-creates lost learner/buffer pods,
+ends the job on its stop rule and applies `cleanPodPolicy`; after the end it
+keeps counting the final reports that stopped pods leave in their termination
+messages (a pod event handler catches those of pods being deleted). The
+autoscale timer rescales actors (see autoscaler.py).
+
+Status writes never use a stale copy: `update_status` reads the job, computes
+the fields from that read, and writes them with a JSON patch that tests its
+resourceVersion; on a conflict it reads and computes again.
 """
 from __future__ import annotations
 
@@ -20,20 +26,22 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import aiohttp
 import kopf
 import yaml
 
+from tianji.control.accounting import Accounting, Report, ReportError, StopRule, status_numbers
 from tianji.control.addressing import actor_set_name
 from tianji.control.crd import GROUP, PLURAL, VERSION
-from tianji.control.plan import PlanError, plan_for_job
+from tianji.control.plan import PlanError, resolve
 from tianji.control.spec import API_VERSION, KIND, SpecError, TianJiJob, parse_job
 
 from . import autoscaler as asc
 from . import builders as b
 from . import status as st
+from .reports import scrape_reports, terminated_reports
 from .config import OperatorConfig
 from .kube import ApiError, KubeClient
 from .metrics import OperatorMetrics
@@ -50,8 +58,32 @@ def is_mutable(path: str) -> bool:
 
 @dataclass
 class JobMemory:
-    scrape: asc.ScrapeState = field(default_factory=asc.ScrapeState)
-    last_sample: Optional[float] = None
+    """What the operator keeps of one job between ticks (rebuilt from status after a restart)."""
+
+    acc: Optional[Accounting] = None  # loaded from status.accounting on first use
+    last_sample: Optional[float] = None  # autoscaler: last evaluation
+    report_errors: list[str] = field(default_factory=list)
+
+    def accounting(self, status: dict) -> Accounting:
+        if self.acc is None:
+            try:
+                self.acc = Accounting(status.get("accounting") or None)
+            except ReportError:  # unreadable (hand-edited?): count anew rather than stop
+                self.acc = Accounting()
+        return self.acc
+
+    def take(self, rep: "Report | ReportError") -> None:
+        acc = self.acc if self.acc is not None else Accounting()
+        self.acc = acc
+        if isinstance(rep, ReportError):
+            acc.rejected += 1
+            self.report_errors = (self.report_errors + [str(rep)])[-5:]
+            return
+        try:
+            acc.take(rep)
+        except ReportError as e:
+            acc.rejected += 1
+            self.report_errors = (self.report_errors + [str(e)])[-5:]
 
 
 class Operator:
@@ -62,7 +94,7 @@ class Operator:
         self.metrics = metrics or OperatorMetrics()
         self.connection: Any = config.connection
         self.kube = KubeClient(self._connection, on_request=self.metrics.api_request)
-        self.jobs: dict[str, JobMemory] = {}
+        self.jobs: dict[tuple[str, str], JobMemory] = {}
         self._http: Optional[aiohttp.ClientSession] = None
         self.closed = False
         self.profile = config.load_profile()
@@ -77,8 +109,8 @@ class Operator:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.http_timeout))
         return self._http
 
-    def memory(self, uid: str) -> JobMemory:
-        return self.jobs.setdefault(uid, JobMemory())
+    def memory(self, namespace: Optional[str], name: str) -> JobMemory:
+        return self.jobs.setdefault((namespace or "", name), JobMemory())
 
     async def close(self) -> None:
         self.closed = True
@@ -102,18 +134,25 @@ class StatusConflict(Exception):
     """The job changed between reading it and writing its status."""
 
 
-async def write_status(op: "Operator", body: Any, fields: dict) -> None:
-    """Write the status fields that changed, only if the job is still at the resourceVersion
-    these were computed from (handlers and timers run concurrently: no lost updates)."""
-    current = dict(body.get("status") or {})
-    changed = {k: v for k, v in fields.items() if current.get(k) != v}
-    if not changed:
-        return
-    meta = body["metadata"]
-    ok = await op.kube.patch_status("TianJiJob", meta.get("namespace"), meta["name"], meta["resourceVersion"],
-                                    changed, has_status=bool(body.get("status")))
-    if not ok:
-        raise StatusConflict(f"{meta['name']} changed since resourceVersion {meta['resourceVersion']}")
+async def update_status(op: "Operator", ns: Optional[str], name: str,
+                        compute: Callable[[dict], Optional[dict]], attempts: int = 5) -> Optional[dict]:
+    """Read the job, compute status fields from THAT read, and write those that changed,
+    only if the job is still at the resourceVersion read (a JSON-patch test); on a
+    conflict, read and compute again. `compute(body)` returns the fields, or None to
+    write nothing. Returns the body the write was computed from (None: the job is gone)."""
+    for _ in range(attempts):
+        body = await op.kube.get("TianJiJob", ns, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        fields = compute(body)
+        current = body.get("status") or {}
+        changed = {k: v for k, v in (fields or {}).items() if current.get(k) != v}
+        if not changed:
+            return body
+        if await op.kube.patch_status("TianJiJob", ns, name, body["metadata"]["resourceVersion"], changed,
+                                      has_status=bool(current)):
+            return body
+    raise StatusConflict(f"{name}: status still conflicting after {attempts} fresh reads")
 
 
 def _applied(cm: dict) -> tuple[dict, TianJiJob]:
@@ -152,14 +191,21 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         fields: dict[str, Any] = {"observedGeneration": gen}
         if cm is None:  # never ran: the job fails; nothing is created
             fields["phase"] = st.FAILED
+            fields["completionTime"] = st.iso(now)
             conds += [st.condition("Failed", True, reason, message, now=now, generation=gen),
                       st.condition("Ready", False, reason, "no pods were created", now=now),
                       st.condition("Progressing", False, reason, message, now=now)]
         else:
             applied_gen = (cm["metadata"].get("annotations") or {}).get(b.ANNOTATION_GENERATION, "?")
             conds[0]["message"] = f"{message}; the job keeps running its applied spec (generation {applied_gen})"
-        fields["conditions"] = st.set_conditions(status.get("conditions"), *conds)
-        await write_status(op, body, fields)
+
+        def compute(fresh: dict) -> Optional[dict]:
+            cur = fresh.get("status") or {}
+            if cur.get("phase") in st.TERMINAL and cm is not None:
+                return None  # a job that ran and ended keeps its final conditions
+            return {**fields, "conditions": st.set_conditions(cur.get("conditions"), *conds)}
+
+        await update_status(op, ns, name, compute)
         kopf.warn(body, reason=reason, message=message[:900])
         op.metrics.reconciles.labels(handler=handler, result=reason).inc()
         logger.warning("%s: %s", reason, message)
@@ -193,11 +239,9 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             resolved = TianJiJob.model_validate(doc)
     else:
         try:
-            plan = plan_for_job(job, op.profile)
-            resolved = b.resolve(job, plan)
+            resolved, plan = resolve(job, op.profile)
         except (PlanError, SpecError, ValueError) as e:
-            where = "spec.resources" if job.spec.topology.auto else "spec.topology"
-            return await refuse("PlanFailed", f"{where}: {e}")
+            return await refuse("PlanFailed", str(e))
         plan_json = plan_record = st.camel_keys(plan.to_json())
 
     terminal = status.get("phase") in st.TERMINAL and cm is not None
@@ -239,21 +283,31 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         kopf.warn(body, reason="ApiError", message=str(e)[:500])
         raise kopf.TemporaryError(str(e), delay=op.config.handler_backoff)
 
-    fields: dict[str, Any] = {"observedGeneration": gen}
-    conds = [st.condition("Planned", True, "Planned", _plan_summary_from(plan_record), now=now, generation=gen),
-             st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now)]
-    if plan_record is not None and (plan_json is not None or not status.get("plan")):
-        fields["plan"] = plan_record  # also after a restart that interrupted the first status write
-    if status.get("phase") not in (st.PENDING, st.RUNNING, st.SUCCEEDED) and not terminal:
-        fields["phase"] = st.PENDING
-        conds += [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now),
-                  st.condition("Progressing", True, "Starting", "creating pods", now=now)]
-    if "groups" not in status or plan_json is not None:
-        groups, actors = st.summarize(topo, [], {g: {"spec": {"replicas": n}} for g, n in desired.items()},
-                                      b.LABEL_ROLE, b.LABEL_GROUP)
-        fields["groups"], fields["actors"] = groups, actors
-    fields["conditions"] = st.set_conditions(status.get("conditions"), *conds)
-    await write_status(op, body, fields)
+    planned = [st.condition("Planned", True, "Planned", _plan_summary_from(plan_record), now=now, generation=gen),
+               st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now)]
+    starting = [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now),
+                st.condition("Progressing", True, "Starting", "creating pods", now=now)]
+
+    def compute(fresh: dict) -> Optional[dict]:
+        cur = fresh.get("status") or {}
+        fields: dict[str, Any] = {}
+        if plan_record is not None and (plan_json is not None or not cur.get("plan")):
+            fields["plan"] = plan_record  # also after a restart that interrupted the first status write
+        if cur.get("phase") in st.TERMINAL and cm is not None:
+            return fields  # a job that ran and ended keeps its final phase and conditions
+        fields["observedGeneration"] = gen
+        conds = list(planned)
+        if cur.get("phase") not in (st.PENDING, st.RUNNING):
+            fields["phase"] = st.PENDING
+            conds += starting
+        if "groups" not in cur or plan_json is not None:
+            groups, actors = st.summarize(topo, [], {g: {"spec": {"replicas": n}} for g, n in desired.items()},
+                                          b.LABEL_ROLE, b.LABEL_GROUP)
+            fields["groups"], fields["actors"] = groups, actors
+        fields["conditions"] = st.set_conditions(cur.get("conditions"), *conds)
+        return fields
+
+    await update_status(op, ns, name, compute)
     op.metrics.reconciles.labels(handler=handler, result="ok").inc()
     if plan_json is not None:
         kopf.info(body, reason="Planned", message=_plan_summary_from(plan_json))
@@ -272,13 +326,41 @@ def _plan_summary_from(plan_json: Optional[dict]) -> str:
             f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")
 
 
+# ----------------------------------------------------------------- accounting
+async def count_reports(op: Operator, mem: JobMemory, name: str, pods: list[dict], port: int) -> Accounting:
+    """Feed the job's accounting: every running pod's /report, and the final reports that
+    ended containers left in their termination messages."""
+    acc = mem.acc
+    for pod in pods:
+        for rep in terminated_reports(pod, name):
+            mem.take(rep)
+    reports, errors = await scrape_reports(op.http(), pods, port, name)
+    for rep in reports:
+        mem.take(rep)
+    if errors:
+        op.metrics.errors.labels(where="reports").inc(len(errors))
+        mem.report_errors = (mem.report_errors + errors)[-5:]
+    return acc if acc is not None else mem.acc
+
+
+def _elapsed(status: dict, now: float) -> float:
+    start = st.parse_iso(status.get("startTime"))
+    return max(0.0, now - start) if start is not None else 0.0
+
+
+def _numbers(acc: Accounting, status: dict, now: float) -> dict:
+    """The accounting's status fields (summary.json's numbers) and its state."""
+    return {**status_numbers(acc.view(_elapsed(status, now))), "reportTime": st.iso(now),
+            "accounting": acc.state()}
+
+
 # ----------------------------------------------------------------- monitor
 async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -> None:
     meta = body["metadata"]
     name, ns = meta["name"], meta.get("namespace")
     status = dict(body.get("status") or {})
-    if status.get("phase") in st.TERMINAL or not status.get("plan"):
-        return  # finished, or not reconciled yet (the children may be being created)
+    if not status.get("plan"):
+        return  # not reconciled yet (the children may be being created)
     cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
     if cm is None:
         return
@@ -286,6 +368,15 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
     now = op.now()
     topo = resolved.spec.topology
     pods = await op.kube.list("Pod", ns, b.label_selector(name))
+    mem = op.memory(ns, name)
+    mem.accounting(status)
+    acc = await count_reports(op, mem, name, pods, resolved.spec.network.metrics_port)
+    acc.sample(now)
+    if status.get("phase") in st.TERMINAL:
+        # Ended: no more phase changes, only the final counts of the pods still stopping.
+        await update_status(op, ns, name, lambda fresh: _numbers(acc, fresh.get("status") or {}, now))
+        return
+
     sets = await _statefulsets(op, ns, name, topo.groups)
     by_name = {p["metadata"]["name"]: p for p in pods}
     fixed_pods = [p for p in pods if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) in ("learner", "buffer")]
@@ -296,19 +387,21 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
     if learners and len(learners) == topo.groups * topo.learners and all(
             st.pod_phase(p) == "Succeeded" for p in learners):
         reason = "all learner pods completed"
-    else:
+    elif status.get("phase") == st.RUNNING:
         try:
             live_spec = parse_job(_manifest(body)).spec
         except SpecError:
             live_spec = resolved.spec
-        reason = st.stop_reason(live_spec, status, now) if status.get("phase") == st.RUNNING else None
+        rule = StopRule(live_spec.stop)
+        elapsed = _elapsed(status, now)
+        why = rule.check(acc, elapsed)
+        reason = rule.message(why, acc, elapsed) if why else None
     if reason is not None:
-        return await _finish(op, body, patch, status, resolved, pods, st.SUCCEEDED, "StopConditionReached",
-                             reason, now)
+        return await _finish(op, body, resolved, pods, acc, st.SUCCEEDED, "StopConditionReached", reason, now)
     if failed:
         p = failed[0]
         why = (p.get("status") or {}).get("reason") or (p.get("status") or {}).get("message") or "Failed"
-        return await _finish(op, body, patch, status, resolved, pods, st.FAILED, "PodFailed",
+        return await _finish(op, body, resolved, pods, acc, st.FAILED, "PodFailed",
                              f"pod {p['metadata']['name']} failed: {why}", now)
 
     # Self-healing: a learner/buffer pod or a StatefulSet that is gone comes back.
@@ -339,18 +432,26 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
     want_fixed = topo.groups * (topo.learners + topo.buffers)
     running = len(fixed_pods) == want_fixed and all(st.pod_phase(p) == "Running" for p in fixed_pods)
     ready = st.all_ready(groups) and running
-    fields: dict[str, Any] = {"groups": groups, "actors": actors,
-                              "phase": st.RUNNING if running else st.PENDING}
     conds = [st.condition("Ready", ready, "AllPodsReady" if ready else "PodsNotReady",
                           f"actors {actors} ready" if ready else _not_ready(groups), now=now)]
     if running:
         conds.append(st.condition("Progressing", True, "Training", "learners and buffers are running", now=now))
-        if not status.get("startTime"):
-            fields["startTime"] = st.iso(now)
     else:
         conds.append(st.condition("Progressing", True, "Starting", "waiting for learner and buffer pods", now=now))
-    fields["conditions"] = st.set_conditions(status.get("conditions"), *conds)
-    await write_status(op, body, fields)
+
+    def compute(fresh: dict) -> Optional[dict]:
+        cur = fresh.get("status") or {}
+        if cur.get("phase") in st.TERMINAL:
+            return None  # ended meanwhile (another tick): the next tick counts the final reports
+        fields: dict[str, Any] = {"groups": groups, "actors": actors, "phase": st.RUNNING if running else st.PENDING,
+                                  "conditions": st.set_conditions(cur.get("conditions"), *conds)}
+        if running and not cur.get("startTime"):
+            fields["startTime"] = st.iso(now)
+        if cur.get("startTime") or running:
+            fields.update(_numbers(acc, {**cur, **fields}, now))
+        return fields
+
+    await update_status(op, ns, name, compute)
 
 
 def _not_ready(groups: list[dict]) -> str:
@@ -362,22 +463,40 @@ def _not_ready(groups: list[dict]) -> str:
     return "not ready: " + ", ".join(parts) if parts else "pods not running"
 
 
-async def _finish(op: Operator, body: Any, patch: Any, status: dict, resolved: TianJiJob, pods: list[dict],
+async def _finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict], acc: Accounting,
                   phase: str, reason: str, message: str, now: float) -> None:
-    """Record the end (status first: a conflict leaves everything as it was), then clean up."""
+    """Record the end (status first, from a fresh read: if another tick ended the job
+    already, nothing changes), then clean up. The pods' final reports arrive afterwards
+    (termination messages) and are counted by the monitor and the pod event handler."""
     ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     policy = resolved.spec.clean_pod_policy
     try:
         policy = parse_job(_manifest(body)).spec.clean_pod_policy
     except SpecError:
         pass
-    conds = [st.condition("Progressing", False, "JobSucceeded" if phase == st.SUCCEEDED else "JobFailed",
-                          message, now=now),
-             st.condition("Ready", False, reason, message, now=now)]
-    if phase == st.FAILED:
-        conds.append(st.condition("Failed", True, reason, message, now=now))
-    await write_status(op, body, {"phase": phase, "completionTime": st.iso(now),
-                                  "conditions": st.set_conditions(status.get("conditions"), *conds)})
+    ended = phase == st.SUCCEEDED
+    conds = [st.condition("Progressing", False, "JobSucceeded" if ended else "JobFailed", message, now=now),
+             st.condition("Ready", False, reason, message, now=now),
+             st.condition("Succeeded", ended, reason if ended else "JobFailed", message, now=now,
+                          generation=body["metadata"].get("generation"))]
+    if not ended:
+        conds.append(st.condition("Failed", True, reason, message, now=now,
+                                  generation=body["metadata"].get("generation")))
+    won = False
+
+    def compute(fresh: dict) -> Optional[dict]:
+        nonlocal won
+        cur = fresh.get("status") or {}
+        if cur.get("phase") in st.TERMINAL:
+            won = False
+            return None
+        won = True
+        return {"phase": phase, "completionTime": st.iso(now),
+                "conditions": st.set_conditions(cur.get("conditions"), *conds), **_numbers(acc, cur, now)}
+
+    await update_status(op, ns, name, compute)
+    if not won:
+        return
     cleaned = []
     if policy in ("Running", "All"):
         for p in pods:
@@ -395,24 +514,39 @@ async def _finish(op: Operator, body: Any, patch: Any, status: dict, resolved: T
                     raise
     msg = f"{message}; cleanPodPolicy {policy}" + (f": deleted {len(cleaned)} pod(s), actors scaled to 0"
                                                    if policy != "None" else "")
-    if phase == st.SUCCEEDED:
+    if ended:
         kopf.info(body, reason="Succeeded", message=msg)
     else:
         kopf.warn(body, reason="Failed", message=msg)
 
 
+def on_pod_event(op: Operator, event: dict, logger: logging.Logger) -> None:
+    """A job's pod changed or went away: count the final report its container left, before
+    the pod object (and with it the termination message) is gone."""
+    pod = event.get("object") or {}
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(b.LABEL_JOB)
+    if not job:
+        return
+    mem = op.jobs.get((meta.get("namespace") or "", job))
+    if mem is None or mem.acc is None:
+        return  # not counting this job yet: the monitor reads termination messages itself
+    for rep in terminated_reports(pod, job):
+        mem.take(rep)
+
+
 # ----------------------------------------------------------------- autoscale
 async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger) -> None:
     meta = body["metadata"]
-    name, ns, uid = meta["name"], meta.get("namespace"), meta.get("uid", meta["name"])
+    name, ns = meta["name"], meta.get("namespace")
     status = dict(body.get("status") or {})
-    if status.get("phase") not in (st.PENDING, st.RUNNING):
+    if status.get("phase") != st.RUNNING:
         return
     try:
         spec = parse_job(_manifest(body)).spec
     except SpecError:
         return
-    mem = op.memory(uid)
+    mem = op.memory(ns, name)
     now = op.now()
     if mem.last_sample is not None and now - mem.last_sample < spec.autoscale.interval_seconds:
         return
@@ -425,18 +559,15 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger)
             obs = await asc.query_prometheus(op.http(), spec.autoscale.prometheus_url, asc.promql_queries(
                 name, ns, op.config.promql_window, op.config.promql_job_label, op.config.promql_namespace_label))
         else:
-            pods = await op.kube.list("Pod", ns, b.label_selector(name))
-            obs = await asc.scrape_pods(op.http(), pods, resolved.spec.network.metrics_port, mem.scrape, now,
-                                        b.LABEL_ROLE, b.LABEL_GROUP)
+            obs = asc.from_accounting(mem.acc) if mem.acc is not None else None
     except asc.MetricsError as e:
         mem.last_sample = now  # try again after the interval, not on every tick
         op.metrics.errors.labels(where="metrics").inc()
         logger.warning("metrics: %s", e)
         return
-    if obs is not None or mem.scrape.samples:  # a measurement (or a scrape's baseline) was taken
-        mem.last_sample = now
     if obs is None:
-        return
+        return  # the monitor has not counted two samples yet
+    mem.last_sample = now
     try:
         await _observe_and_rescale(op, body, spec, resolved, obs, now, logger)
     except StatusConflict:
@@ -447,29 +578,39 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger)
 async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: TianJiJob, obs: asc.Observation,
                                now: float, logger: logging.Logger) -> None:
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
-    status = dict(body.get("status") or {})
-    fields = obs.status_fields(now)
-    if not spec.autoscale.enabled or status.get("phase") != st.RUNNING:
-        await write_status(op, body, fields)
-        return
     sets = await _statefulsets(op, ns, name, resolved.spec.topology.groups)
     current = {g: int((s.get("spec") or {}).get("replicas") or 0) for g, s in sets.items() if s is not None}
-    auto = dict(status.get("autoscale") or {})
-    decision = asc.decide(spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now)
-    record = {"time": st.iso(now), "decision": decision.kind, "message": decision.message,
-              "actors": {str(g): n for g, n in sorted(decision.desired.items())}}
-    if decision.desired == decision.current:
+    decided: dict[str, Any] = {}
+
+    def compute(fresh: dict) -> Optional[dict]:
+        cur = fresh.get("status") or {}
+        decided.clear()
+        if cur.get("phase") != st.RUNNING:
+            return None  # ended (or restarted) since the tick began: never rescale a finished job
+        auto = dict(cur.get("autoscale") or {})
+        if not spec.autoscale.enabled:
+            auto["lastEvaluation"] = {"time": st.iso(now), "decision": "disabled", **obs.record()}
+            return {"autoscale": auto}
+        decision = asc.decide(spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now)
+        record = {"time": st.iso(now), "decision": decision.kind, "message": decision.message,
+                  "actors": {str(g): n for g, n in sorted(decision.desired.items())}, **obs.record()}
+        decided["decision"] = decision
         auto["lastEvaluation"] = record
-        await write_status(op, body, {**fields, "autoscale": auto})
-        op.metrics.rescales.labels(decision=decision.kind).inc()
+        if decision.desired == decision.current:
+            return {"autoscale": auto}
+        # Record the decision first (its time starts the cooldown), then act on it.
+        auto.update({"lastRescaleTime": st.iso(now), "lastDecision": record})
+        reason = {"up": "ScaledUp", "down": "ScaledDown", "bounds": "Clamped"}[decision.kind]
+        return {"autoscale": auto, "conditions": st.set_conditions(
+            cur.get("conditions"), st.condition("Rescaled", True, reason, decision.message, now=now))}
+
+    await update_status(op, ns, name, compute)
+    decision = decided.get("decision")
+    if decision is None:
         return
-    # Record the decision first (its time starts the cooldown), then act on it.
-    auto.update({"lastRescaleTime": st.iso(now), "lastDecision": record, "lastEvaluation": record})
-    reason = {"up": "ScaledUp", "down": "ScaledDown", "bounds": "Clamped"}[decision.kind]
-    conds = st.set_conditions(status.get("conditions"), st.condition("Rescaled", True, reason, decision.message,
-                                                                     now=now))
-    await write_status(op, body, {**fields, "autoscale": auto, "conditions": conds})
     op.metrics.rescales.labels(decision=decision.kind).inc()
+    if decision.desired == decision.current:
+        return
     for g, n in decision.desired.items():
         if n != decision.current[g]:
             await op.kube.patch("StatefulSet", ns, actor_set_name(name, g), {"spec": {"replicas": n}})
@@ -480,7 +621,9 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
 # ----------------------------------------------------------------- registration
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.SmartProgressStorage(prefix="tianji.dev")
+    # Annotations only: the CRD's status schema declares what the operator writes, and a
+    # real apiserver prunes anything else (Kopf's default also writes status.kopf).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tianji.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="tianji.dev", key="last-handled-configuration")
     settings.posting.level = logging.INFO
@@ -537,9 +680,13 @@ def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] =
     @kopf.on.delete(**res, backoff=backoff, id="release")
     async def on_delete(body: Any, logger: logging.Logger, **_: Any) -> None:
         # Children go with the owner (ownerReferences); only in-memory state is ours to drop.
-        op.jobs.pop(body["metadata"].get("uid", ""), None)
+        op.jobs.pop((body["metadata"].get("namespace") or "", body["metadata"]["name"]), None)
         op.metrics.reconciles.labels(handler="delete", result="ok").inc()
         logger.info("released %s", body["metadata"]["name"])
+
+    @kopf.on.event("", "v1", "pods", labels={b.LABEL_JOB: kopf.PRESENT}, registry=registry, id="final-reports")
+    def on_pod(event: dict, logger: logging.Logger, **_: Any) -> None:
+        on_pod_event(op, event, logger)
 
     @kopf.timer(**res, interval=op.config.monitor_interval, id="monitor")
     async def on_monitor(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:

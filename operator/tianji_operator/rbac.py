@@ -9,8 +9,9 @@ the operator makes against the emulator is covered.
 from __future__ import annotations
 
 RULES: list[dict] = [
-    # Kopf: watch the jobs, add/remove its finalizer and progress annotations, write status.
-    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs"], "verbs": ["list", "watch", "patch"]},
+    # Kopf: watch the jobs, add/remove its finalizer and progress annotations; the operator
+    # reads a job afresh before each status write.
+    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs/status"], "verbs": ["patch"]},
     # Children carry ownerReferences with blockOwnerDeletion: true, which the
     # OwnerReferencesPermissionEnforcement admission plugin allows only to those who may
@@ -24,7 +25,8 @@ RULES: list[dict] = [
     # The operator: children of each job.
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
+    # pods: watched for the final reports in their termination messages.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create"]},
 ]

@@ -1,15 +1,16 @@
 """TianJiJob `.status`: phase, conditions, replicas per group — pure functions.
 
     phase               Pending | Running | Succeeded | Failed
-    conditions[]        type (Planned, Ready, Progressing, Rescaled, Failed), status, reason,
+    conditions[]        type (Planned, Ready, Progressing, Rescaled, Succeeded, Failed), status, reason,
                         message, lastTransitionTime (changes only when status flips), observedGeneration
     observedGeneration  the metadata.generation the operator last reconciled
     plan                the planner's output (topology, per-role requests, predictions)
     groups[]            {group, actors|buffers|learners: {desired, ready}}
     actors              "ready/desired" over all groups (printer column)
-    throughput          framesPerSecond, samplesReceivedPerSecond, samplesConsumedPerSecond,
-                        replayRatio, framesTotal, source (prometheus|scrape), time, groups[]
-    policyVersion, policyLag, meanReturn
+    envFrames, episodes, meanReturn, policyVersion, policyLag, throughput, rates, bytesSent,
+    droppedSamples, rejectedMessages, reportTime
+                        tianji.control.accounting's view (summary.json's numbers, camelCase)
+    accounting          the accounting's state (an operator restart continues from it)
     autoscale           lastRescaleTime, lastDecision, lastEvaluation
     startTime, completionTime
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Iterable, Optional
 
-CONDITION_TYPES = ("Planned", "Ready", "Progressing", "Rescaled", "Failed")
+CONDITION_TYPES = ("Planned", "Ready", "Progressing", "Rescaled", "Succeeded", "Failed")
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 TERMINAL = (SUCCEEDED, FAILED)
 
@@ -100,21 +101,6 @@ def summarize(topology: Any, pods: list[dict], statefulsets: dict[int, Optional[
 
 def all_ready(groups: list[dict]) -> bool:
     return all(e[r]["ready"] >= e[r]["desired"] for e in groups for r in ("actors", "buffers", "learners"))
-
-
-def stop_reason(spec: Any, status: dict, now: float) -> Optional[str]:
-    """Why the job has reached its target (spec.stop), from the metrics in status; None if not."""
-    stop = spec.stop
-    if stop.mean_return is not None and status.get("meanReturn") is not None \
-            and float(status["meanReturn"]) >= stop.mean_return:
-        return f"mean return {float(status['meanReturn']):.4g} >= stop.meanReturn {stop.mean_return:g}"
-    frames = (status.get("throughput") or {}).get("framesTotal")
-    if stop.env_frames is not None and frames is not None and float(frames) >= stop.env_frames:
-        return f"{int(frames)} env frames >= stop.envFrames {stop.env_frames}"
-    start = parse_iso(status.get("startTime"))
-    if stop.seconds is not None and start is not None and now - start >= stop.seconds:
-        return f"ran {now - start:.0f} s >= stop.seconds {stop.seconds:g}"
-    return None
 
 
 def camel_keys(obj: Any) -> Any:

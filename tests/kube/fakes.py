@@ -2,6 +2,7 @@
 answering fixed vectors, and pods serving fixed /metrics text."""
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import aiohttp.web
@@ -67,26 +68,35 @@ class FakePrometheus:
 
 
 class FakePodMetrics:
-    """`/metrics` of several pods on one port, told apart by loopback address (127.0.0.2, ...).
-
-    `text[ip]` is the exposition text a pod serves; tests rewrite it between scrapes."""
+    """Several pods' metrics port on one port number, told apart by loopback address
+    (127.0.0.2, ...): `/metrics` serves `text[ip]`, `/report` serves `reports[ip]` (a dict,
+    JSON-encoded; see `worker_report`). Tests rewrite them between scrapes."""
 
     def __init__(self, ips: list[str]):
         self.ips = ips
         self.text: dict[str, str] = {ip: "" for ip in ips}
+        self.reports: dict[str, Any] = {}
         self.port = 0
         self.hits: dict[str, int] = {ip: 0 for ip in ips}
         self._runners: list[aiohttp.web.AppRunner] = []
 
-    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+    async def _metrics(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         ip = request.transport.get_extra_info("sockname")[0]
         self.hits[ip] += 1
         return aiohttp.web.Response(text=self.text.get(ip, ""), content_type="text/plain")
 
+    async def _report(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        ip = request.transport.get_extra_info("sockname")[0]
+        self.hits[ip] += 1
+        if ip not in self.reports:
+            return aiohttp.web.Response(status=404)
+        return aiohttp.web.Response(text=json.dumps(self.reports[ip]), content_type="application/json")
+
     async def __aenter__(self) -> "FakePodMetrics":
         for ip in self.ips:
             app = aiohttp.web.Application()
-            app.router.add_get("/metrics", self._handle)
+            app.router.add_get("/metrics", self._metrics)
+            app.router.add_get("/report", self._report)
             runner = aiohttp.web.AppRunner(app, access_log=None)
             await runner.setup()
             site = aiohttp.web.TCPSite(runner, ip, self.port)
@@ -98,3 +108,21 @@ class FakePodMetrics:
     async def __aexit__(self, *exc: Any) -> None:
         for r in self._runners:
             await r.cleanup()
+
+
+def worker_report(job: str, role: str, group: int, index: int, *, seq: int = 1, incarnation: str = "inc0",
+                  episodes: list[float] = (), episodes_total: int | None = None, final: bool = False,
+                  version: int = 0, **counts: float) -> dict:
+    """A role's report as a worker builds it (RoleMetrics + build_report), with these counts."""
+    from tianji.control.accounting import build_report
+    from tianji.observability.metrics import RoleMetrics
+
+    m = RoleMetrics(job, role, group, index)
+    for name, v in counts.items():
+        m.inc(name, v)
+    eps = list(episodes)
+    return build_report(job=job, role=role, group=group, index=index, incarnation=incarnation, pid=1, seq=seq,
+                        time=1_800_000_000.0 + seq, final=final, snapshot=m.snapshot(),
+                        episodes_total=len(eps) if episodes_total is None else episodes_total,
+                        recent=[(1_800_000_000.0 + seq + i * 1e-3, r) for i, r in enumerate(eps)],
+                        extra={"version": version} if role == "learner" else {})

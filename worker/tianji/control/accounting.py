@@ -408,6 +408,27 @@ def _merge_lag_raw(a: dict, b: dict) -> dict:
             "min": min(a["min"], b["min"]), "max": max(a["max"], b["max"])}
 
 
+# ----------------------------------------------------------------- the status view
+STATUS_RATE_KEYS = {"produced_fps": "producedFps", "received_fps": "receivedFps", "consumed_sps": "consumedSps",
+                    "train_steps_per_s": "trainStepsPerSecond"}
+
+
+def status_numbers(view: dict) -> dict:
+    """`Accounting.view()` as TianJiJob status fields: the same numbers under the Kubernetes
+    API's camelCase names (summary.json env_frames = status.envFrames, and so on)."""
+    out = {
+        "envFrames": view["env_frames"], "episodes": view["episodes"], "policyVersion": view["policy_version"],
+        "policyLag": {k: round(v, 4) for k, v in view["policy_lag"].items() if v is not None},
+        "throughput": {STATUS_RATE_KEYS[k]: round(v, 3) for k, v in view["throughput"].items()},
+        "rates": {STATUS_RATE_KEYS[k]: round(v, 3) for k, v in view["rates"].items()},
+        "bytesSent": view["bytes_sent"], "droppedSamples": dict(view["dropped_samples"]),
+        "rejectedMessages": view["rejected_messages"],
+    }
+    if view["mean_return"] is not None:
+        out["meanReturn"] = view["mean_return"]
+    return out
+
+
 # ----------------------------------------------------------------- the stop rule
 class StopRule:
     """spec.stop (plus a caller's own wall-clock cap), checked against the accounting.

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from tianji.control.accounting import STATUS_RATE_KEYS
 from tianji.control.spec import API_VERSION, KIND, JobSpec
 
 GROUP, VERSION = API_VERSION.split("/")
@@ -48,8 +49,12 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Actors", "type": "string", "jsonPath": ".status.actors",
      "description": "actor pods ready/desired over all groups"},
-    {"name": "Frames/s", "type": "number", "jsonPath": ".status.throughput.framesPerSecond"},
-    {"name": "Mean return", "type": "number", "jsonPath": ".status.meanReturn"},
+    {"name": "Frames", "type": "integer", "jsonPath": ".status.envFrames",
+     "description": "env frames (summary.json env_frames)"},
+    {"name": "Frames/s", "type": "number", "jsonPath": ".status.rates.producedFps"},
+    {"name": "Episodes", "type": "integer", "jsonPath": ".status.episodes"},
+    {"name": "Mean return", "type": "number", "jsonPath": ".status.meanReturn",
+     "description": "mean of the last 100 finished episodes (summary.json mean_return)"},
     {"name": "Policy version", "type": "integer", "jsonPath": ".status.policyVersion"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
@@ -242,12 +247,17 @@ def _topology_schema(obj: dict) -> dict:
 
 
 def status_schema() -> dict:
+    """Every field the operator writes, declared: a real apiserver prunes what is not
+    (a test writes each status the operator produces through pruning). Only opaque
+    records (the plan, the accounting state, autoscaler decisions) keep unknown fields."""
     num = {"type": "number"}
+    count = {"type": "integer", "minimum": 0}
+    opaque = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     cond = {
         "type": "object",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string", "description": "Planned, Ready, Progressing, Rescaled or Failed"},
+            "type": {"type": "string", "description": "Planned, Ready, Progressing, Rescaled, Succeeded or Failed"},
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string"},
             "message": {"type": "string"},
@@ -256,10 +266,11 @@ def status_schema() -> dict:
         },
     }
     counts = {"type": "object", "properties": {"desired": {"type": "integer"}, "ready": {"type": "integer"}}}
+    rates = {"type": "object", "properties": {k: num for k in STATUS_RATE_KEYS.values()}}
     return {
         "type": "object",
-        "description": "Written by the operator (see docs/operator.md).",
-        "x-kubernetes-preserve-unknown-fields": True,
+        "description": "Written by the operator (see docs/operator.md). The training numbers are "
+                       "tianji.control.accounting's view, the same as a local run's summary.json.",
         "properties": {
             "phase": {"type": "string", "enum": ["Pending", "Running", "Succeeded", "Failed"]},
             "observedGeneration": {"type": "integer"},
@@ -267,16 +278,22 @@ def status_schema() -> dict:
             "actors": {"type": "string", "description": "actor pods ready/desired over all groups"},
             "groups": {"type": "array", "items": {"type": "object", "properties": {
                 "group": {"type": "integer"}, "actors": counts, "buffers": counts, "learners": counts}}},
-            "plan": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-            "throughput": {"type": "object", "properties": {
-                "framesPerSecond": num, "samplesReceivedPerSecond": num, "samplesConsumedPerSecond": num,
-                "replayRatio": num, "source": {"type": "string"}, "time": {"type": "string", "format": "date-time"},
-                "groups": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-            }},
-            "policyVersion": {"type": "integer"},
-            "policyLag": num,
-            "meanReturn": num,
-            "autoscale": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "plan": {**opaque, "description": "the planner's output (topology, requests, predictions)"},
+            "envFrames": {**count, "description": "env frames stepped by all actors (summary.json env_frames)"},
+            "episodes": {**count, "description": "episodes finished"},
+            "meanReturn": {**num, "description": "mean return of the last 100 finished episodes"},
+            "policyVersion": {**count, "description": "newest learner version"},
+            "policyLag": {"type": "object", "description": "lag of consumed samples, in learner versions",
+                          "properties": {"min": num, "mean": num, "max": num}},
+            "throughput": {**rates, "description": "whole-run averages: totals / seconds since startTime"},
+            "rates": {**rates, "description": "over the last few seconds"},
+            "bytesSent": count,
+            "droppedSamples": {"type": "object", "additionalProperties": count, "description": "by reason"},
+            "rejectedMessages": count,
+            "reportTime": {"type": "string", "format": "date-time",
+                           "description": "when the numbers above were last counted"},
+            "accounting": {**opaque, "description": "the counting state (restored after an operator restart)"},
+            "autoscale": {**opaque, "description": "lastRescaleTime, lastDecision, lastEvaluation"},
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
         },
