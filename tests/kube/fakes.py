@@ -121,7 +121,8 @@ def worker_report(job: str, role: str, group: int, index: int, *, seq: int = 1, 
     for name, v in counts.items():
         m.inc(name, v)
     eps = list(episodes)
-    return build_report(job=job, role=role, group=group, index=index, incarnation=incarnation, pid=1, seq=seq,
+    return build_report(job=job, role=role, group=group, index=index, incarnation=incarnation, pid=1,
+                        started=1_800_000_000.0, seq=seq,
                         time=1_800_000_000.0 + seq, final=final, snapshot=m.snapshot(),
                         episodes_total=len(eps) if episodes_total is None else episodes_total,
                         recent=[(1_800_000_000.0 + seq + i * 1e-3, r) for i, r in enumerate(eps)],

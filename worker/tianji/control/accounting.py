@@ -71,6 +71,7 @@ RATE_WINDOW_S = 5.0
 REPORT_VERSION = 1
 MAX_COUNT = 2.0 ** 62  # larger counters are hostile or broken, not real
 MAX_EPISODES_PER_REPORT = WINDOW
+MAX_GONE = 1024  # replaced incarnations remembered (to recognise their late reports)
 
 
 class ReportError(ValueError):
@@ -85,6 +86,7 @@ class Report:
     index: int
     incarnation: str
     pid: int
+    started: float  # wall-clock start of the process: orders incarnations of one role process
     seq: int
     time: float
     final: bool
@@ -105,11 +107,12 @@ class Report:
         return f"{self.role}-{self.group}-{self.index}"
 
 
-def build_report(*, job: str, role: str, group: int, index: int, incarnation: str, pid: int, seq: int,
-                 time: float, final: bool, snapshot: dict, episodes_total: int, recent: list, extra: dict) -> dict:
+def build_report(*, job: str, role: str, group: int, index: int, incarnation: str, pid: int, started: float,
+                 seq: int, time: float, final: bool, snapshot: dict, episodes_total: int, recent: list,
+                 extra: dict) -> dict:
     """The report as a plain dict (msgpack/JSON): what a role process produces."""
     return {"v": REPORT_VERSION, "job": job, "role": role, "group": group, "index": index,
-            "incarnation": incarnation, "pid": pid, "seq": seq, "time": time, "final": final,
+            "incarnation": incarnation, "pid": pid, "started": started, "seq": seq, "time": time, "final": final,
             "counts": snapshot["counts"], "reasons": snapshot["reasons"], "gauges": snapshot["gauges"],
             "lag": snapshot["lag"], "episodes_total": int(episodes_total),
             "recent": [[float(t), float(r)] for t, r in recent[-MAX_EPISODES_PER_REPORT:]], "extra": extra}
@@ -195,6 +198,7 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
     return Report(role=role, group=_int(d.get("group"), "group", 0, 1 << 20),
                   index=_int(d.get("index"), "index", 0, 1 << 20), incarnation=inc,
                   pid=_int(d.get("pid", 0), "pid", 0, 1 << 31),
+                  started=_num(d.get("started", 0.0), "started", 0.0, 1e11),
                   seq=_int(d.get("seq", 0), "seq"), time=_num(d.get("time", 0.0), "time", 0.0, 1e11),
                   final=bool(d.get("final", False)), counts=counts, reasons=reasons, gauges=gauges, lag=lag,
                   episodes_total=_int(d.get("episodes_total", 0), "episodes_total"), recent=recent, extra=extra)
@@ -220,6 +224,7 @@ class Proc:
     """The newest report of one live (or last seen) incarnation of a role process."""
 
     incarnation: str
+    started: float
     seq: int
     group: int
     counts: dict[str, float]
@@ -229,6 +234,7 @@ class Proc:
     episodes_total: int
     extra: dict[str, Any]
     final: bool = False
+    role: str = ""
 
 
 class Accounting:
@@ -236,7 +242,8 @@ class Accounting:
     keeps it in the TianJiJob status, so an operator restart loses nothing)."""
 
     def __init__(self, state: Optional[dict] = None):
-        self.procs: dict[tuple[str, int, int], Proc] = {}
+        self.procs: dict[tuple[str, int, int], Proc] = {}  # the current incarnation of each process
+        self.gone: dict[str, Proc] = {}  # incarnations replaced (their counts are in `retired`)
         self.retired: dict[tuple[str, int], dict[str, float]] = {}  # (role, group) -> counts
         self.retired_reasons: dict[str, dict[str, float]] = {}
         self.retired_lag: dict[str, Any] = {"count": 0, "sum": 0.0, "min": None, "max": None}
@@ -249,26 +256,63 @@ class Accounting:
 
     # -------------------------------------------------------------- intake
     def take(self, report: Report) -> bool:
-        """Count one report; False if it is older than what is held (nothing changes)."""
-        old = self.procs.get(report.key)
-        if old is not None and old.incarnation == report.incarnation:
-            if report.seq <= old.seq:
-                return False
-            new_eps = report.episodes_total - old.episodes_total
-            if new_eps < 0 or any(report.counts.get(k, 0.0) < v for k, v in old.counts.items()):
-                raise ReportError(f"{report.name}: counters went backwards within one incarnation")
-        else:
-            if old is not None:
-                self._retire(report.role, old)
-            new_eps = report.episodes_total
-        self.procs[report.key] = Proc(report.incarnation, report.seq, report.group, dict(report.counts),
-                                      {k: dict(v) for k, v in report.reasons.items()}, dict(report.gauges),
-                                      dict(report.lag), report.episodes_total, dict(report.extra), report.final)
-        if new_eps > 0:
-            self.episodes_total += new_eps
-            for ep in report.recent[-new_eps:] if new_eps < len(report.recent) else report.recent:
-                self._add_episode(ep)
+        """Count one report; False if it adds nothing (older than what is held).
+
+        The current incarnation of a (role, group, index) is the one started last. A report of
+        an incarnation that is gone (replaced, or first seen after its successor, e.g. the
+        previous container's termination message) adds only what it has beyond what was
+        counted of it: nothing is counted twice, and the current one stays current."""
+        cur = self.procs.get(report.key)
+        gone = self.gone.get(report.incarnation)
+        if cur is not None and cur.incarnation == report.incarnation:
+            return self._advance(cur, report, retired=False)
+        if gone is not None:
+            return self._advance(gone, report, retired=True)
+        p = self._proc(report)
+        if cur is not None and report.started < cur.started:  # an older process, seen late
+            self._retire(report.role, p)
+            self._count_episodes(report, report.episodes_total)
+            return True
+        if cur is not None:
+            self._retire(report.role, cur)
+        self.procs[report.key] = p
+        self._count_episodes(report, report.episodes_total)
         return True
+
+    def _proc(self, r: Report) -> "Proc":
+        return Proc(r.incarnation, r.started, r.seq, r.group, dict(r.counts),
+                    {k: dict(v) for k, v in r.reasons.items()}, dict(r.gauges), dict(r.lag), r.episodes_total,
+                    dict(r.extra), r.final, r.role)
+
+    def _advance(self, held: "Proc", report: Report, retired: bool) -> bool:
+        if report.seq <= held.seq:
+            return False
+        new_eps = report.episodes_total - held.episodes_total
+        if new_eps < 0 or any(report.counts.get(k, 0.0) < v for k, v in held.counts.items()):
+            raise ReportError(f"{report.name}: counters went backwards within one incarnation")
+        p = self._proc(report)
+        if retired:  # add what it counted since its last report to the retired totals
+            delta = {k: v - held.counts.get(k, 0.0) for k, v in p.counts.items()}
+            _add(self.retired.setdefault((report.role, report.group), {}), delta)
+            for name, by in p.reasons.items():
+                old = held.reasons.get(name, {})
+                _add(self.retired_reasons.setdefault(name, {}), {r: v - old.get(r, 0.0) for r, v in by.items()})
+            lag = dict(p.lag)
+            lag["count"] -= held.lag.get("count", 0)
+            lag["sum"] -= held.lag.get("sum", 0.0)
+            self.retired_lag = _merge_lag_raw(self.retired_lag, lag)
+            self.gone[report.incarnation] = p
+        else:
+            self.procs[report.key] = p
+        self._count_episodes(report, new_eps)
+        return True
+
+    def _count_episodes(self, report: Report, new_eps: int) -> None:
+        if new_eps <= 0:
+            return
+        self.episodes_total += new_eps
+        for ep in report.recent[-new_eps:] if new_eps < len(report.recent) else report.recent:
+            self._add_episode(ep)
 
     def _add_episode(self, ep: tuple[float, float]) -> None:
         if len(self.window) >= WINDOW and ep[0] < self.window[0][0]:
@@ -276,11 +320,16 @@ class Accounting:
         bisect.insort(self.window, (float(ep[0]), float(ep[1])))
         del self.window[:-WINDOW]
 
-    def _retire(self, role: str, p: Proc) -> None:
+    def _retire(self, role: str, p: "Proc") -> None:
+        """Fold an incarnation that is gone into the retired totals (and remember it)."""
         _add(self.retired.setdefault((role, p.group), {}), p.counts)
         for name, by in p.reasons.items():
             _add(self.retired_reasons.setdefault(name, {}), by)
         self.retired_lag = _merge_lag_raw(self.retired_lag, p.lag)
+        self.gone[p.incarnation] = p
+        if len(self.gone) > MAX_GONE:  # forget the oldest: their late reports can no longer arrive
+            for inc, _ in sorted(self.gone.items(), key=lambda kv: kv[1].started)[:len(self.gone) - MAX_GONE]:
+                del self.gone[inc]
 
     # -------------------------------------------------------------- views
     def role_totals(self, role: str, group: Optional[int] = None) -> dict[str, float]:
@@ -375,10 +424,8 @@ class Accounting:
         return {"v": 1, "episodesTotal": self.episodes_total, "window": [list(e) for e in self.window],
                 "retired": [{"role": r, "group": g, "counts": c} for (r, g), c in sorted(self.retired.items())],
                 "retiredReasons": self.retired_reasons, "retiredLag": self.retired_lag, "rejected": self.rejected,
-                "procs": [{"role": r, "group": g, "index": i, "incarnation": p.incarnation, "seq": p.seq,
-                           "counts": p.counts, "reasons": p.reasons, "lag": p.lag, "episodesTotal": p.episodes_total,
-                           "version": int(p.extra.get("version", 0) or 0), "final": p.final}
-                          for (r, g, i), p in sorted(self.procs.items())]}
+                "procs": [{"index": i, **_proc_state(p)} for (r, g, i), p in sorted(self.procs.items())],
+                "gone": [_proc_state(p) for p in sorted(self.gone.values(), key=lambda p: p.started)]}
 
     def _load(self, s: dict) -> None:
         try:
@@ -391,12 +438,25 @@ class Accounting:
             self.retired_lag = dict(s.get("retiredLag") or self.retired_lag)
             self.rejected = int(s.get("rejected", 0))
             for p in s.get("procs", []):
-                self.procs[(p["role"], int(p["group"]), int(p["index"]))] = Proc(
-                    p["incarnation"], int(p["seq"]), int(p["group"]), {k: float(v) for k, v in p["counts"].items()},
-                    p.get("reasons", {}), {}, p.get("lag", {}), int(p.get("episodesTotal", 0)),
-                    {"version": int(p.get("version", 0))}, bool(p.get("final")))
+                self.procs[(p["role"], int(p["group"]), int(p["index"]))] = _proc_from_state(p)
+            for p in s.get("gone", []):
+                self.gone[p["incarnation"]] = _proc_from_state(p)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ReportError(f"accounting state unreadable: {type(e).__name__}: {e}") from None
+
+
+def _proc_state(p: Proc) -> dict:
+    return {"role": p.role, "group": p.group, "incarnation": p.incarnation, "started": p.started, "seq": p.seq,
+            "counts": p.counts, "reasons": p.reasons, "lag": p.lag, "episodesTotal": p.episodes_total,
+            "version": int(p.extra.get("version", 0) or 0), "final": p.final}
+
+
+def _proc_from_state(p: dict) -> Proc:
+    return Proc(p["incarnation"], float(p.get("started", 0.0)), int(p["seq"]), int(p["group"]),
+                {k: float(v) for k, v in p["counts"].items()},
+                {k: {r: float(v) for r, v in by.items()} for k, by in p.get("reasons", {}).items()}, {},
+                dict(p.get("lag", {})), int(p.get("episodesTotal", 0)), {"version": int(p.get("version", 0))},
+                bool(p.get("final")), p["role"])
 
 
 def _merge_lag_raw(a: dict, b: dict) -> dict:

@@ -47,6 +47,7 @@ class Role:
             self._report_sock = self.socket(zmq.PUSH, report, bind=False, hwm=16)
         self._last_report = 0.0
         self.incarnation = uuid.uuid4().hex[:12]  # this process; a restart is a new incarnation
+        self.started_at = time.time()
         self._report_seq = 0
         self._recent: deque = deque(maxlen=WINDOW)  # (finish time, return) of the last episodes
         self._report_json = b"{}"  # the newest report, served on /report (swapped whole: thread-safe)
@@ -122,7 +123,8 @@ class Role:
         """This process's report (tianji.control.accounting): cumulative counts of this incarnation."""
         self._report_seq += 1
         return build_report(job=self.job.name, role=self.name, group=self.group, index=self.index,
-                            incarnation=self.incarnation, pid=os.getpid(), seq=self._report_seq, time=time.time(), final=final,
+                            incarnation=self.incarnation, pid=os.getpid(), started=self.started_at,
+                            seq=self._report_seq, time=time.time(), final=final,
                             snapshot=self.metrics.snapshot(),
                             episodes_total=int(self.metrics.counts.get("episodes_total", 0)),
                             recent=list(self._recent), extra=self.report_extra())

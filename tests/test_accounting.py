@@ -1,0 +1,140 @@
+"""tianji.control.accounting without sockets: the counting both engines share."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kube.fakes import worker_report
+from tianji.control.accounting import (WINDOW, Accounting, ReportError, StopRule, compact_json, parse_report,
+                                       status_numbers)
+from tianji.control.spec import StopConfig
+
+
+def rep(role="actor", index=0, *, inc="a", started=1.0, seq=1, episodes=(), episodes_total=None, **counts):
+    d = worker_report("j", role, 0, index, seq=seq, incarnation=inc, episodes=list(episodes),
+                      episodes_total=episodes_total, **counts)
+    d["started"] = started
+    return parse_report(d, "j")
+
+
+def test_totals_survive_a_restart_and_never_go_backwards():
+    acc = Accounting()
+    acc.take(rep(inc="a", seq=1, env_frames_total=100))
+    acc.take(rep(inc="a", seq=2, env_frames_total=300))
+    acc.take(rep(inc="b", started=2.0, seq=1, env_frames_total=10))  # restarted: counts from zero
+    assert acc.totals()["env_frames"] == 310
+    acc.take(rep(inc="b", started=2.0, seq=2, env_frames_total=50))
+    assert acc.totals()["env_frames"] == 350
+
+
+def test_a_late_final_report_of_a_replaced_process_adds_only_its_tail():
+    """The previous container's termination message, read after its successor's /report."""
+    acc = Accounting()
+    acc.take(rep(inc="a", seq=1, env_frames_total=100, episodes=[1.0]))
+    acc.take(rep(inc="b", started=2.0, seq=1, env_frames_total=10))
+    acc.take(rep(inc="a", seq=9, env_frames_total=130, episodes=[1.0, 2.0]))  # a's final report
+    assert acc.totals()["env_frames"] == 140 and acc.episodes_total == 2
+    assert acc.procs[("actor", 0, 0)].incarnation == "b"  # the newer process stays current
+    for _ in range(3):  # read again and again (the message stays in lastState): counted once
+        acc.take(rep(inc="a", seq=9, env_frames_total=130, episodes=[1.0, 2.0]))
+    assert acc.totals()["env_frames"] == 140 and acc.episodes_total == 2
+
+
+def test_an_older_process_first_seen_after_its_successor_is_counted_as_retired():
+    acc = Accounting()
+    acc.take(rep(inc="new", started=5.0, seq=3, env_frames_total=20))
+    acc.take(rep(inc="old", started=1.0, seq=7, env_frames_total=500))
+    assert acc.totals()["env_frames"] == 520 and acc.procs[("actor", 0, 0)].incarnation == "new"
+    acc.take(rep(inc="new", started=5.0, seq=4, env_frames_total=30))
+    assert acc.totals()["env_frames"] == 530
+
+
+def test_stale_and_backwards_reports():
+    acc = Accounting()
+    acc.take(rep(seq=5, env_frames_total=100))
+    assert acc.take(rep(seq=4, env_frames_total=90)) is False  # older: ignored
+    with pytest.raises(ReportError, match="backwards"):
+        acc.take(rep(seq=6, env_frames_total=50))
+    assert acc.totals()["env_frames"] == 100
+
+
+def test_mean_return_is_the_last_100_finished_episodes_by_finish_time():
+    acc = Accounting()
+    r0 = worker_report("j", "actor", 0, 0, episodes=[0.0] * 150)  # 150 episodes, only 100 carried
+    acc.take(parse_report(r0, "j"))
+    assert acc.episodes_total == 150 and len(acc.window) == WINDOW and acc.mean_return() == 0.0
+    r1 = worker_report("j", "actor", 0, 1, episodes=[10.0] * 40)
+    r1["recent"] = [[t + 100.0, r] for t, r in r1["recent"]]  # finished later than actor 0's
+    acc.take(parse_report(r1, "j"))
+    assert acc.mean_return() == pytest.approx((60 * 0.0 + 40 * 10.0) / 100)
+    # Episodes that finished before all of the last 100 do not enter the window.
+    r2 = worker_report("j", "actor", 0, 2, episodes=[1000.0] * 5)
+    r2["recent"] = [[1.0, r] for _, r in r2["recent"]]
+    acc.take(parse_report(r2, "j"))
+    assert acc.episodes_total == 195 and acc.mean_return() == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"counts": {"env_frames_total": float("nan")}}, "env_frames_total"),
+    ({"counts": {"env_frames_total": -1}}, "out of range"),
+    ({"counts": {"env_frames_total": 2.0 ** 70}}, "out of range"),
+    ({"counts": {"env_frames_total": "100"}}, "not a number"),
+    ({"recent": [[1.0, float("inf")]]}, "return"),
+    ({"recent": [[1.0, 5.0]] * 101}, "at most 100"),
+    ({"episodes_total": -3}, "episodes_total"),
+    ({"extra": {"version": 2 ** 64 - 1}}, "extra.version"),
+    ({"role": ["actor"]}, "role"),
+    ({"incarnation": {"x": 1}}, "incarnation"),
+    ({"job": "someone-else"}, "not 'j'"),
+    ({"v": 99}, "version"),
+])
+def test_hostile_reports_are_refused(bad, why):
+    with pytest.raises(ReportError, match=why):
+        parse_report({**worker_report("j", "learner", 0, 0), **bad}, "j")
+
+
+def test_state_round_trips_exactly():
+    acc = Accounting()
+    acc.take(rep(inc="a", seq=1, env_frames_total=100, episodes=[3.0, 4.0]))
+    acc.take(rep(inc="b", started=2.0, seq=1, env_frames_total=10, episodes=[5.0], episodes_total=1))
+    acc.take(rep("learner", inc="l", seq=1, samples_consumed_total=64))
+    again = Accounting(json.loads(json.dumps(acc.state())))
+    assert again.view(10.0) == acc.view(10.0)
+    # The restored copy still recognises the replaced incarnation's late report.
+    again.take(rep(inc="a", seq=2, env_frames_total=120, episodes=[3.0, 4.0]))
+    assert again.totals()["env_frames"] == 130
+    with pytest.raises(ReportError):
+        Accounting({"procs": [{"role": "actor"}]})
+
+
+def test_the_stop_rule():
+    acc = Accounting()
+    rule = StopRule(StopConfig(mean_return=475, env_frames=10_000, seconds=60))
+    acc.take(parse_report(worker_report("j", "actor", 0, 0, episodes=[500.0] * 99, env_frames_total=100), "j"))
+    assert rule.check(acc, 1.0) is None  # 99 episodes: the mean needs 100
+    acc.take(parse_report(worker_report("j", "actor", 0, 0, seq=2, episodes=[500.0] * 100,
+                                        env_frames_total=200), "j"))
+    assert rule.check(acc, 1.0) == "target" and "500 >= stop.meanReturn 475" in rule.message("target", acc, 1.0)
+    assert StopRule(StopConfig(env_frames=150)).check(acc, 0.0) == "frames"
+    assert StopRule(StopConfig(seconds=60), max_seconds=5).check(acc, 5.0) == "seconds"
+
+
+def test_summary_and_status_show_the_same_numbers():
+    acc = Accounting()
+    acc.take(rep(env_frames_total=1000, episodes=[7.0, 9.0]))
+    acc.take(rep("learner", inc="l", samples_consumed_total=640, train_steps_total=10))
+    v = acc.view(4.0)
+    s = status_numbers(v)
+    assert (s["envFrames"], s["episodes"], s["meanReturn"]) == (v["env_frames"], v["episodes"], v["mean_return"])
+    assert s["throughput"]["producedFps"] == 250 and s["throughput"]["consumedSps"] == 160
+
+
+def test_the_final_report_fits_a_termination_message():
+    r = worker_report("j", "actor", 0, 0, episodes=[math.pi * 1e5] * 100, env_frames_total=123456789)
+    r["recent"] = [[1_800_000_000.123456 + i, x] for i, (_, x) in enumerate(r["recent"])]
+    out = compact_json(r, 4096)
+    back = parse_report(json.loads(out), "j")
+    assert len(out) <= 4096 and back.counts["env_frames_total"] == 123456789 and 0 < len(back.recent) <= 100
+    assert back.recent[-1][0] == pytest.approx(r["recent"][-1][0], abs=0.01)  # the newest are kept
