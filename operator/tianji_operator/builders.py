@@ -88,15 +88,13 @@ def resolve(job: TianJiJob, plan: Plan) -> TianJiJob:
     Workers read this (ConfigMap job.yaml), so all pods agree on the topology
     even when the spec says `topology: auto`.
     """
-    doc = job.to_manifest()
-    spec = doc.setdefault("spec", {})
+    doc = job.to_manifest()  # `spec` and `spec.resources` always there: defaults are dumped
+    spec = doc["spec"]
     spec["topology"] = {"auto": False, **plan.topology()}
-    res = spec.setdefault("resources", {})
     for role in ("actor", "buffer", "learner"):
         rp = getattr(plan, role)
-        res[role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
-    if plan.batch_size and spec.get("algorithm", {}).get("batchSize") != plan.batch_size:
-        spec["algorithm"]["batchSize"] = plan.batch_size
+        spec["resources"][role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
+    # No batch size here: the planner takes the spec's (Plan.batch_size is algorithm.batchSize).
     return TianJiJob.model_validate(doc)
 
 
@@ -132,10 +130,10 @@ def configmap(resolved: TianJiJob, applied_spec: JobSpec, generation: int = 0, p
     }
 
 
-def _data_ports(job: TianJiJob, roles=("buffer", "learner")) -> list[dict]:
+def _data_ports(job: TianJiJob) -> list[dict]:
     base = job.spec.network.base_port
     return [{"name": ch, "port": base + PORTS[ch], "targetPort": ch, "protocol": "TCP"}
-            for r in roles for ch in ROLE_PORTS[r]]
+            for r in ("buffer", "learner") for ch in ROLE_PORTS[r]]
 
 
 def service(job: TianJiJob) -> dict:
