@@ -167,6 +167,15 @@ class Topology(_Model):
 
 
 class Staleness(_Model):
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_fields(cls, v: Any) -> Any:
+        # `ratioBand` was never read and is gone, but older run dirs, checkpoints, ConfigMaps and
+        # objects defaulted by an older CRD (Helm does not upgrade CRDs) carry it: accept, ignore.
+        if isinstance(v, dict) and ("ratioBand" in v or "ratio_band" in v):
+            v = {k: x for k, x in v.items() if k not in ("ratioBand", "ratio_band")}
+        return v
+
     max_policy_lag: Optional[int] = Field(
         None, ge=0, description="drop samples older than this many learner versions (default: 4 for PPO, off for DQN)"
     )
