@@ -1,5 +1,6 @@
-"""`tianji run` end to end: bad messages on a live socket, Ctrl-C, and agents that learn."""
+"""`tianji run` end to end: bad messages on a live socket, Ctrl-C, kill -9, and agents that learn."""
 import pickle
+import signal
 import time
 
 import msgpack
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from helpers import EXAMPLES, read_summary, run_tianji, worker_pids
+from helpers import EXAMPLES, read_summary, run_tianji, wait_for, worker_pids
 from tianji.runtime.wire import encode
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
@@ -63,6 +64,14 @@ def test_sigint_stops_every_process_and_writes_summary(running_tianji):
     assert worker_pids(run.run_dir) == []
     assert not (run.run_dir / "sock").exists()  # no leftover socket files
     assert list((run.run_dir / "checkpoints" / "0-0").glob("ckpt-*.pt"))  # the learner saved on the way out
+
+
+def test_a_killed_launcher_leaves_no_worker_behind(running_tianji):
+    run = running_tianji(PPO, "--set", "spec.stop.seconds=300")
+    wait_for(lambda: len(worker_pids(run.run_dir)) == 4, 60, "the 4 workers to start")
+    # SIGKILL gives the launcher no chance to stop anyone: the workers go by PR_SET_PDEATHSIG.
+    assert run.stop() == []
+    assert run.proc.returncode == -signal.SIGKILL
 
 
 @pytest.mark.slow
