@@ -36,7 +36,8 @@ class SpecError(ValueError):
 QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-# A Python worker with torch needs ~250 MiB; anything below this is a unit slip (`512` is bytes).
+# Far below what any worker needs (Python with torch: ~250 MiB), so less is a unit slip
+# (`memory: 512` is 512 bytes), never a tight budget.
 MIN_MEMORY = "64Mi"
 MIN_CPU = 0.001  # Kubernetes counts cpu in millicores
 
