@@ -1,15 +1,26 @@
 """Shared helpers for tests that drive `tianji run` as a user would."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+IMAGES = ROOT / "images"
+
+
+def operator_image_requirements() -> list[str]:
+    """What the operator image installs besides tianji (images/operator-requirements.txt)."""
+    lines = (IMAGES / "operator-requirements.txt").read_text().splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
 
 
 def tianji_cmd(*args: str) -> list[str]:
@@ -18,10 +29,6 @@ def tianji_cmd(*args: str) -> list[str]:
 
 def run_tianji(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(tianji_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-
-
-def start_tianji(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(tianji_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -63,7 +70,60 @@ def worker_pids(run_dir: Path) -> list[int]:
     return out
 
 
-def interrupt(proc: subprocess.Popen, timeout: float = 60) -> str:
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=timeout)
-    return out
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TianjiRun:
+    """A `tianji run` started by the `running_tianji` fixture (tests/conftest.py), which stops it."""
+
+    proc: subprocess.Popen
+    run_dir: Path
+    log: Path  # the launcher's stdout and stderr
+
+    @classmethod
+    def start(cls, *args: str, run_dir: Path, log: Path) -> "TianjiRun":
+        with open(log, "wb") as out:  # a file, not a pipe: nobody has to drain it
+            # Its own process group, so that teardown can kill it whole.
+            proc = subprocess.Popen(tianji_cmd("run", *args, "--run-dir", str(run_dir), "--quiet"), stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        return cls(proc, Path(run_dir), Path(log))
+
+    def frames(self) -> float:
+        rec = last_record(self.run_dir)
+        return rec["env_frames"] if rec else 0
+
+    def wait_for_frames(self, more_than: float, timeout: float = 120) -> None:
+        wait_for(lambda: self.frames() > more_than, timeout, f"more than {more_than:g} env frames")
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def interrupt(self, timeout: float = 60) -> int:
+        """Ctrl-C, as a user would; returns the exit code."""
+        self.proc.send_signal(signal.SIGINT)
+        return self.wait(timeout)
+
+    def summary(self) -> dict:
+        return read_summary(self.run_dir)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, grace: float = 30) -> list[int]:
+        """Kill and reap the launcher's process group; then kill any worker that outlived it
+        (workers have their own sessions and die with the launcher) and return their pids."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=grace)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not worker_pids(self.run_dir), grace, "the workers to exit")
+        left = worker_pids(self.run_dir)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return left

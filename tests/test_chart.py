@@ -35,6 +35,7 @@ import yaml
 
 helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
 
+from helpers import operator_image_requirements  # noqa: E402
 from tianji.observability import metrics as tianji_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -797,22 +798,17 @@ def test_image_constraints_pin_every_dependency():
     pins = _constraints()
     assert all(re.fullmatch(r"[0-9][0-9A-Za-z.]*", v) for v in pins.values()), pins
     worker = _closure(["tianji"]) - {"tianji"}
-    operator = _closure(_operator_requirements())
+    operator = _closure(operator_image_requirements())
     # Platform-conditional packages (nvidia-*, triton) are pinned exactly by torch itself.
     missing = sorted(n for n in (worker | operator) if n not in pins and not n.startswith(("nvidia-", "triton")))
     assert not missing, f"images/constraints.txt does not pin {missing}"
-
-
-def _operator_requirements() -> list[str]:
-    lines = (IMAGES / "operator-requirements.txt").read_text().splitlines()
-    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
 
 
 def test_operator_image_installs_everything_the_operator_imports():
     """The operator image installs tianji --no-deps plus operator-requirements.txt. Simulate it:
     import the operator in a subprocess where every third-party distribution outside that set
     is unimportable (optional imports then fall back exactly as they would in the image)."""
-    allowed = sorted(_closure(_operator_requirements()))
+    allowed = sorted(_closure(operator_image_requirements()))
     code = r"""
 import importlib.abc, importlib.metadata as md, json, re, sys
 allowed = set(json.loads(sys.argv[1]))

@@ -170,6 +170,12 @@ def test_valid_instances_pass(spec):
     ({"algorithm": {"name": "ppo", "lr": 0}}, "lr"),
     ({"env": {"numEnvs": "many"}}, "numEnvs"),
     ({"resources": {"actor": {"memory": "lots"}}}, "memory"),
+    # What the Kubernetes grammar refuses, the API server refuses at admission too.
+    ({"resources": {"actor": {"memory": "524288K"}}}, "memory"),
+    ({"resources": {"buffer": {"cpu": 0.0004}}}, "cpu"),
+    ({"network": {"basePort": 65533}}, "basePort"),
+    ({"network": {"rdma": "hca_shared_devices_a"}}, "rdma"),
+    ({"image": "registry.example.com/TianJi:0.1.0"}, "image"),
     ({"autoscale": {"band": 1.0}}, "band"),
     ({"cleanPodPolicy": "Sometimes"}, "cleanPodPolicy"),
 ])

@@ -1,18 +1,11 @@
 """Data-parallel learners keep one model: identical parameters after every synchronised update."""
-import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from helpers import EXAMPLES, read_summary, run_tianji
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import EXAMPLES, free_port, read_summary, run_tianji
 
 
 def _learner(rank: int, world: int, init: str, out) -> None:
@@ -44,7 +37,7 @@ def _learner(rank: int, world: int, init: str, out) -> None:
 def test_learners_hold_identical_parameters_after_each_update():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_learner, args=(r, 2, init, q)) for r in range(2)]
     for p in procs:
         p.start()

@@ -6,7 +6,7 @@ import signal
 import pytest
 import torch
 
-from helpers import EXAMPLES, interrupt, last_record, read_summary, run_tianji, start_tianji, wait_for
+from helpers import EXAMPLES, read_summary, run_tianji, wait_for
 from tianji.runtime import checkpoint
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
@@ -23,11 +23,6 @@ def pid_of(role: str, run_dir) -> int | None:
         if str(run_dir).encode() in b" ".join(cmd) and b"--role" in cmd and cmd[cmd.index(b"--role") + 1] == role.encode():
             return int(d)
     return None
-
-
-def frames(run_dir) -> float:
-    rec = last_record(run_dir)
-    return rec["env_frames"] if rec else 0
 
 
 def test_truncated_newest_checkpoint_is_reported_and_previous_used(tmp_path, caplog):
@@ -53,41 +48,30 @@ def test_checkpoints_keep_last_k_and_refuse_pickled_objects(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_actor_is_restarted_and_training_reaches_target(tmp_path):
-    run = tmp_path / "run"
-    p = start_tianji("run", PPO, "--run-dir", str(run), "--quiet", "--set", "spec.stop.envFrames=500000")
-    try:
-        wait_for(lambda: frames(run) > 10000, 120, "training to start")
-        victim = pid_of("actor", run)
-        os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: pid_of("actor", run) not in (None, victim), 60, "the actor to come back")
-        p.wait(timeout=600)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    s = read_summary(run)
+def test_killed_actor_is_restarted_and_training_reaches_target(running_tianji):
+    run = running_tianji(PPO, "--set", "spec.stop.envFrames=500000")
+    run.wait_for_frames(10000)
+    victim = pid_of("actor", run.run_dir)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: pid_of("actor", run.run_dir) not in (None, victim), 60, "the actor to come back")
+    run.wait(timeout=600)
+    s = run.summary()
     assert s["restarts"]["actor"] >= 1, s
     assert s["reached_target"] and s["exit_reason"] == "target", s
 
 
 @pytest.mark.slow
-def test_killed_learner_resumes_from_its_checkpoint(tmp_path):
-    run = tmp_path / "run"
-    p = start_tianji("run", PPO, "--run-dir", str(run), "--quiet", "--set", "spec.stop.envFrames=500000",
-                     "--set", "spec.checkpoint.intervalSeconds=2")
-    ckdir = run / "checkpoints" / "0-0"
-    try:
-        wait_for(lambda: checkpoint.list_checkpoints(ckdir), 120, "a first checkpoint")
-        wait_for(lambda: frames(run) > 20000, 120, "some training")
-        victim = pid_of("learner", run)
-        os.kill(victim, signal.SIGKILL)
-        ck_version = int(checkpoint.list_checkpoints(ckdir)[-1].name[5:17])
-        p.wait(timeout=600)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    s = read_summary(run)
-    log = (run / "logs" / "learner-0-0.log").read_text()
+def test_killed_learner_resumes_from_its_checkpoint(running_tianji):
+    run = running_tianji(PPO, "--set", "spec.stop.envFrames=500000", "--set", "spec.checkpoint.intervalSeconds=2")
+    ckdir = run.run_dir / "checkpoints" / "0-0"
+    wait_for(lambda: checkpoint.list_checkpoints(ckdir), 120, "a first checkpoint")
+    run.wait_for_frames(20000)
+    victim = pid_of("learner", run.run_dir)
+    os.kill(victim, signal.SIGKILL)
+    ck_version = int(checkpoint.list_checkpoints(ckdir)[-1].name[5:17])
+    run.wait(timeout=600)
+    s = run.summary()
+    log = (run.run_dir / "logs" / "learner-0-0.log").read_text()
     assert s["restarts"]["learner"] >= 1, s
     assert "resumed from" in log
     resumed_at = int(log.split("at policy_version ")[1].split()[0])
@@ -96,26 +80,21 @@ def test_killed_learner_resumes_from_its_checkpoint(tmp_path):
     assert s["reached_target"], s
 
 
-def test_resume_continues_counting_frames_and_versions(tmp_path):
-    run = tmp_path / "run"
-    p = start_tianji("run", PPO, "--run-dir", str(run), "--quiet", "--set", "spec.stop.meanReturn=100000")
-    try:
-        wait_for(lambda: frames(run) > 15000, 120, "some training")
-        interrupt(p)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    first = read_summary(run)
+def test_resume_continues_counting_frames_and_versions(running_tianji):
+    run = running_tianji(PPO, "--set", "spec.stop.meanReturn=100000")
+    run.wait_for_frames(15000)
+    run.interrupt()
+    first = run.summary()
     assert first["exit_reason"] == "interrupted"
-    r = run_tianji("run", PPO, "--run-dir", str(run), timeout=60)
+    r = run_tianji("run", PPO, "--run-dir", str(run.run_dir), timeout=60)
     assert r.returncode == 2 and "--resume" in r.stderr  # an existing run is never silently overwritten
     target = first["env_frames"] + 10000
-    r = run_tianji("run", "--resume", str(run), "--quiet", "--set", f"spec.stop.envFrames={target}",
+    r = run_tianji("run", "--resume", str(run.run_dir), "--quiet", "--set", f"spec.stop.envFrames={target}",
                    "--set", "spec.stop.meanReturn=100000", timeout=300)
-    second = read_summary(run)
+    second = read_summary(run.run_dir)
     assert r.returncode == 0, r.stderr[-2000:]
     assert second["exit_reason"] == "frames" and second["env_frames"] >= target
     assert second["resumed_from"]["env_frames"] == first["env_frames"]
-    log = (run / "logs" / "learner-0-0.log").read_text()
+    log = (run.run_dir / "logs" / "learner-0-0.log").read_text()
     assert "resumed from" in log
     assert second["policy_version"] >= first["policy_version"] > 0

@@ -1,5 +1,6 @@
-"""`tianji run` end to end: bad messages on a live socket, Ctrl-C, and agents that learn."""
+"""`tianji run` end to end: bad messages on a live socket, Ctrl-C, kill -9, and agents that learn."""
 import pickle
+import signal
 import time
 
 import msgpack
@@ -7,16 +8,11 @@ import numpy as np
 import pytest
 import zmq
 
-from helpers import EXAMPLES, interrupt, last_record, read_summary, run_tianji, start_tianji, wait_for, worker_pids
+from helpers import EXAMPLES, read_summary, run_tianji, wait_for, worker_pids
 from tianji.runtime.wire import encode
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
 DQN = str(EXAMPLES / "cartpole-dqn.yaml")
-
-
-def frames_flowing(run_dir):
-    rec = last_record(run_dir)
-    return rec is not None and rec["env_frames"] > 0
 
 
 def bad_messages():
@@ -37,48 +33,45 @@ def bad_messages():
     }
 
 
-def test_bad_messages_to_live_buffer_are_rejected_and_training_continues(tmp_path):
-    run = tmp_path / "run"
-    p = start_tianji("run", PPO, "--run-dir", str(run), "--quiet", "--set", "spec.stop.envFrames=30000",
-                     "--set", "spec.stop.meanReturn=100000", "--set", "spec.stop.seconds=240")
-    try:
-        wait_for(lambda: frames_flowing(run), 120, "frames to flow")
-        ctx = zmq.Context()
-        s = ctx.socket(zmq.PUSH)
-        s.connect(f"ipc://{run}/sock/buffer-0-0-fragments")
-        msgs = bad_messages()
-        for frames in msgs.values():
-            s.send_multipart(frames)
-        time.sleep(0.5)
-        s.close(linger=1000)
-        ctx.term()
-        p.wait(timeout=300)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    s = read_summary(run)
+def test_bad_messages_to_live_buffer_are_rejected_and_training_continues(running_tianji):
+    run = running_tianji(PPO, "--set", "spec.stop.envFrames=30000", "--set", "spec.stop.meanReturn=100000",
+                         "--set", "spec.stop.seconds=240")
+    run.wait_for_frames(0)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.connect(f"ipc://{run.run_dir}/sock/buffer-0-0-fragments")
+    msgs = bad_messages()
+    for frames in msgs.values():
+        s.send_multipart(frames)
+    time.sleep(0.5)
+    s.close(linger=1000)
+    ctx.term()
+    run.wait(timeout=300)
+    s = run.summary()
     assert s["exit_reason"] == "frames", s
     assert s["rejected_messages"] >= len(msgs), s
     assert {"pickle", "header", "shape", "size", "job"} <= set(s["rejected_by_reason"]), s["rejected_by_reason"]
     assert s["env_frames"] >= 30000 and s["throughput"]["consumed_sps"] > 0
 
 
-def test_sigint_stops_every_process_and_writes_summary(tmp_path):
-    run = tmp_path / "run"
-    p = start_tianji("run", PPO, "--run-dir", str(run), "--quiet", "--set", "spec.stop.seconds=300")
-    try:
-        wait_for(lambda: frames_flowing(run), 120, "frames to flow")
-        assert len(worker_pids(run)) == 4  # 2 actors, 1 buffer, 1 learner
-        interrupt(p)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130
-    s = read_summary(run)
+def test_sigint_stops_every_process_and_writes_summary(running_tianji):
+    run = running_tianji(PPO, "--set", "spec.stop.seconds=300")
+    run.wait_for_frames(0)
+    assert len(worker_pids(run.run_dir)) == 4  # 2 actors, 1 buffer, 1 learner
+    assert run.interrupt() == 130
+    s = run.summary()
     assert s["exit_reason"] == "interrupted" and s["env_frames"] > 0
-    assert worker_pids(run) == []
-    assert not (run / "sock").exists()  # no leftover socket files
-    assert list((run / "checkpoints" / "0-0").glob("ckpt-*.pt"))  # the learner saved on the way out
+    assert worker_pids(run.run_dir) == []
+    assert not (run.run_dir / "sock").exists()  # no leftover socket files
+    assert list((run.run_dir / "checkpoints" / "0-0").glob("ckpt-*.pt"))  # the learner saved on the way out
+
+
+def test_a_killed_launcher_leaves_no_worker_behind(running_tianji):
+    run = running_tianji(PPO, "--set", "spec.stop.seconds=300")
+    wait_for(lambda: len(worker_pids(run.run_dir)) == 4, 60, "the 4 workers to start")
+    # SIGKILL gives the launcher no chance to stop anyone: the workers go by PR_SET_PDEATHSIG.
+    assert run.stop() == []
+    assert run.proc.returncode == -signal.SIGKILL
 
 
 @pytest.mark.slow

@@ -3,20 +3,11 @@ Kubernetes, since the operator tests rely on them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
-import pytest
-
-from kube.operator_harness import JOBS, NAMESPACE, job_manifest, start_cluster
+from kube.operator_harness import JOBS, NAMESPACE, job_manifest
 
 CM = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
-
-
-@pytest.fixture
-async def kube():
-    async with contextlib.AsyncExitStack() as stack:
-        yield await start_cluster(stack)
 
 
 def _cm(name, **labels):

@@ -6,23 +6,17 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 
 import aiohttp
 import yaml
 
+from helpers import free_port
 from kube.operator_harness import NAMESPACE, eventually, job_manifest, start_cluster
 from tianji_operator import handlers, rbac
 from tianji_operator import status as st
 from tianji_operator.config import DEFAULT_SCRAPERS, OperatorConfig
 from tianji_operator.kube import path_of
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _get(url: str) -> tuple[int, str]:
@@ -42,7 +36,7 @@ async def test_the_operator_process_reconciles_and_serves_probes(tmp_path):
             "clusters": [{"name": "emulator", "cluster": {"server": str(kube.url).rstrip("/")}}],
             "users": [{"name": "tester", "user": {"token": "test-token"}}],
             "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}]}))
-        live, prom = _free_port(), _free_port()
+        live, prom = free_port(), free_port()
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path),
                "TIANJI_MONITOR_INTERVAL": "0.2", "TIANJI_AUTOSCALE_TICK": "0.2"}
         proc = await asyncio.create_subprocess_exec(

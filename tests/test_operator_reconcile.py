@@ -2,28 +2,15 @@
 status, restarts, invalid specs, immutable fields, completion, deletion, RBAC."""
 from __future__ import annotations
 
-import contextlib
-
 import kubernetes_validate
 import pytest
 import yaml
 
-from kube.operator_harness import (JOBS, NAMESPACE, RunningOperator, eventually, job_manifest, run_pods, start_cluster)
+from kube.operator_harness import (JOBS, NAMESPACE, RunningOperator, children, cond, eventually, job, job_manifest,
+                                   run_pods, status)
 from tianji.control.spec import parse_job
 from tianji_operator import builders as b
 from tianji_operator import rbac
-
-CHILD_KINDS = {
-    "v1/configmaps": "ConfigMap", "v1/services": "Service", "v1/pods": "Pod",
-    "apps/v1/statefulsets": "StatefulSet", "networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
-}
-
-
-@pytest.fixture
-async def kube():
-    async with contextlib.AsyncExitStack() as stack:
-        yield await start_cluster(stack)
-
 
 @pytest.fixture
 async def operator(kube):
@@ -37,27 +24,6 @@ def assert_rbac_covers(kube) -> None:
     calls = kube.api_calls("kopf/") | kube.api_calls("tianji-operator")
     missing = sorted(c for c in calls if not rbac.allows(*c))
     assert not missing, f"RBAC rules miss {missing}"
-
-
-def job(kube, name="cartpole"):
-    return kube.obj(JOBS, NAMESPACE, name)
-
-
-def status(kube, name="cartpole"):
-    return (job(kube, name) or {}).get("status") or {}
-
-
-def cond(kube, ctype, name="cartpole"):
-    return next((c for c in status(kube, name).get("conditions", []) if c["type"] == ctype), None)
-
-
-def children(kube, name="cartpole"):
-    out = {}
-    for key, kind in CHILD_KINDS.items():
-        for o in kube.live(key, NAMESPACE):
-            if o["metadata"].get("labels", {}).get(b.LABEL_JOB) == name:
-                out[kind, o["metadata"]["name"]] = o
-    return out
 
 
 def events(kube, reason=None):

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from helpers import EXAMPLES, run_tianji
-from tianji.control.spec import SpecError, load_job
+from tianji.control.spec import SpecError, dump_job, load_job
 
 GOOD = """\
 apiVersion: tianji.dev/v1alpha1
@@ -70,3 +70,10 @@ def test_cli_fails_fast_before_starting_anything(tmp_path):
     assert r.returncode == 2
     assert "spec.algorithm.lr" in r.stderr and str(p) in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_retired_ratio_band_is_accepted_and_dropped(tmp_path):
+    """Run dirs, checkpoints and ConfigMaps written before `staleness.ratioBand` went away still load."""
+    job = load_job(write(tmp_path, GOOD + "  staleness: {ratioBand: 0.2, maxPolicyLag: 3}\n"))
+    assert job.spec.staleness.max_policy_lag == 3
+    assert "ratioBand" not in dump_job(job)

@@ -113,10 +113,10 @@ def configmap(resolved: TianJiJob, applied_spec: JobSpec, generation: int = 0, p
     }
 
 
-def _data_ports(job: TianJiJob, roles=("buffer", "learner")) -> list[dict]:
+def _data_ports(job: TianJiJob) -> list[dict]:
     base = job.spec.network.base_port
     return [{"name": ch, "port": base + PORTS[ch], "targetPort": ch, "protocol": "TCP"}
-            for r in roles for ch in ROLE_PORTS[r]]
+            for r in ("buffer", "learner") for ch in ROLE_PORTS[r]]
 
 
 def service(job: TianJiJob) -> dict:

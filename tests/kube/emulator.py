@@ -45,7 +45,6 @@ import copy
 import datetime
 import json
 import re
-import threading
 import time
 import uuid
 from typing import Any, AsyncIterator, Optional

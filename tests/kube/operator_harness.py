@@ -48,14 +48,17 @@ async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02, w
         await asyncio.sleep(interval)
 
 
-async def start_cluster(stack) -> KubeEmulator:
-    """An emulator with the core kinds, the TianJiJob CRD and the test namespace, on a local port."""
+async def start_cluster(stack, validate_crd: bool = True) -> KubeEmulator:
+    """An emulator with the core kinds, the TianJiJob CRD and the test namespace, on a local port.
+
+    `validate_crd=False` serves the resource without its schema, as under an older, looser CRD
+    (Helm installs CRDs but never upgrades them): then only the operator's own checks stand."""
     from tianji.control.crd import crd_dict
 
     kube = await stack.enter_async_context(KubeEmulator())
     await stack.enter_async_context(kmock.Server(kube))
     kube.declare_core()
-    kube.declare_crd(crd_dict())
+    kube.declare_crd(crd_dict(), validate=validate_crd)
     await kube.put_object("v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                             "metadata": {"name": NAMESPACE}})
     return kube
@@ -138,6 +141,37 @@ class RunningOperator:
     @property
     def metrics(self):
         return self.op.metrics
+
+
+# ----------------------------------------------------------------- reading a job's state
+CHILD_KINDS = {
+    "v1/configmaps": "ConfigMap", "v1/services": "Service", "v1/pods": "Pod",
+    "apps/v1/statefulsets": "StatefulSet", "networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
+}
+
+
+def job(kube: KubeEmulator, name: str = "cartpole") -> Optional[dict]:
+    return kube.obj(JOBS, NAMESPACE, name)
+
+
+def status(kube: KubeEmulator, name: str = "cartpole") -> dict:
+    return (job(kube, name) or {}).get("status") or {}
+
+
+def cond(kube: KubeEmulator, ctype: str, name: str = "cartpole") -> Optional[dict]:
+    return next((c for c in status(kube, name).get("conditions", []) if c["type"] == ctype), None)
+
+
+def children(kube: KubeEmulator, name: str = "cartpole") -> dict:
+    """The job's child objects by (kind, name), found by the tianji.dev/job label."""
+    from tianji_operator.builders import LABEL_JOB
+
+    out = {}
+    for key, kind in CHILD_KINDS.items():
+        for o in kube.live(key, NAMESPACE):
+            if o["metadata"].get("labels", {}).get(LABEL_JOB) == name:
+                out[kind, o["metadata"]["name"]] = o
+    return out
 
 
 def job_manifest(name: str = "cartpole", spec: Optional[dict] = None, **meta: Any) -> dict:

@@ -63,6 +63,12 @@ def _crd(a: argparse.Namespace) -> int:
     return 0
 
 
+def spec_error_text(err: SpecError) -> str:
+    """One line for one problem; a header and one line per field when there are several."""
+    text = str(err)
+    return f"tianji: invalid job spec: {text}" if "\n" not in text else f"tianji: invalid job spec\n{text}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tianji", description="Highly parallel RL training with relaxed assignment dependencies.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -84,7 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--group", type=int, default=0)
     w.add_argument("--index", default="0", help="index in the group, or 'auto' (from the StatefulSet hostname)")
     w.add_argument("--job", required=True, help="TianJiJob manifest (YAML)")
-    w.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     w.add_argument("--run-dir", help="local engine: ipc sockets live here; absent: Kubernetes DNS + tcp")
     w.add_argument("--report", help="endpoint for heartbeats and metric reports (local launcher)")
     w.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.fn(args) or 0)
     except SpecError as e:
-        print(f"tianji: invalid job spec\n{e}", file=sys.stderr)
+        print(spec_error_text(e), file=sys.stderr)
         return 2
     except PlanError as e:
         print(f"tianji: the job cannot be planned\n{e}", file=sys.stderr)

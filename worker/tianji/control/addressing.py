@@ -22,6 +22,7 @@ ROLES = ("actor", "buffer", "learner")
 PORTS = {"fragments": 0, "credits": 1, "batches": 2, "params": 3}
 OWNER = {"fragments": "buffer", "credits": "buffer", "batches": "learner", "params": "learner"}
 DIST_PORT_OFFSET = 4
+LAST_PORT_OFFSET = max(*PORTS.values(), DIST_PORT_OFFSET)  # basePort..basePort+LAST_PORT_OFFSET are taken
 
 
 def pod_name(job: str, role: str, group: int, index: int) -> str:

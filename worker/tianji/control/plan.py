@@ -560,13 +560,11 @@ def resolve(job: TianJiJob, profile: Optional[Profile] = None) -> tuple[TianJiJo
     except PlanError as e:
         where = "spec.resources" if job.spec.topology.auto else "spec.topology"
         raise PlanError(f"{where}: {e}") from None
-    doc = job.to_manifest()
-    spec = doc.setdefault("spec", {})
+    doc = job.to_manifest()  # `spec` and `spec.resources` always there: defaults are dumped
+    spec = doc["spec"]
     spec["topology"] = {"auto": False, **p.topology()}
-    res = spec.setdefault("resources", {})
     for role in ("actor", "buffer", "learner"):
         rp = getattr(p, role)
-        res[role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
-    if p.batch_size and spec.get("algorithm", {}).get("batchSize") != p.batch_size:
-        spec["algorithm"]["batchSize"] = p.batch_size
+        spec["resources"][role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
+    # No batch size here: the planner takes the spec's (Plan.batch_size is algorithm.batchSize).
     return TianJiJob.model_validate(doc), p

@@ -8,12 +8,15 @@ Python. Unknown fields are errors everywhere (`extra="forbid"`).
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from tianji.control.addressing import LAST_PORT_OFFSET
 
 API_VERSION = "tianji.dev/v1alpha1"
 KIND = "TianJiJob"
@@ -21,6 +24,50 @@ KIND = "TianJiJob"
 
 class SpecError(ValueError):
     """A job spec that cannot run. The message names the file and the field path."""
+
+
+# ----------------------------------------------------------------- Kubernetes grammar
+# What the operator puts in pods must pass the API server and the kubelet; these
+# checks refuse it here instead, on both engines, with the field path. The
+# patterns also go into the CRD schema (RE2 and Python `re` read them alike).
+
+# Quantity: <number><suffix>, suffix binary (Ki..Ei), decimal (n u m "" k M G T P E) or e/E<int>.
+# No sign: a memory size must be positive anyway.
+QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+# Far below what any worker needs (Python with torch: ~250 MiB), so less is a unit slip
+# (`memory: 512` is 512 bytes), never a tight budget.
+MIN_MEMORY = "64Mi"
+MIN_CPU = 0.001  # Kubernetes counts cpu in millicores
+
+# Extended resource (`domain/name`): a DNS-1123 subdomain, '/', a qualified name of <= 63 chars.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+EXTENDED_RESOURCE_PATTERN = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/([A-Za-z0-9][-A-Za-z0-9_.]{{0,61}})?[A-Za-z0-9]$"
+
+# Image reference as the kubelet parses it: [registry[:port]/]path[:tag][@digest], path lowercase.
+_PATH_COMPONENT = r"[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*"
+_REGISTRY = r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*(:[0-9]+)?"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_PATTERN = rf"^({_REGISTRY}/)?{_PATH_COMPONENT}(/{_PATH_COMPONENT})*(:{_TAG})?(@{_DIGEST})?$"
+
+
+def quantity_value(q: str) -> Decimal:
+    """The number a Kubernetes quantity stands for, e.g. `1.5Gi` -> 1610612736."""
+    m = re.fullmatch(QUANTITY_PATTERN, q)
+    if not m:
+        hint = " (K is no suffix: k is 1000, Ki 1024)" if q.endswith("K") else ""
+        raise ValueError(f"{q!r} is not a Kubernetes quantity{hint}: "
+                         "e.g. 512Mi, 2Gi or 1.5G; suffixes Ki Mi Gi Ti Pi Ei or k M G T P E")
+    number, suffix = Decimal(m.group(1)), m.group(3) or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    exponent = _DECIMAL[suffix] if suffix in _DECIMAL else int(suffix[1:])
+    try:
+        return number.scaleb(exponent)
+    except ArithmeticError:  # e.g. 1e99999999: a ValueError, so that pydantic reports it
+        raise ValueError(f"{q!r} is out of range") from None
 
 
 class _Model(BaseModel):
@@ -121,15 +168,26 @@ class Topology(_Model):
 
 
 class Staleness(_Model):
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_fields(cls, v: Any) -> Any:
+        # `ratioBand` was never read and is gone, but older run dirs, checkpoints, ConfigMaps and
+        # objects defaulted by an older CRD (Helm does not upgrade CRDs) carry it: accept, ignore.
+        if isinstance(v, dict) and ("ratioBand" in v or "ratio_band" in v):
+            v = {k: x for k, x in v.items() if k not in ("ratioBand", "ratio_band")}
+        return v
+
     max_policy_lag: Optional[int] = Field(
         None, ge=0, description="drop samples older than this many learner versions (default: 4 for PPO, off for DQN)"
     )
     replay_ratio: Optional[float] = Field(
         None, gt=0, description="samples consumed per sample inserted (default: 1 for PPO, 32 for DQN)"
     )
-    ratio_band: float = Field(0.2, ge=0, lt=1, description="relative band around replayRatio")
     pace_actors: bool = Field(True, description="actors pace production to the learner's advertised capacity")
-    pace_headroom: float = Field(1.2, ge=1, le=10, description="production / planned consumption when pacing (keep <= 1/(1-ratioBand))")
+    pace_headroom: float = Field(
+        1.2, ge=1, le=10,
+        description="when pacing, actors produce this multiple of learner capacity / replayRatio (keeps it fed)",
+    )
     credit_window: int = Field(2, ge=1, le=64, description="batches in flight from a buffer to its learner")
     queue_fragments: int = Field(64, ge=1, description="on-policy queue bound (fragments) per buffer")
     publish_every: int = Field(1, ge=1, description="learner versions between parameter publishes")
@@ -147,10 +205,18 @@ class CheckpointConfig(_Model):
 
 
 class RoleResources(_Model):
-    cpu: float = Field(1.0, gt=0, description="cores requested per process")
-    memory: str = Field("1Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+    cpu: float = Field(1.0, ge=MIN_CPU, description="cores requested per process (at least 0.001: one millicore)")
+    memory: str = Field("1Gi", json_schema_extra={"pattern": QUANTITY_PATTERN},
+                        description=f"a Kubernetes quantity, e.g. 512Mi or 2Gi; at least {MIN_MEMORY}")
     gpu: int = Field(0, ge=0, le=16)
     threads: Optional[int] = Field(None, ge=1, le=256, description="torch threads (default: floor(cpu), >=1)")
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str) -> str:
+        if quantity_value(v) < quantity_value(MIN_MEMORY):
+            raise ValueError(f"{v!r} is below the minimum of {MIN_MEMORY} (a unit missing?)")
+        return v
 
 
 def _learner_resources() -> RoleResources:
@@ -169,9 +235,36 @@ class Resources(_Model):
 
 class Network(_Model):
     host_network: bool = False
-    rdma: Optional[str] = Field(None, description="RDMA device resource name, e.g. rdma/hca_shared_devices_a")
-    base_port: int = Field(5550, ge=1024, le=65000)
-    metrics_port: int = Field(9090, ge=1024, le=65535)
+    rdma: Optional[str] = Field(None, json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN},
+                                description="RDMA device resource name, e.g. rdma/hca_shared_devices_a")
+    base_port: int = Field(5550, ge=1024, le=65535 - LAST_PORT_OFFSET,
+                           description=f"the data ports are basePort..basePort+{LAST_PORT_OFFSET}")
+    metrics_port: int = Field(9090, ge=1024, le=65535,
+                              description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}")
+
+    @field_validator("rdma")
+    @classmethod
+    def _extended_resource(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        if not re.fullmatch(EXTENDED_RESOURCE_PATTERN, v) or len(v.split("/")[0]) > 253:
+            raise ValueError(f"{v!r} is not an extended resource name: expected domain/name, "
+                             "e.g. rdma/hca_shared_devices_a")
+        domain = v.split("/")[0]
+        if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+            raise ValueError(f"{v!r}: the kubernetes.io domain is reserved for Kubernetes' own resources")
+        if v == "nvidia.com/gpu":
+            raise ValueError("nvidia.com/gpu is requested by resources.<role>.gpu, not as the RDMA device")
+        return v
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _outside_data_ports(cls, v: int, info: ValidationInfo) -> int:
+        base = info.data.get("base_port")  # absent when basePort itself is invalid
+        if base is not None and base <= v <= base + LAST_PORT_OFFSET:
+            raise ValueError(f"{v} is one of the data ports basePort..basePort+{LAST_PORT_OFFSET} "
+                             f"({base}-{base + LAST_PORT_OFFSET})")
+        return v
 
 
 class Autoscale(_Model):
@@ -201,8 +294,17 @@ class JobSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     network: Network = Field(default_factory=Network)
     autoscale: Autoscale = Field(default_factory=Autoscale)
-    image: str = Field("tianji-worker:0.1.0", min_length=1)
+    image: str = Field("tianji-worker:0.1.0", min_length=1, json_schema_extra={"pattern": IMAGE_PATTERN},
+                       description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0")
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, v: str) -> str:
+        if not re.fullmatch(IMAGE_PATTERN, v):
+            raise ValueError(f"{v!r} is not an image reference: [registry[:port]/]name[:tag][@digest], "
+                             "name in lowercase")
+        return v
 
     @model_validator(mode="after")
     def _algo_fits(self) -> "JobSpec":
@@ -276,15 +378,31 @@ def _path_str(loc: tuple) -> str:
     return out or "(root)"
 
 
+def _message(e: dict) -> str:
+    # Our validators' own words, without pydantic's "Value error, " prefix.
+    if e["type"] == "value_error":
+        return str(e["ctx"]["error"])
+    return e["msg"]
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        lines.append(f"{source}: {_path_str(e['loc'])}: {e['msg']}")
-    return "\n".join(lines)
+    return "\n".join(f"{source}: {_path_str(e['loc'])}: {_message(e)}" for e in err.errors())
 
 
-def _parse_scalar(text: str) -> Any:
-    return yaml.safe_load(text) if text != "" else ""
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line for a YAML error: where and what (PyYAML's own text spans several lines)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or getattr(err, "context", None) or "cannot parse"
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else str(problem)
+
+
+def _parse_scalar(key: str, text: str) -> Any:
+    if text == "":
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"--set {key}: value {text!r} is not valid YAML: {_yaml_problem(e)}") from None
 
 
 def apply_override(doc: dict, assignment: str) -> None:
@@ -305,7 +423,7 @@ def apply_override(doc: dict, assignment: str) -> None:
                 raise SpecError(f"--set {key}: {p} is not a mapping")
             nxt = node[p] = {}
         node = nxt
-    node[parts[-1]] = _parse_scalar(value)
+    node[parts[-1]] = _parse_scalar(key, value)
 
 
 def parse_job(doc: Any, source: str = "<manifest>") -> TianJiJob:
@@ -319,15 +437,31 @@ def parse_job(doc: Any, source: str = "<manifest>") -> TianJiJob:
         raise SpecError(format_validation_error(e, source)) from None
 
 
+def _read_yaml(path: Path) -> Any:
+    """The one YAML document in `path`; every way this fails is a one-line SpecError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, not a job manifest") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); is it a YAML manifest?") from None
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
+    if doc is None:
+        raise SpecError(f"{path}: empty; expected a TianJiJob manifest")
+    return doc
+
+
 def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TianJiJob:
     """Read, override and validate a manifest. Raises SpecError naming file and field."""
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from None
+    doc = _read_yaml(path)
     if isinstance(doc, dict):
         for o in overrides:
             apply_override(doc, o)

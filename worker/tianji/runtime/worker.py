@@ -34,7 +34,7 @@ def run_worker(a: argparse.Namespace) -> int:
     die_with_parent()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {a.role}-{a.group}-{a.index} %(levelname)s %(message)s")
-    job = load_job(a.job, a.set)
+    job = load_job(a.job)
     index = index_from_hostname() if a.index == "auto" else int(a.index)
     threads = torch_threads(job, a.role)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))

@@ -1,0 +1,136 @@
+"""One validation, two engines: a spec a real cluster would refuse is refused by `tianji run`
+(exit 2, one line naming the field, nothing started) and by the operator (phase Failed,
+Planned=False/InvalidSpec) in the same words. And input that is no manifest at all gets a
+one-line error from `tianji run`, never a traceback."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import yaml
+
+from helpers import EXAMPLES, run_tianji
+from kube.operator_harness import RunningOperator, children, cond, eventually, job_manifest, start_cluster, status
+
+# name: (spec, the field path named, what the message says about it)
+BAD_SPECS = {
+    "memory-uppercase-K": ({"resources": {"actor": {"memory": "524288K"}}},
+                           "spec.resources.actor.memory", "'524288K' is not a Kubernetes quantity"),
+    "memory-without-unit": ({"resources": {"learner": {"memory": "512"}}},
+                            "spec.resources.learner.memory", "below the minimum of 64Mi"),
+    "cpu-below-a-millicore": ({"resources": {"buffer": {"cpu": 0.0004}}},
+                              "spec.resources.buffer.cpu", "greater than or equal to 0.001"),
+    "metrics-port-on-a-data-port": ({"network": {"basePort": 6000, "metricsPort": 6004}},
+                                    "spec.network.metricsPort", "6004 is one of the data ports"),
+    "data-ports-past-65535": ({"network": {"basePort": 65533}},
+                              "spec.network.basePort", "less than or equal to 65531"),
+    "rdma-without-domain": ({"network": {"rdma": "hca_shared_devices_a"}},
+                            "spec.network.rdma", "not an extended resource name"),
+    "rdma-in-kubernetes-io": ({"network": {"rdma": "kubernetes.io/rdma"}},
+                              "spec.network.rdma", "reserved"),
+    "image-empty": ({"image": ""}, "spec.image", "at least 1 character"),
+    "image-uppercase-name": ({"image": "registry.example.com/TianJi:0.1.0"},
+                             "spec.image", "not an image reference"),
+}
+
+
+def write_manifest(tmp_path, spec: dict):
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(job_manifest("cartpole", spec)))
+    return p
+
+
+def refuse_locally(tmp_path, *args: str) -> str:
+    """Run `tianji run` on input it must refuse; check how it refuses; return its message."""
+    run_dir = tmp_path / "run"
+    # --max-seconds: should the input pass after all, the run ends soon (and the test fails).
+    r = run_tianji("run", *args, "--run-dir", str(run_dir), "--quiet", "--max-seconds", "1", timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith("tianji: invalid job spec: ") and r.stderr.count("\n") == 1, r.stderr
+    assert not run_dir.exists()  # nothing was started
+    return r.stderr.removeprefix("tianji: invalid job spec: ").strip()
+
+
+@pytest.fixture
+async def old_crd_kube():
+    # The CRD's schema refuses some of these at admission already (test_crd.py); a cluster can
+    # still serve an older, looser CRD (Helm never upgrades CRDs), so the operator checks too.
+    async with contextlib.AsyncExitStack() as stack:
+        yield await start_cluster(stack, validate_crd=False)
+
+
+@pytest.mark.parametrize("case", BAD_SPECS)
+def test_tianji_run_refuses_the_spec_naming_the_field(tmp_path, case):
+    spec, field, says = BAD_SPECS[case]
+    job = write_manifest(tmp_path, spec)
+    message = refuse_locally(tmp_path, str(job))
+    assert message.startswith(f"{job}: {field}: ") and says in message, message
+
+
+@pytest.mark.parametrize("case", BAD_SPECS)
+async def test_the_operator_refuses_the_spec_in_the_same_words(tmp_path, old_crd_kube, case):
+    spec, field, says = BAD_SPECS[case]
+    job = write_manifest(tmp_path, spec)
+    local = refuse_locally(tmp_path, str(job)).removeprefix(f"{job}: ")
+    kube = old_crd_kube
+    async with RunningOperator(kube):
+        await kube.create_job(job_manifest("cartpole", spec))
+        await eventually(lambda: status(kube).get("phase") == "Failed", what="phase Failed")
+        planned, failed = cond(kube, "Planned"), cond(kube, "Failed")
+        assert (planned["status"], planned["reason"]) == ("False", "InvalidSpec")
+        assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec")
+        assert local in planned["message"] and local in failed["message"]
+        assert planned["message"].startswith(f"{field}: ") and says in planned["message"]
+        assert children(kube) == {}
+
+
+def test_valid_kubernetes_values_pass(tmp_path):
+    """The grammar accepts what Kubernetes does: decimal, binary and exponent quantities,
+    millicores, a registry with a port, a digest."""
+    from tianji.control.spec import parse_job
+
+    digest = "sha256:" + "0" * 64
+    for spec in ({"resources": {"actor": {"memory": "1.5G", "cpu": 0.001}, "buffer": {"memory": "129e6"},
+                                "learner": {"memory": "65536Ki"}}},
+                 {"network": {"basePort": 65531, "metricsPort": 65530, "rdma": "rdma/hca_shared_devices_a"}},
+                 {"image": f"registry.example.com:5000/ml/tianji-worker:0.1.0@{digest}"}):
+        parse_job(job_manifest("cartpole", spec))
+
+
+# ----------------------------------------------------------------- input that is no manifest
+def _directory(tmp_path):
+    return [str(tmp_path / "jobs")], "is a directory"
+
+
+def _not_utf8(tmp_path):
+    (tmp_path / "job.yaml").write_bytes(b"\xff\xfe" + "metadata: {name: x}".encode("utf-16-le"))
+    return [str(tmp_path / "job.yaml")], "not UTF-8"
+
+
+def _broken_yaml(tmp_path):
+    (tmp_path / "job.yaml").write_text("metadata: {name: x\nspec: [\n")
+    return [str(tmp_path / "job.yaml")], "not valid YAML: line"
+
+
+def _empty(tmp_path):
+    (tmp_path / "job.yaml").write_text("# nothing here\n")
+    return [str(tmp_path / "job.yaml")], "empty"
+
+
+def _set_a_yaml_tag(tmp_path):
+    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.algorithm.lr=!!python/object/apply:os.getpid []"], \
+        "--set spec.algorithm.lr: value '!!python/object/apply:os.getpid []' is not valid YAML"
+
+
+def _set_broken_yaml(tmp_path):
+    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.model.hidden=[64,"], \
+        "--set spec.model.hidden: value '[64,' is not valid YAML"
+
+
+@pytest.mark.parametrize("make", [_directory, _not_utf8, _broken_yaml, _empty, _set_a_yaml_tag, _set_broken_yaml],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_tianji_run_refuses_unreadable_input_in_one_line(tmp_path, make):
+    (tmp_path / "jobs").mkdir()
+    args, says = make(tmp_path)
+    assert says in refuse_locally(tmp_path, *args)
