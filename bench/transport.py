@@ -5,7 +5,7 @@
 For every message size and transport, side by side in one run:
 
 - raw : the sender sends one S-byte buffer per message (zero-copy), the
-        receiver takes it (zero-copy) - the method of shared/tools/transport_limit.py;
+        receiver takes it (zero-copy): the transport's own limit;
 - wire: the sender builds each message with `tianji.runtime.wire.encode` (msgpack header
         + one uint8 array of S bytes, as an actor does per fragment) and sends
         it zero-copy; the receiver runs `tianji.runtime.wire.decode` with validation
