@@ -130,113 +130,167 @@ async def test_watch_resumes_after_a_resource_version(kube):
 
 
 # ----------------------------------------------------------------- what a real API server alters or refuses
-JOB_URL = f"/apis/tianji.dev/v1alpha1/namespaces/{NAMESPACE}/tianjijobs"
+# A CRD of the tests' own, shaped like TianJiJob's (status preserves unknown fields, its declared
+# children prune again), so that these tests hold whatever TianJiJob's schema becomes.
+WIDGETS = "example.com/v1/widgets"
+WIDGET_URL = f"/apis/example.com/v1/namespaces/{NAMESPACE}/widgets"
+_COUNTS = {"type": "object", "properties": {"desired": {"type": "integer"}, "ready": {"type": "integer"}}}
+_WIDGET_SCHEMA = {"type": "object", "properties": {
+    "spec": {"type": "object", "properties": {
+        "size": {"type": "integer", "minimum": 1, "default": 1},
+        "color": {"type": "string", "default": "red"},
+        "note": {"type": "string", "nullable": True},
+        "shape": {"x-kubernetes-preserve-unknown-fields": True, "pattern": "^round$",  # like spec.topology
+                  "properties": {"sides": {"type": "integer", "minimum": 3}}}}},
+    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {
+        "phase": {"type": "string", "enum": ["Pending", "Running"]},
+        "observedGeneration": {"type": "integer"},
+        "startTime": {"type": "string", "format": "date-time"},
+        "conditions": {"type": "array", "items": {"type": "object", "required": ["type", "status"], "properties": {
+            "type": {"type": "string"}, "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "lastTransitionTime": {"type": "string", "format": "date-time"}}}},
+        "plan": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "throughput": {"type": "object", "properties": {
+            "framesPerSecond": {"type": "number"},
+            "groups": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
+        "groups": {"type": "array", "items": {"type": "object", "properties": {
+            "group": {"type": "integer"}, "actors": _COUNTS}}}}}}}
+WIDGET_CRD = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+              "metadata": {"name": "widgets.example.com"},
+              "spec": {"group": "example.com", "scope": "Namespaced",
+                       "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+                       "versions": [{"name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
+                                     "schema": {"openAPIV3Schema": _WIDGET_SCHEMA}}]}}
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 STS = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets"
 SVC = f"/api/v1/namespaces/{NAMESPACE}/services"
-STATUS_PATCHES = {  # every way to write /status: what each sends to set `status` to `value`
-    "merge": lambda value: ("PATCH", {"status": value}, "application/merge-patch+json"),
-    "json": lambda value: ("PATCH", [{"op": "add", "path": "/status", "value": value}], "application/json-patch+json"),
-    "put": lambda value: ("PUT", None, None),
-}
+STATUS_WRITES = ("json", "merge", "put")  # every way to write /status
 
 
-async def _write_status(kube, kind: str, name: str, value: dict) -> tuple[int, dict]:
-    method, body, ctype = STATUS_PATCHES[kind](value)
-    if method == "PUT":
-        body = {**kube.obj(JOBS, NAMESPACE, name), "status": value}
-        return await kube.api("PUT", f"{JOB_URL}/{name}/status", body)
-    return await kube.api(method, f"{JOB_URL}/{name}/status", body, content_type=ctype)
+@pytest.fixture
+async def widgets(kube):
+    kube.declare_crd(WIDGET_CRD)
+    yield kube
+
+
+def _widget(name="w", spec=None, **extra):
+    return {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": spec or {}, **extra}
+
+
+async def _new_widget(kube, name="w", spec=None) -> dict:
+    code, out = await kube.api("POST", WIDGET_URL, _widget(name, spec))
+    assert code == 201, out
+    return out
+
+
+async def _write_status(kube, how: str, name: str, value: dict, agent: str = "") -> tuple[int, dict]:
+    url, headers = f"{WIDGET_URL}/{name}/status", {"User-Agent": agent} if agent else None
+    if how == "put":
+        return await kube.api("PUT", url, {**kube.obj(WIDGETS, NAMESPACE, name), "status": value}, headers=headers)
+    if how == "json":
+        return await kube.api("PATCH", url, [{"op": "add", "path": "/status", "value": value}],
+                              content_type="application/json-patch+json", headers=headers)
+    return await kube.api("PATCH", url, {"status": value}, headers=headers)
 
 
 def _pruned(kube) -> list[tuple]:
     return [(p.path, p.subresource) for p in kube.pruned]
 
 
-async def test_crd_writes_lose_what_the_schema_does_not_declare(kube):
-    m = job_manifest("j", {"topology": "auto", "bogus": 1})
-    m["metadata"]["bogus"] = 2
-    m["status"] = {"phase": "Running"}  # create ignores status where the status subresource is enabled
-    async with kube.request("POST", JOB_URL, data=json.dumps(m), headers={"Content-Type": "application/json"}) as r:
+def _causes(err: dict) -> list[tuple[str, str]]:
+    return [(c["reason"], c["field"]) for c in err["details"]["causes"]]
+
+
+async def test_crd_writes_lose_what_the_schema_does_not_declare(widgets):
+    kube = widgets
+    w = _widget(spec={"size": 2, "bogus": 1, "shape": {"sides": 4, "rounded": True}}, status={"phase": "Running"})
+    w["metadata"]["bogus"] = 2
+    async with kube.request("POST", WIDGET_URL, data=json.dumps(w), headers={"Content-Type": "application/json"}) as r:
         assert r.status == 201 and '299 - "unknown field \\"spec.bogus\\""' in r.headers.getall("Warning")
-        job = await r.json()
-    assert "bogus" not in job["spec"] and "bogus" not in job["metadata"] and "status" not in job
-    assert job["spec"]["topology"] == "auto"  # kept: a preserve-unknown-fields node without type
+        out = await r.json()
+    assert out["spec"] == {"size": 2, "color": "red", "shape": {"sides": 4, "rounded": True}}  # defaulted, pruned
+    assert "bogus" not in out["metadata"] and "status" not in out  # create ignores status (status subresource)
     assert _pruned(kube) == [("metadata.bogus", None), ("spec.bogus", None)]
-    code, out = await kube.api("PUT", f"{JOB_URL}/j", {**job, "spec": {**job["spec"], "env": {"id": "x", "nope": 1}}})
-    assert code == 200 and out["spec"]["env"]["id"] == "x" and "nope" not in out["spec"]["env"]
-    ops = [{"op": "add", "path": "/spec/model/depth", "value": 3}]
-    code, out = await kube.api("PATCH", f"{JOB_URL}/j", ops, content_type="application/json-patch+json")
-    assert code == 200 and "depth" not in out["spec"]["model"]
-    assert _pruned(kube)[2:] == [("spec.env.nope", None), ("spec.model.depth", None)]
+    code, out = await kube.api("PUT", f"{WIDGET_URL}/w", {**out, "spec": {**out["spec"], "nope": 1}})
+    assert code == 200 and "nope" not in out["spec"]
+    ops = [{"op": "add", "path": "/spec/depth", "value": 3}]
+    code, out = await kube.api("PATCH", f"{WIDGET_URL}/w", ops, content_type="application/json-patch+json")
+    assert code == 200 and "depth" not in out["spec"]
+    code, out = await kube.api("PATCH", f"{WIDGET_URL}/w", {"spec": {"size": 3, "depth": 3}})
+    assert code == 200 and out["spec"]["size"] == 3 and "depth" not in out["spec"]
+    assert _pruned(kube)[2:] == [("spec.nope", None), ("spec.depth", None), ("spec.depth", None)]
     assert {p.user_agent for p in kube.pruned} == {kube.requests[-1].headers["User-Agent"]}
+    assert kube.obj(WIDGETS, NAMESPACE, "w")["spec"] == out["spec"]
 
 
-@pytest.mark.parametrize("how", sorted(STATUS_PATCHES))
-async def test_status_pruning_keeps_only_preserved_unknown_fields(kube, how):
+@pytest.mark.parametrize("how", STATUS_WRITES)
+async def test_status_pruning_keeps_only_preserved_unknown_fields(widgets, how):
     """`status` preserves unknown fields, but its declared children prune again: `throughput`
-    declares properties without `framesTotal`, so a real API server drops what the operator
-    writes there, while `plan` (no properties) and `throughput.groups[]` items keep anything."""
-    await kube.create_job(job_manifest("j"))
+    declares properties without `framesTotal`, so it is dropped (TianJiJob's status had that
+    shape), while `plan` (no properties) and `throughput.groups[]` items keep anything."""
+    kube = widgets
+    await _new_widget(kube)
     status = {"kopf": {"progress": {"h": {"retries": 1}}}, "plan": {"any": {"thing": 1}},
               "throughput": {"framesPerSecond": 1.5, "framesTotal": 10, "groups": [{"group": 0, "extra": 1}]},
               "groups": [{"group": 0, "actors": {"desired": 2, "ready": 1, "spare": 0}, "extra": 1}]}
-    code, out = await _write_status(kube, how, "j", status)
+    code, out = await _write_status(kube, how, "w", status)
     assert code == 200, out
     assert out["status"]["kopf"] == status["kopf"] and out["status"]["plan"] == status["plan"]
     assert out["status"]["throughput"] == {"framesPerSecond": 1.5, "groups": [{"group": 0, "extra": 1}]}
     assert out["status"]["groups"] == [{"group": 0, "actors": {"desired": 2, "ready": 1}}]
     assert _pruned(kube) == [("status.groups[0].actors.spare", "status"), ("status.groups[0].extra", "status"),
                              ("status.throughput.framesTotal", "status")]
-    assert kube.obj(JOBS, NAMESPACE, "j")["status"] == out["status"]
+    assert kube.obj(WIDGETS, NAMESPACE, "w")["status"] == out["status"]
 
 
-async def test_non_nullable_nulls_are_dropped_and_defaulted(kube):
-    job = await kube.create_job(job_manifest("j", {"env": {"numEnvs": None}, "stop": {"envFrames": None}}))
-    assert job["spec"]["env"]["numEnvs"] == 8  # not nullable, has a default: defaulted
-    assert job["spec"]["stop"]["envFrames"] is None  # nullable: kept
-    assert kube.pruned == []  # nulls are not unknown fields
+async def test_non_nullable_nulls_are_dropped_and_defaulted(widgets):
+    out = await _new_widget(widgets, spec={"size": None, "color": "blue", "note": None, "shape": None})
+    assert out["spec"] == {"size": 1, "color": "blue", "note": None}  # defaulted; nullable kept; dropped
+    assert widgets.pruned == []  # nulls are not unknown fields
 
 
-async def test_strategic_merge_patch_of_a_custom_resource_is_415(kube):
-    await kube.create_job(job_manifest("j"))
-    code, err = await kube.api("PATCH", f"{JOB_URL}/j", {"spec": {"image": "i:2"}},
-                               content_type="application/strategic-merge-patch+json")
+async def test_strategic_merge_patch_of_a_custom_resource_is_415(widgets):
+    await _new_widget(widgets)
+    code, err = await widgets.api("PATCH", f"{WIDGET_URL}/w", {"spec": {"size": 2}},
+                                  content_type="application/strategic-merge-patch+json")
     assert code == 415 and err["reason"] == "UnsupportedMediaType"
 
 
-@pytest.mark.parametrize("status, field, cause", [
-    ({"phase": "Bogus"}, "status.phase", "FieldValueNotSupported"),
-    ({"conditions": [{"type": "Ready", "status": "Maybe"}]}, "status.conditions[0].status", "FieldValueNotSupported"),
-    ({"conditions": [{"status": "True"}]}, "status.conditions[0].type", "FieldValueRequired"),
+@pytest.mark.parametrize("status, cause", [
+    ({"phase": "Bogus"}, ("FieldValueNotSupported", "status.phase")),
+    ({"conditions": [{"type": "Ready", "status": "Maybe"}]}, ("FieldValueNotSupported", "status.conditions[0].status")),
+    ({"conditions": [{"status": "True"}]}, ("FieldValueRequired", "status.conditions[0].type")),
     ({"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "yesterday"}]},
-     "status.conditions[0].lastTransitionTime", "FieldValueInvalid"),
-    ({"startTime": "2026-02-30T00:00:00Z"}, "status.startTime", "FieldValueInvalid"),
-    ({"observedGeneration": "two"}, "status.observedGeneration", "FieldValueTypeInvalid"),
-    ({"throughput": {"framesPerSecond": "fast"}}, "status.throughput.framesPerSecond", "FieldValueTypeInvalid"),
+     ("FieldValueInvalid", "status.conditions[0].lastTransitionTime")),
+    ({"startTime": "2026-02-30T00:00:00Z"}, ("FieldValueInvalid", "status.startTime")),
+    ({"observedGeneration": "two"}, ("FieldValueTypeInvalid", "status.observedGeneration")),
+    ({"throughput": {"framesPerSecond": "fast"}}, ("FieldValueTypeInvalid", "status.throughput.framesPerSecond")),
 ])
-async def test_status_writes_are_validated(kube, status, field, cause):
-    await kube.create_job(job_manifest("j"))
-    before = kube.obj(JOBS, NAMESPACE, "j")
-    for how in sorted(STATUS_PATCHES):
-        code, err = await _write_status(kube, how, "j", status)
+async def test_status_writes_are_validated(widgets, status, cause):
+    kube = widgets
+    await _new_widget(kube)
+    before = kube.obj(WIDGETS, NAMESPACE, "w")
+    for how in STATUS_WRITES:
+        code, err = await _write_status(kube, how, "w", status)
         assert code == 422 and err["kind"] == "Status" and err["reason"] == "Invalid", (how, err)
-        assert {"reason": cause, "field": field} in [{k: c[k] for k in ("reason", "field")}
-                                                     for c in err["details"]["causes"]], (how, err)
-        assert err["message"].startswith('TianJiJob.tianji.dev "j" is invalid: ') and field in err["message"]
-    assert kube.obj(JOBS, NAMESPACE, "j") == before
-    assert [r.fields for r in kube.refused] == [(field,)] * len(STATUS_PATCHES)
+        assert _causes(err) == [cause], (how, err)
+        assert err["message"].startswith('Widget.example.com "w" is invalid: ' + cause[1])
+    assert kube.obj(WIDGETS, NAMESPACE, "w") == before
+    assert [r.fields for r in kube.refused] == [(cause[1],)] * len(STATUS_WRITES)
 
 
-async def test_valid_status_passes_and_the_main_endpoint_ignores_status(kube):
-    await kube.create_job(job_manifest("j"))
+async def test_valid_status_passes_and_the_main_endpoint_ignores_status(widgets):
+    kube = widgets
+    await _new_widget(kube)
     ok = {"phase": "Running", "startTime": "2026-01-31T23:59:59Z", "observedGeneration": 1,
           "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-31T23:59:59.5+01:00"}]}
-    code, out = await _write_status(kube, "merge", "j", ok)
+    code, out = await _write_status(kube, "merge", "w", ok)
     assert code == 200 and out["status"] == ok
-    code, out = await kube.api("PATCH", f"{JOB_URL}/j", {"status": {"phase": "Bogus"}})
+    code, out = await kube.api("PATCH", f"{WIDGET_URL}/w", {"status": {"phase": "Bogus"}})
     assert code == 200 and out["status"] == ok  # reset to the stored status before validation
-    assert kube.refused == []
+    code, err = await kube.api("PATCH", f"{WIDGET_URL}/w", {"spec": {"size": 0, "shape": "square"}})
+    assert code == 422 and _causes(err) == [("FieldValueInvalid", "spec.shape"), ("FieldValueInvalid", "spec.size")]
+    assert [r.fields for r in kube.refused] == [("spec.shape", "spec.size")]
 
 
 @pytest.mark.parametrize("text, value", [
@@ -367,18 +421,35 @@ async def test_service_port_may_repeat_with_another_protocol(kube):
     assert code == 201
 
 
-async def test_operator_writes_that_lose_fields_fail_the_operator_test(kube):
+async def test_operator_writes_that_lose_fields_fail_the_operator_test(widgets):
     """`operator_write_problems` names the operator's pruned and refused writes, no one else's;
     RunningOperator raises them when the test ends."""
-    await kube.api("POST", JOB_URL, job_manifest("j", {"bogus": 1}), headers={"User-Agent": "kubectl/v1.30"})
-    await kube.api("PATCH", f"{JOB_URL}/j/status", {"status": {"throughput": {"framesTotal": 1}}},
-                   headers={"User-Agent": "tianji-operator"})
-    await kube.api("PATCH", f"{JOB_URL}/j/status", {"status": {"phase": "Done"}}, headers={"User-Agent": "kopf/1.45"})
+    kube = widgets
+    await kube.api("POST", WIDGET_URL, _widget(spec={"bogus": 1}), headers={"User-Agent": "kubectl/v1.30"})
+    await _write_status(kube, "json", "w", {"throughput": {"framesTotal": 1}}, agent="tianji-operator")
+    await _write_status(kube, "merge", "w", {"phase": "Done"}, agent="kopf/1.45.2")
     problems = operator_write_problems(kube)
-    assert len(problems) == 2 and "status.throughput.framesTotal was pruned" in problems[0]
+    assert len(problems) == 2 and "w/status: status.throughput.framesTotal was pruned" in problems[0]
     assert "patch refused 422 Invalid" in problems[1] and "status.phase" in problems[1]
     op = RunningOperator(kube)
     op.stop_requested, op.thread = threading.Event(), threading.Thread(target=lambda: None)
     op.thread.start()
     with pytest.raises(AssertionError, match=r"status\.throughput\.framesTotal"):
         await op.__aexit__(None, None, None)
+
+
+@pytest.mark.parametrize("url, obj, field", [
+    (SVC, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "1cartpole"}, "spec": {"ports": [
+        {"name": "a", "port": 80}]}}, "metadata.name"),  # Services need DNS-1035 labels: a letter first
+    (PODS, _pod("Pod_1"), "metadata.name"),
+    (PODS, _pod("p", hostname="x" * 64), "spec.hostname"),
+    (PODS, {**_pod(), "metadata": {"name": "p", "labels": {"tianji.dev/job": "-x"}}}, "metadata.labels"),
+    (STS, {**_sts(), "metadata": {"name": "s", "labels": {"bad key!": "x"}}}, "metadata.labels"),
+])
+async def test_names_hostnames_and_labels_are_validated(kube, url, obj, field):
+    code, err = await kube.api("POST", url, obj)
+    assert code == 422 and field in [c["field"] for c in err["details"]["causes"]], err
+    code, _ = await kube.api("POST", SVC, {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "cartpole", "labels": {"tianji.dev/job": "cartpole", "app.kubernetes.io/name": "tianji"}},
+        "spec": {"ports": [{"name": "a", "port": 80}]}})
+    assert code == 201

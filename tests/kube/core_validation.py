@@ -75,6 +75,14 @@ POD_SPECS = {
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 
 
+def _at(obj: dict, path: str) -> dict:
+    """The object at a dotted path (no indexes), or {}."""
+    node: Any = obj
+    for key in path.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
+
+
 def pod_spec(kind: str, obj: dict) -> tuple[str, Optional[dict]]:
     """(field path, pod spec) of an object of `kind`; (.., None) when it has none."""
     node: Any = obj
@@ -132,18 +140,77 @@ def decode_error(kind: str, obj: dict) -> Optional[str]:
 # ----------------------------------------------------------------- validation
 def validation_errors(kind: str, obj: dict) -> list[FieldError]:
     """What ValidatePod / ValidateStatefulSet / ValidateService (...) refuse in the parts the
-    emulator checks: resource requirements and ports."""
-    errors: list[FieldError] = []
+    emulator checks: names and labels, pod hostnames, resource requirements and ports."""
+    errors = metadata_errors(kind, obj.get("metadata") or {})
     path, spec = pod_spec(kind, obj)
     if spec is not None:
+        if kind != "Pod":  # a template's labels are validated too
+            template = path.rsplit(".", 1)[0]
+            errors += label_errors(f"{template}.metadata.labels", _at(obj, template + ".metadata").get("labels"))
         errors += _pod_spec_errors(path, spec, default_host_ports=kind == "Pod")
     if kind == "Service":
         errors += service_port_errors((obj.get("spec") or {}).get("ports"))
     return errors
 
 
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+NAME_RULES = {  # kind → (regex, max length, what the apiserver calls it); the rest: DNS-1123 subdomains
+    "Service": (DNS1035_LABEL, 63, "a DNS-1035 label must consist of lower case alphanumeric characters or "
+                "'-', start with an alphabetic character, and end with an alphanumeric character"),
+    "Namespace": (DNS1123_LABEL, 63, "a lowercase RFC 1123 label must consist of lower case alphanumeric "
+                  "characters or '-', and must start and end with an alphanumeric character"),
+}
+SUBDOMAIN_RULE = (DNS1123_SUBDOMAIN, 253, "a lowercase RFC 1123 subdomain must consist of lower case "
+                  "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")
+
+
+def _format_errors(field: str, value: str, rule: tuple) -> list[FieldError]:
+    regex, limit, what = rule
+    errors = []
+    if len(value) > limit:
+        errors.append(apierrors.invalid(field, value, f"must be no more than {limit} characters"))
+    if not regex.match(value):
+        errors.append(apierrors.invalid(field, value, what))
+    return errors
+
+
+def metadata_errors(kind: str, meta: dict) -> list[FieldError]:
+    """ValidateObjectMeta: the name's format for the kind (a Service's is a DNS-1035 label, which
+    must start with a letter); label keys and values."""
+    errors = []
+    if meta.get("name"):
+        errors += _format_errors("metadata.name", meta["name"], NAME_RULES.get(kind, SUBDOMAIN_RULE))
+    errors += label_errors("metadata.labels", meta.get("labels"))
+    return errors
+
+
+def label_errors(path: str, labels: Any) -> list[FieldError]:
+    """ValidateLabels: qualified-name keys (an optional DNS subdomain prefix and `/`, a name of at
+    most 63 characters); values of at most 63 characters, alphanumeric at both ends."""
+    errors: list[FieldError] = []
+    for key, value in (labels or {}).items():
+        prefix, _, name = key.rpartition("/")
+        if (prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix))) or len(name) > 63 \
+                or not LABEL_NAME.match(name):
+            errors.append(apierrors.invalid(path, key, "name part must consist of alphanumeric characters, '-', "
+                                            "'_' or '.', and must start and end with an alphanumeric character"))
+        if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
+            errors.append(apierrors.invalid(path, value,
+                                            "a valid label must be an empty string or consist of alphanumeric "
+                                            "characters, '-', '_' or '.', and must start and end with an "
+                                            "alphanumeric character (at most 63 characters)"))
+    return errors
+
+
 def _pod_spec_errors(path: str, spec: dict, default_host_ports: bool) -> list[FieldError]:
     errors: list[FieldError] = []
+    for key in ("hostname", "subdomain"):  # DNS names of the pod: RFC 1123 labels
+        if spec.get(key):
+            errors += _format_errors(join(path, key), spec[key], NAME_RULES["Namespace"])
     host_network = bool(spec.get("hostNetwork"))
     for lst in CONTAINER_LISTS:
         for i, c in enumerate(_dicts(spec.get(lst))):
@@ -267,9 +334,6 @@ def resource_errors(path: str, res: Any) -> list[FieldError]:
             errors.append(FieldError("FieldValueRequired", f"{join(path, 'limits')}",
                                      "Required value: Limit must be set for non overcommitable resources"))
     return errors
-
-
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def service_port_errors(ports: Any) -> list[FieldError]:
