@@ -33,7 +33,9 @@ is what a cluster would store:
   sent back as an `unknown field` warning;
 * built-in kinds (core_validation.py): resource quantities in pod specs and
   templates must parse (else 400 BadRequest to a create or PUT, 422 `patch`
-  to a patch); requests within limits, extended resources whole and equal;
+  to a patch); names (a Service's a DNS-1035 label), label keys and values,
+  pod hostname/subdomain; requests within limits, extended resources whole
+  and equal;
   container port names valid and unique per container, numbers in range, no
   two containers on one host port; Service port names and (port, protocol)
   pairs unique; a containerPort/protocol repeated in a pod is only a
