@@ -296,7 +296,8 @@ async def test_valid_status_passes_and_the_main_endpoint_ignores_status(widgets)
 @pytest.mark.parametrize("text, value", [
     ("1", 1), ("0", 0), ("500m", 0.5), ("1.5", 1.5), (".5", 0.5), ("1.", 1), ("+2", 2), ("-2", -2),
     ("2Gi", 2 * 2**30), ("512Mi", 512 * 2**20), ("1Ki", 1024), ("3Ei", 3 * 2**60), ("1k", 1000), ("1M", 10**6),
-    ("1E", 10**18), ("100n", 1e-7), ("3u", 3e-6), ("1e3", 1000), ("1E-3", 0.001), ("2e+2", 200), (4, 4), (0.25, 0.25),
+    ("1E", 10**18), ("100n", 1e-7), ("3u", 3e-6), ("1e3", 1000), ("1E-3", 0.001), ("2e+2", 200),
+    (" 1Gi ", 2**30), (4, 4), (0.25, 0.25),  # JSON decoding trims spaces and takes numbers
 ])
 def test_quantity_grammar_accepts(text, value):
     assert float(core_validation.parse_quantity(text)) == pytest.approx(value)
@@ -306,7 +307,7 @@ def test_quantity_grammar_accepts(text, value):
     ("524288K", core_validation.ERR_SUFFIX),  # decimal kilo is a lower-case k
     ("1ki", core_validation.ERR_SUFFIX), ("1e", core_validation.ERR_SUFFIX), ("1mi", core_validation.ERR_SUFFIX),
     ("1.5.0", core_validation.ERR_FORMAT), ("1KB", core_validation.ERR_FORMAT), ("1 Gi", core_validation.ERR_FORMAT),
-    ("lots", core_validation.ERR_FORMAT), ("", core_validation.ERR_FORMAT), ("1Gi ", core_validation.ERR_FORMAT),
+    ("lots", core_validation.ERR_FORMAT), ("", core_validation.ERR_FORMAT), (True, core_validation.ERR_FORMAT),
 ])
 def test_quantity_grammar_refuses(text, message):
     with pytest.raises(core_validation.QuantityError) as e:
@@ -339,7 +340,8 @@ async def test_unparsable_quantities_are_refused_like_the_api_server(kube):
     assert kube.live("v1/pods") == [] and kube.live("apps/v1/statefulsets") == []
     code, _ = await kube.api("POST", STS, _sts(containers=[_res(cpu="1500m", memory="512Mi")]))
     assert code == 201
-    patch = {"spec": {"template": {"spec": {"containers": [{"name": "a", "resources": {"limits": {"memory": "1G "}}}]}}}}
+    bad = {"name": "a", "resources": {"limits": {"memory": "1GB"}}}
+    patch = {"spec": {"template": {"spec": {"containers": [bad]}}}}
     code, err = await kube.api("PATCH", f"{STS}/s", patch, content_type="application/strategic-merge-patch+json")
     assert code == 422 and [c["field"] for c in err["details"]["causes"]] == ["patch"]
     assert core_validation.ERR_FORMAT in err["message"]

@@ -39,7 +39,8 @@ def parse_quantity(text: Any) -> decimal.Decimal:
     letters from `eEinumkKMGTP`, an optional sign and digits; then the suffix must be a
     decimal SI one (n u m "" k M G T P E), a binary one (Ki .. Ei) or `e`/`E` and an integer.
     So `524288K` scans but has no such suffix; `1.5.0` does not scan."""
-    text = text if isinstance(text, str) else _json_number(text)
+    # Quantity.UnmarshalJSON trims spaces, and parses an unquoted JSON number's text alike.
+    text = text.strip() if isinstance(text, str) else _json_number(text)
     m = _SCAN.match(text)
     if not text or not m:
         raise QuantityError(ERR_FORMAT)
@@ -55,7 +56,6 @@ def parse_quantity(text: Any) -> decimal.Decimal:
 
 
 def _json_number(value: Any) -> str:
-    """Quantity.UnmarshalJSON parses an unquoted JSON value's text the same way."""
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value) if isinstance(value, (int, float)) else ""

@@ -446,21 +446,30 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return obj
 
     def _decode(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
-        """Decoding drops what the CRD schema does not declare (Pruned records, `unknown field`
-        warnings) and fails on a quantity that does not parse (400, or 422 for a patch)."""
-        schema = self._schemas.get(res)
-        if schema is not None:
-            for path in structural.prune(obj, schema):
-                self.pruned.append(Pruned(resource_key(res), namespace, _name_of(obj), w.subresource, path, w.agent))
-                w.warnings.append(f'unknown field "{path}"')
-            return
+        """Decoding the body: a custom resource loses what its schema does not declare; a
+        built-in object fails on a quantity that does not parse."""
+        if res in self._schemas:
+            self._prune(res, obj, namespace, w)
+        else:
+            self._decode_quantities(res, obj, namespace, w)
+
+    def _prune(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
+        """Structural pruning, silent but for an `unknown field` warning; recorded in `pruned`."""
+        for path in structural.prune(obj, self._schemas[res]):
+            self.pruned.append(Pruned(resource_key(res), namespace, _name_of(obj), w.subresource, path, w.agent))
+            w.warnings.append(f'unknown field "{path}"')
+
+    def _decode_quantities(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
+        """400 to a create or PUT (the body does not decode); 422 naming `patch` to a patch
+        (the patched object does not: apiserver endpoints/handlers/patch.go)."""
         problem = core_validation.decode_error(self._kind(res), obj)
         if problem is None:
             return
-        if w.verb == "patch":  # the patched object does not decode: apiserver handlers/patch.go
-            err = apierrors.invalid_error("", "", "", [apierrors.invalid("patch", json.dumps(obj, separators=(",", ":")), problem)])
+        kind = self._kind(res)
+        if w.verb == "patch":
+            patched = json.dumps(obj, separators=(",", ":"))
+            err = apierrors.invalid_error("", "", "", [apierrors.invalid("patch", patched, problem)])
         else:
-            kind = self._kind(res)
             err = apierrors.bad_request(f'{kind} in version "{res.version}" cannot be handled as a {kind}: {problem}')
         raise self._refuse(res, obj, namespace, w, err)
 
