@@ -1,6 +1,7 @@
 """The TianJiJob CRD: generated from the pydantic spec, structural, in step with crds/."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import glob
 from pathlib import Path
@@ -10,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kube.operator_harness import start_cluster
 from tianji.control.crd import PRINTER_COLUMNS, apply_defaults, crd_dict, crd_yaml
 from tianji.control.spec import JobSpec, parse_job
 
@@ -192,11 +194,32 @@ def test_long_or_bad_names_fail():
         _validate_instance(_job({}, name="Bad_Name"))
 
 
+def _example_jobs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind") == "TianJiJob"]
+
+
+EXAMPLES = sorted(Path(p) for p in glob.glob(str(ROOT / "examples" / "*.yaml")))
+
+
 def test_example_manifests_validate():
-    for path in sorted(glob.glob(str(ROOT / "examples" / "*.yaml"))):
-        for doc in yaml.safe_load_all(Path(path).read_text()):
-            if isinstance(doc, dict) and doc.get("kind") == "TianJiJob":
-                _validate_instance(doc)
+    assert EXAMPLES
+    for path in EXAMPLES:
+        for doc in _example_jobs(path):
+            _validate_instance(doc)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+async def test_examples_lose_no_field_to_pruning(path):
+    """Created through the emulator (an API server's pruning), an example keeps every field it
+    sets: a field the CRD does not declare would be dropped silently on a real cluster."""
+    jobs = _example_jobs(path)
+    assert jobs, f"{path.name} holds no TianJiJob"
+    async with contextlib.AsyncExitStack() as stack:
+        kube = await start_cluster(stack)
+        for doc in jobs:
+            await kube.create_job(doc)
+    lost = [f"{p.name}: {p.path}" for p in kube.pruned]
+    assert not lost, f"{path.name}: a real API server would drop {lost}"
 
 
 # ----------------------------------------------------------------- defaults

@@ -34,9 +34,11 @@ KINDS: dict[str, tuple[str, str, str]] = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, reason: str = "", message: str = "", method: str = "", path: str = ""):
+    def __init__(self, status: int, reason: str = "", message: str = "", method: str = "", path: str = "",
+                 causes: Optional[list] = None):
         super().__init__(f"{method} {path}: {status} {reason}: {message}".strip())
         self.status, self.reason, self.message = status, reason, message
+        self.causes = causes or []  # Status.details.causes: field-level validation failures
 
 
 def path_of(kind: str, namespace: Optional[str], name: Optional[str] = None,
@@ -144,13 +146,14 @@ class KubeClient:
                     await self._relogin()
                     continue
                 if resp.status >= 400:
-                    reason, message = resp.reason or "", text[:500]
+                    reason, message, causes = resp.reason or "", text[:500], []
                     try:
                         st = json.loads(text)
                         reason, message = st.get("reason", reason), st.get("message", message)
-                    except ValueError:
+                        causes = (st.get("details") or {}).get("causes") or []
+                    except (ValueError, AttributeError):
                         pass
-                    raise ApiError(resp.status, reason, message, method, path)
+                    raise ApiError(resp.status, reason, message, method, path, causes)
                 return json.loads(text) if text else None
         raise AssertionError("unreachable")
 
@@ -204,7 +207,9 @@ class KubeClient:
                                content_type="application/json-patch+json", verb="patch", kind=kind)
             return True
         except ApiError as e:
-            if e.status in (409, 422):
+            # A failed `test` is 422 without causes; a status the schema refuses is 422 *with*
+            # causes: that one is a bug to surface, not a conflict to retry forever.
+            if e.status == 409 or (e.status == 422 and not e.causes):
                 return False
             raise
 

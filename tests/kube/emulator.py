@@ -5,19 +5,46 @@ but assigns no uid,
 resourceVersion, creationTimestamp or generation; answers a failed JSON-patch
 `test` with 500; replays watches from the beginning regardless of
 `?resourceVersion`; ignores label/field selectors; treats strategic-merge as
-JSON-merge; has no PUT, no owner-reference garbage collection and no status
-subresource semantics. `KubeEmulator` fills those in, enough for the real
-Kopf operator to run against it:
+JSON-merge; has no PUT, no owner-reference garbage collection, no status
+subresource semantics and no admission. `KubeEmulator` fills those in, enough
+for the real Kopf operator to run against it, and refuses or alters writes
+where a real kube-apiserver (v1.30+) would, so that what the operator writes
+is what a cluster would store:
 
 * metadata: uid, resourceVersion (one global counter), creationTimestamp,
   generation (bumped when anything but metadata/status changes);
 * create → 409 AlreadyExists; generateName; namespace from the URL;
 * PATCH: merge-patch (RFC 7386), JSON-patch (a failed `test` → 422),
   strategic-merge (merge-patch, except that lists of objects with a `name`
-  are merged by name: containers, ports, env, volumes), apply-patch → 415;
-  PUT replaces, 409 on a stale resourceVersion;
-* the `status` subresource: for resources declared with it, the main
-  endpoint ignores status changes and /status changes only status;
+  are merged by name: containers, ports, env, volumes; 415 on custom
+  resources, as there), apply-patch → 415; PUT replaces, 409 on a stale
+  resourceVersion;
+* the `status` subresource: for resources declared with it, create and the
+  main endpoint ignore status (a created Pod gets `status.phase: Pending`),
+  /status changes only status;
+* CRDs declared with `declare_crd()`, on create, PUT, every patch and /status
+  (structural.py): unknown fields pruned (`x-kubernetes-preserve-unknown-fields`
+  keeps a node's undeclared fields while its declared ones prune again;
+  metadata keeps the ObjectMeta fields only), non-nullable nulls dropped, then
+  defaulting, then validation of the whole object, status included: 422
+  Invalid naming each field (enum, type, required, pattern, bounds, the
+  date-time and date formats). Every pruned field is recorded in `pruned`
+  (`Pruned`: resource, namespace, name, subresource, path, User-Agent) and
+  sent back as an `unknown field` warning;
+* built-in kinds (core_validation.py): resource quantities in pod specs and
+  templates must parse (else 400 BadRequest to a create or PUT, 422 `patch`
+  to a patch); names (a Service's a DNS-1035 label), label keys and values,
+  pod hostname/subdomain; requests within limits, extended resources whole
+  and equal;
+  container port names valid and unique per container, numbers in range, no
+  two containers on one host port; Service port names and (port, protocol)
+  pairs unique; a containerPort/protocol repeated in a pod is only a
+  `Warning` header, as there. Quantities are stored as written (the API
+  server would canonicalise them) and unknown fields of built-in kinds are
+  kept (the API server drops them);
+* refused writes are recorded in `refused` (`Refused`), warnings in
+  `warnings` (`Warned`); errors are `Status` objects (kind Status, reason,
+  code, details.causes with field paths);
 * delete: finalizers → deletionTimestamp; the object goes when its last
   finalizer is removed; background garbage collection of dependents whose
   ownerReferences point at a deleted uid;
@@ -27,21 +54,22 @@ Kopf operator to run against it:
   without one, synthetic ADDED for what exists; `timeoutSeconds` honoured;
   a watch whose client went away ends (no lingering handler task);
 * `/api/v1/namespaces[/NAME]` addresses Namespaces (kmock 0.8 parses
-  "namespaces" there as a namespace prefix and answers 500);
-* CRDs declared with `declare_crd()`: structural defaulting and validation
-  of writes against the CRD's openAPIV3Schema (422 naming the field).
+  "namespaces" there as a namespace prefix and answers 500).
 
-No controllers run: pods get no status and StatefulSets create no pods.
-Tests play them with `set_status()` / `put_object()`. Assertions read
-`obj()`, `live()`, `requests` and `api_calls()` (verbs as RBAC names them).
+No controllers run: pods get no status beyond Pending and StatefulSets create
+no pods. Tests play them with `set_status()` / `put_object()` (which act as a
+controller: no status reset). Assertions read `obj()`, `live()`, `requests`,
+`api_calls()` (verbs as RBAC names them), `pruned`, `refused` and `warnings`.
 
-The real operator against it: `operator_harness.py`; canned metric sources: `fakes.py`.
+The real operator against it: `operator_harness.py` (which fails a test whose
+operator writes were pruned or refused); canned metric sources: `fakes.py`.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import copy
+import dataclasses
 import datetime
 import json
 import re
@@ -52,11 +80,13 @@ from typing import Any, AsyncIterator, Optional
 import aiohttp.web
 import attrs
 import jsonpatch
-import jsonschema
 import kmock
+import multidict
 from kmock._internal import apps, enums, parsing, rendering
 
 from tianji.control.crd import apply_defaults
+
+from . import apierrors, core_validation, structural
 
 CORE = {
     "v1/namespaces": ("Namespace", False, set()),
@@ -89,29 +119,13 @@ def _parse_path(path: str) -> parsing.ParsedPath:
 parsing.parse_path = _parse_path  # rendering.Request._parse looks it up on the module at call time
 
 
-def openapi_to_jsonschema(node: Any) -> Any:
-    """OpenAPI v3 (Kubernetes flavour: nullable, x-kubernetes-*) → JSON schema draft 4."""
-    if isinstance(node, list):
-        return [openapi_to_jsonschema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for k, v in node.items():
-        if k.startswith("x-kubernetes-") or k == "nullable":
-            continue
-        if k == "properties":
-            out[k] = {name: openapi_to_jsonschema(p) for name, p in v.items()}
-        elif k == "default":
-            out[k] = v
-        else:
-            out[k] = openapi_to_jsonschema(v)
-    if node.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    return out
-
-
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _name_of(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    return meta.get("name") or meta.get("generateName") or ""
 
 
 def _merge_patch(target: Any, patch: Any) -> Any:
@@ -125,6 +139,16 @@ def _merge_patch(target: Any, patch: Any) -> Any:
         else:
             out[k] = _merge_patch(out.get(k), v)
     return out
+
+
+def _json_patch(target: dict, patch: Any) -> Any:
+    """RFC 6902 JSON patch; a failed `test` (or a bad path) is 422, as the API server answers."""
+    try:
+        return jsonpatch.apply_patch(target, patch)
+    except jsonpatch.JsonPatchTestFailed as e:
+        raise kmock.KubernetesError(status=422, reason="Invalid", message=f"test failed: {e}", details={})
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+        raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e), details={})
 
 
 def _strategic_patch(target: Any, patch: Any) -> Any:
@@ -212,6 +236,59 @@ def match_field_selector(obj: dict, selector: Optional[str]) -> bool:
     return True
 
 
+def resource_key(res) -> str:
+    """`group/version/plural` (`v1/pods` for the core group), as `declare()` and tests name resources."""
+    return f"{res.group + '/' if res.group else ''}{res.version}/{res.plural}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruned:
+    """A field a write lost to structural pruning (the apiserver drops it silently)."""
+    resource: str
+    namespace: Optional[str]
+    name: str
+    subresource: Optional[str]
+    path: str
+    user_agent: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """A write admission refused (a bad quantity, an invalid field): `fields` its causes name."""
+    resource: str
+    namespace: Optional[str]
+    name: str
+    subresource: Optional[str]
+    verb: str
+    code: int
+    reason: str
+    message: str
+    fields: tuple[str, ...]
+    user_agent: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Warned:
+    """A warning the apiserver sent back with an accepted write (`Warning: 299 - "..."`)."""
+    resource: str
+    namespace: Optional[str]
+    name: str
+    text: str
+    user_agent: str
+
+
+@dataclasses.dataclass
+class Write:
+    """One write as admission sees it: who (User-Agent), how (create/update/patch), where
+    (subresource); `warnings` collects what goes back in `Warning` headers. `as_controller`
+    writes (the test helpers) keep a created object's status, as a controller's would."""
+    agent: str = ""
+    verb: str = "create"
+    subresource: Optional[str] = None
+    as_controller: bool = False
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
 @attrs.define(kw_only=True)
 class KubeEmulator(kmock.KubernetesEmulator):
     """`kmock.KubernetesEmulator` with the behaviour Kopf and the operator rely on (module doc)."""
@@ -219,8 +296,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _rv: int = attrs.field(default=0, init=False)
     _log: dict = attrs.field(factory=lambda: collections.defaultdict(list), init=False)
     _changed: Optional[asyncio.Event] = attrs.field(default=None, init=False)
-    # CRD resources: openAPIV3Schema for structural defaulting and validation on writes.
+    # CRD resources: openAPIV3Schema for pruning, defaulting and validation on writes.
     _schemas: dict = attrs.field(factory=dict, init=False)
+    _custom: set = attrs.field(factory=set, init=False)  # resources served for a CRD
+    # What admission did to writes, for assertions (see operator_harness.operator_write_problems).
+    pruned: list = attrs.field(factory=list, init=False)
+    refused: list = attrs.field(factory=list, init=False)
+    warnings: list = attrs.field(factory=list, init=False)
 
     # ----------------------------------------------------------------- assertions
     @property
@@ -250,10 +332,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     # ----------------------------------------------------------------- a client, as kubectl would
     async def api(self, method: str, path: str, body: Any = None,
-                  content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+                  content_type: str = "application/merge-patch+json",
+                  headers: Optional[dict] = None) -> tuple[int, Any]:
         """One HTTP call to this server. `Connection: close`: no idle keep-alive handler task
         outlives the call (Kopf waits for such tasks of its event loop when it stops)."""
-        headers = {"Connection": "close"}
+        headers = {"Connection": "close", **(headers or {})}
         if body is not None:
             headers["Content-Type"] = "application/json" if method == "POST" else content_type
         async with self.request(method, path, data=None if body is None else json.dumps(body),
@@ -288,14 +371,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self.declare(key, kind, namespaced, subs)
 
     def declare_crd(self, crd: dict, validate: bool = True) -> None:
-        """Serve a CRD's resource; with `validate`, writes are defaulted and validated by its schema
-        (like the API server: structural defaulting, then a 422 naming the field)."""
+        """Serve a CRD's resource; with `validate`, writes are pruned, defaulted and validated by
+        its schema, as the API server does (module doc)."""
         spec = crd["spec"]
         for v in spec["versions"]:
             subs = set(v.get("subresources", {}))
             key = f"{spec['group']}/{v['name']}/{spec['names']['plural']}"
             self.declare(key, spec["names"]["kind"], spec["scope"] == "Namespaced", subs,
                          spec["names"].get("shortNames", ()))
+            self._custom.add(kmock.resource(key))
             if validate:
                 self._schemas[kmock.resource(key)] = v["schema"]["openAPIV3Schema"]
 
@@ -318,14 +402,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """Create an object as a client would (events, metadata), without HTTP."""
         res = kmock.resource(key)
         async with self._lock:
-            return self._create(res, body["metadata"].get("namespace"), body)
+            return self._create(res, body["metadata"].get("namespace"), body, Write(as_controller=True))
 
     async def set_status(self, key: str, namespace: Optional[str], name: str, status: dict) -> dict:
         """Merge `status` into an object, as a controller or kubelet would."""
         res = kmock.resource(key)
         async with self._lock:
             return self._update(res, namespace, name, lambda o: _merge_patch(o, {"status": status}),
-                                subresource="status")
+                                Write(verb="patch", subresource="status", as_controller=True))
 
     # ----------------------------------------------------------------- internals
     def _signal(self) -> asyncio.Event:
@@ -346,22 +430,102 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _has_status_subresource(self, res) -> bool:
         return res in self.resources and "status" in self.resources[res].subresources
 
-    def _admit(self, res, obj: dict) -> dict:
+    # ----------------------------------------------------------------- admission
+    def _admit(self, res, obj: dict, old: Optional[dict], namespace: Optional[str], w: Write) -> dict:
+        """What the API server does to a write between reading the body and storing it, in its
+        order: decode (pruning, quantities), keep to the subresource, default, validate."""
+        self._decode(res, obj, namespace, w)
+        obj = self._scope(res, obj, old, w)
         schema = self._schemas.get(res)
-        if schema is None:
-            return obj
-        obj = apply_defaults(obj, schema)
-        errors = sorted(jsonschema.Draft4Validator(openapi_to_jsonschema(schema)).iter_errors(obj),
-                        key=lambda e: list(e.absolute_path))
-        if errors:
-            msgs = ["{}: {}".format(".".join(str(p) for p in e.absolute_path), e.message) for e in errors]
-            raise kmock.KubernetesError(status=422, reason="Invalid", message="; ".join(msgs))
+        if schema is not None:
+            obj = apply_defaults(obj, schema)
+            self._check(res, obj, namespace, w, structural.validation_errors(obj, schema))
+        elif w.subresource is None:
+            self._check(res, obj, namespace, w, core_validation.validation_errors(self._kind(res), obj))
+            self._warn_pod_ports(res, obj, old, w)
         return obj
 
-    def _create(self, res, namespace: Optional[str], body: Any) -> dict:
+    def _decode(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
+        """Decoding the body: a custom resource loses what its schema does not declare; a
+        built-in object fails on a quantity that does not parse."""
+        if res in self._schemas:
+            self._prune(res, obj, namespace, w)
+        else:
+            self._decode_quantities(res, obj, namespace, w)
+
+    def _prune(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
+        """Structural pruning, silent but for an `unknown field` warning; recorded in `pruned`."""
+        for path in structural.prune(obj, self._schemas[res]):
+            self.pruned.append(Pruned(resource_key(res), namespace, _name_of(obj), w.subresource, path, w.agent))
+            w.warnings.append(f'unknown field "{path}"')
+
+    def _decode_quantities(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
+        """400 to a create or PUT (the body does not decode); 422 naming `patch` to a patch
+        (the patched object does not: apiserver endpoints/handlers/patch.go)."""
+        problem = core_validation.decode_error(self._kind(res), obj)
+        if problem is None:
+            return
+        kind = self._kind(res)
+        if w.verb == "patch":
+            patched = json.dumps(obj, separators=(",", ":"))
+            err = apierrors.invalid_error("", "", "", [apierrors.invalid("patch", patched, problem)])
+        else:
+            err = apierrors.bad_request(f'{kind} in version "{res.version}" cannot be handled as a {kind}: {problem}')
+        raise self._refuse(res, obj, namespace, w, err)
+
+    def _scope(self, res, new: dict, old: Optional[dict], w: Write) -> dict:
+        """Status subresource semantics: /status changes only status, /scale only replicas, the
+        main endpoint (and create) never status."""
+        if old is None:
+            if self._has_status_subresource(res) and not w.as_controller:
+                new.pop("status", None)
+                if self._kind(res) == "Pod":
+                    new["status"] = {"phase": "Pending"}
+            return new
+        if w.subresource == "status":
+            merged = copy.deepcopy(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            return merged
+        if w.subresource == "scale":
+            merged = copy.deepcopy(old)
+            merged.setdefault("spec", {})["replicas"] = new.get("spec", {}).get("replicas")
+            return merged
+        if self._has_status_subresource(res):
+            if "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        return new
+
+    def _check(self, res, obj: dict, namespace: Optional[str], w: Write, errors: list) -> None:
+        if errors:
+            err = apierrors.invalid_error(self._kind(res), res.group, _name_of(obj), errors)
+            raise self._refuse(res, obj, namespace, w, err)
+
+    def _warn_pod_ports(self, res, obj: dict, old: Optional[dict], w: Write) -> None:
+        """Pod(-template) warnings come with a create, or an update that changes the pod spec."""
+        kind = self._kind(res)
+        if old is None or core_validation.pod_spec(kind, old)[1] != core_validation.pod_spec(kind, obj)[1]:
+            w.warnings += core_validation.warnings(kind, obj)
+
+    def _refuse(self, res, obj: dict, namespace: Optional[str], w: Write,
+                err: kmock.KubernetesError) -> kmock.KubernetesError:
+        causes = (err.details or {}).get("causes", [])
+        self.refused.append(Refused(resource_key(res), namespace, _name_of(obj), w.subresource, w.verb, err.status,
+                                    err.reason or "", err.message or "", tuple(c["field"] for c in causes), w.agent))
+        return err
+
+    def _kind(self, res) -> str:
+        return self.resources[res].kind or res.plural
+
+    # ----------------------------------------------------------------- storage
+    def _create(self, res, namespace: Optional[str], body: Any, w: Write) -> dict:
         if not isinstance(body, dict):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="body must be an object")
-        obj = self._admit(res, copy.deepcopy(body))
+        obj = self._admit(res, copy.deepcopy(body), None, namespace, w)
         meta = obj.setdefault("metadata", {})
         if namespace is not None:
             if meta.get("namespace") not in (None, namespace):
@@ -388,8 +552,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._emit(res, "ADDED", obj)
         return obj
 
-    def _update(self, res, namespace, name, fn, subresource: Optional[str] = None,
-                expect_rv: Optional[str] = None) -> dict:
+    def _update(self, res, namespace, name, fn, w: Write, expect_rv: Optional[str] = None) -> dict:
         key = (res, namespace, name)
         if key not in self.objects or self.objects[key].deleted:
             raise kmock.KubernetesObjectNotFoundError()
@@ -400,24 +563,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         new = fn(copy.deepcopy(old))
         if not isinstance(new, dict):
             raise kmock.KubernetesError(status=422, reason="Invalid", message="the result is not an object")
-        if subresource is None:
-            new = self._admit(res, new)
-        if subresource == "status":
-            merged = copy.deepcopy(old)
-            if "status" in new:
-                merged["status"] = new["status"]
-            else:
-                merged.pop("status", None)
-            new = merged
-        elif subresource == "scale":
-            merged = copy.deepcopy(old)
-            merged.setdefault("spec", {})["replicas"] = new.get("spec", {}).get("replicas")
-            new = merged
-        elif self._has_status_subresource(res):
-            if "status" in old:
-                new["status"] = old["status"]
-            else:
-                new.pop("status", None)
+        new = self._admit(res, new, old, namespace, w)
         meta = new.setdefault("metadata", {})
         for k in ("uid", "creationTimestamp", "name", "namespace", "deletionTimestamp"):
             if k in old["metadata"]:
@@ -487,37 +633,57 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if res not in self.resources:
             raise kmock.KubernetesResourceNotFoundError()
         async with self._lock:
-            if request.action == enums.action.CREATE:
-                out = self._create(res, request.namespace, request.data)
-                return aiohttp.web.json_response(out, status=201)
             if request.action == enums.action.DELETE:
                 return aiohttp.web.json_response(self._delete(res, request.namespace, request.name))
-            if method == enums.method.PUT:
-                body = request.data
-                rv = (body or {}).get("metadata", {}).get("resourceVersion")
-                out = self._update(res, request.namespace, request.name, lambda _: copy.deepcopy(body),
-                                   subresource=request.subresource, expect_rv=rv)
-                return aiohttp.web.json_response(out)
-            ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
-            patch = request.data
+            w = Write(agent=request.headers.get("User-Agent", ""), subresource=request.subresource)
+            status, out = self._write(request, w)
+            for text in w.warnings:
+                self.warnings.append(Warned(resource_key(res), request.namespace, _name_of(out), text, w.agent))
+            headers = multidict.CIMultiDict(("Warning", f"299 - {json.dumps(text)}") for text in w.warnings)
+            return aiohttp.web.json_response(out, status=status, headers=headers)
 
-            def apply(obj: dict) -> dict:
-                if ctype == "application/json-patch+json":
-                    try:
-                        return jsonpatch.apply_patch(obj, patch)
-                    except jsonpatch.JsonPatchTestFailed as e:
-                        raise kmock.KubernetesError(status=422, reason="Invalid", message=f"test failed: {e}")
-                    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-                        raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e))
-                if ctype == "application/merge-patch+json":
-                    return _merge_patch(obj, patch)
-                if ctype == "application/strategic-merge-patch+json":
-                    return _strategic_patch(obj, patch)
-                raise kmock.KubernetesError(status=415, reason="UnsupportedMediaType",
-                                            message=f"the emulator does not support {ctype!r} patches")
+    def _write(self, request: rendering.Request, w: Write) -> tuple[int, dict]:
+        """Create, replace (PUT) or patch: (HTTP status, the stored object)."""
+        res = request.resource
+        if request.action == enums.action.CREATE:
+            return 201, self._create(res, request.namespace, request.data, w)
+        if request.method == enums.method.PUT:
+            w.verb = "update"
+            body = request.data
+            rv = (body or {}).get("metadata", {}).get("resourceVersion")
+            return 200, self._update(res, request.namespace, request.name, lambda _: copy.deepcopy(body), w,
+                                     expect_rv=rv)
+        w.verb = "patch"
+        ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+        patcher = self._patcher(res, ctype, request.data)
+        return 200, self._update(res, request.namespace, request.name, patcher, w)
 
-            out = self._update(res, request.namespace, request.name, apply, subresource=request.subresource)
-            return aiohttp.web.json_response(out)
+    def _patcher(self, res, ctype: str, patch: Any):
+        """The function that applies a patch of this content type (415 for what the API server
+        does not take: apply patches here, strategic merge on custom resources there)."""
+        if ctype == "application/json-patch+json":
+            return lambda obj: _json_patch(obj, patch)
+        if ctype == "application/merge-patch+json":
+            return lambda obj: _merge_patch(obj, patch)
+        if ctype == "application/strategic-merge-patch+json" and res not in self._custom:
+            return lambda obj: _strategic_patch(obj, patch)
+        if ctype == "application/strategic-merge-patch+json":
+            raise kmock.KubernetesError(
+                status=415, reason="UnsupportedMediaType", details={},
+                message="the body of the request was in an unknown format - accepted media types include: "
+                        "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml")
+        raise kmock.KubernetesError(status=415, reason="UnsupportedMediaType", details={},
+                                    message=f"the emulator does not support {ctype!r} patches")
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        """A Status as the API server writes it: no traceback where the error carries details."""
+        if isinstance(exc, kmock.KubernetesError) and exc.details is not None:
+            status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                      "message": exc.message or "", "reason": exc.reason or "", "code": exc.status}
+            if exc.details:
+                status["details"] = exc.details
+            return aiohttp.web.json_response(status, status=exc.status)
+        return await super()._render_error(exc)
 
     def _matching(self, request: rendering.Request) -> list[dict]:
         sel_l = request.params.get("labelSelector")

@@ -1,5 +1,9 @@
 """The real Kopf operator against the emulator: `start_cluster`, `RunningOperator`, and the
-small helpers operator tests share (`FakeClock`, `eventually`, `job_manifest`, `run_pods`)."""
+small helpers operator tests share (`FakeClock`, `eventually`, `job_manifest`, `run_pods`).
+
+A test with a `RunningOperator` fails when it ends if any of the operator's writes (Kopf's
+and its own client's, told apart by User-Agent) lost a field to pruning or was refused by
+admission: on a real cluster that field would be gone, or the write would not happen."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +17,8 @@ from .emulator import KubeEmulator
 
 NAMESPACE = "tianji-test"
 JOBS = "tianji.dev/v1alpha1/tianjijobs"
+# User-Agent prefixes of the operator's writes: Kopf's client and tianji_operator.kube.KubeClient.
+OPERATOR_AGENTS = ("kopf/", "tianji-operator")
 
 
 class FakeClock:
@@ -46,6 +52,17 @@ async def eventually(predicate, timeout: float = 10.0, interval: float = 0.02, w
             raise AssertionError(f"timed out after {timeout} s waiting for {what}"
                                  + (f" (last error: {error!r})" if error else ""))
         await asyncio.sleep(interval)
+
+
+def operator_write_problems(kube: KubeEmulator, agents: tuple[str, ...] = OPERATOR_AGENTS) -> list[str]:
+    """One line per field the operator's writes lost to pruning and per write admission refused."""
+    mine = lambda agent: agent.startswith(agents)
+    lost = sorted({f"{p.resource} {p.name}{'/' + p.subresource if p.subresource else ''}: {p.path} was pruned "
+                   f"(not in the CRD schema; written by {p.user_agent})" for p in kube.pruned if mine(p.user_agent)})
+    refused = sorted({f"{r.resource} {r.name}{'/' + r.subresource if r.subresource else ''}: {r.verb} refused "
+                      f"{r.code} {r.reason}: {r.message[:300]} (written by {r.user_agent})"
+                      for r in kube.refused if mine(r.user_agent)})
+    return lost + refused
 
 
 async def start_cluster(stack, validate_crd: bool = True) -> KubeEmulator:
@@ -130,13 +147,17 @@ class RunningOperator:
             raise AssertionError(f"the operator did not start: {self.error!r}")
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
         self.stop_requested.set()
         await asyncio.to_thread(self.thread.join, 20)
         if self.thread.is_alive():
             raise AssertionError("the operator did not stop within 20 s")
         if self.error is not None and not isinstance(self.error, asyncio.CancelledError):
             raise self.error
+        problems = operator_write_problems(self.kube)
+        if problems and exc_type is None:  # a failing test keeps its own error
+            raise AssertionError("a real API server would not store what the operator wrote:\n  "
+                                 + "\n  ".join(problems))
 
     @property
     def metrics(self):

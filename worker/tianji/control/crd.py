@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from tianji.control.accounting import STATUS_RATE_KEYS
-from tianji.control.spec import API_VERSION, KIND, JobSpec
+from tianji.control.spec import API_VERSION, JOB_NAME_PATTERN, KIND, JobSpec
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "tianjijobs"
@@ -308,7 +308,7 @@ def crd_dict() -> dict:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object", "properties": {"name": {
-                "type": "string", "maxLength": 40, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}}},
+                "type": "string", "maxLength": 40, "pattern": f"^{JOB_NAME_PATTERN}$"}}},
             "spec": spec_schema(),
             "status": status_schema(),
         },

@@ -336,6 +336,9 @@ class JobSpec(_Model):
         return 1.0 if self.algorithm.name == "ppo" else 32.0
 
 
+JOB_NAME_PATTERN = r"[a-z]([-a-z0-9]*[a-z0-9])?"
+
+
 class Metadata(_Model):
     model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
     name: str = Field(..., min_length=1, max_length=40)
@@ -344,9 +347,10 @@ class Metadata(_Model):
     @field_validator("name")
     @classmethod
     def _dns(cls, v: str) -> str:
-        # Child names are <name>-<role>-<g>-<i>; keep them valid DNS-1123 labels.
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", v):
-            raise ValueError("must be a DNS-1123 label: lowercase letters, digits and '-'")
+        # Child names are <name>-<role>-<g>-<i> and the job's Service is <name>: a Service name is a
+        # DNS-1035 label, which must start with a letter.
+        if not re.fullmatch(JOB_NAME_PATTERN, v):
+            raise ValueError("must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter")
         return v
 
 
