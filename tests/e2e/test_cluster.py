@@ -364,9 +364,10 @@ def _stuck_pods(c: Cluster, name: str) -> list[str]:
 
 
 def _summary(status: dict) -> str:
-    thr = status.get("throughput") or {}
+    rates = status.get("rates") or {}
     conds = ", ".join(f"{k['type']}={k['status']}({k.get('reason', '')})" for k in status.get("conditions") or [])
-    return (f"phase={status.get('phase')} actors={status.get('actors')} frames/s={thr.get('framesPerSecond')} "
+    return (f"phase={status.get('phase')} actors={status.get('actors')} frames={status.get('envFrames')} "
+            f"frames/s={rates.get('producedFps')} episodes={status.get('episodes')} "
             f"meanReturn={status.get('meanReturn')} policyVersion={status.get('policyVersion')} [{conds}]")
 
 
