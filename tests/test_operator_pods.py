@@ -21,7 +21,7 @@ import yaml
 
 from kube import prometheus as prom
 from kube.cluster import PodCluster
-from kube.operator_harness import NAMESPACE, eventually
+from kube.operator_harness import JOBS, NAMESPACE, eventually
 from tianji_operator import autoscaler as asc
 from tianji_operator import status as op_status
 
@@ -126,3 +126,118 @@ async def test_the_example_trains_to_its_target_in_pods(tmp_path):
             [(i.pod, i.exit_code, i.signals) for i in incs]
     assert not c.leftovers, c.leftovers
     assert_frames_accounted(c, st)
+
+
+def history(c: PodCluster, key: str, name: str, namespace: str = NAMESPACE) -> list[dict]:
+    """Every version the API stored of one object name (all its uids), oldest first."""
+    k = (kmock.resource(key), namespace, name)
+    return [v.raw for v in c.kube.objects[k].history if v is not None] if k in c.kube.objects else []
+
+
+# ----------------------------------------------------------------- 2. an actor pod is deleted mid-run
+@pytest.mark.timeout(420)
+async def test_a_deleted_actor_pod_is_recreated_and_the_job_still_succeeds(tmp_path):
+    victim = f"{JOB}-actor-0-1"
+    async with PodCluster(tmp_path) as c:
+        # Throughput every 2 s (autoscaling stays off): the default 15 s interval would report the
+        # first numbers only when the example has (almost) converged, ~30 s after its pods start.
+        await c.kube.create_job(example_job({"autoscale": {"intervalSeconds": 2}}))
+        await eventually(lambda: c.status(JOB).get("throughput"), timeout=180, interval=0.5,
+                         what="the first throughput in the job's status")
+        old = c.kube.obj("v1/pods", NAMESPACE, victim)
+        (old_inc,) = [i for i in c.kubelet.pod_incarnations(victim) if i.uid == old["metadata"]["uid"]]
+        assert old_inc.running
+
+        code, body = await c.kube.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{victim}")
+        assert code == 200 and body["metadata"]["deletionTimestamp"], (code, body)
+        assert body["metadata"]["deletionGracePeriodSeconds"] == 30  # the pod's terminationGracePeriodSeconds
+
+        # Graceful: SIGTERM, the worker exits by itself, the kubelet records it, then the object goes.
+        await eventually(lambda: old_inc.exit_code is not None, timeout=40, what="the deleted actor's exit")
+        assert (old_inc.exit_code, old_inc.signals) == (0, ["SIGTERM"])
+        new = await eventually(lambda: (p := c.kube.obj("v1/pods", NAMESPACE, victim)) and p["metadata"]["uid"]
+                               != old["metadata"]["uid"] and p, timeout=30, what="the actor pod re-created")
+        last_old = [v for v in history(c, "v1/pods", victim) if v["metadata"]["uid"] == old["metadata"]["uid"]][-1]
+        term = last_old["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert (last_old["status"]["phase"], term["exitCode"]) == ("Succeeded", 0), last_old["status"]
+        assert last_old["metadata"]["deletionTimestamp"]
+
+        # The StatefulSet controller made it again from the template, and its process started.
+        assert c.statefulsets.created.count(victim) == 2
+        ref = new["metadata"]["ownerReferences"][0]
+        assert (ref["kind"], ref["name"], new["spec"]["hostname"], new["spec"]["subdomain"]) == (
+            "StatefulSet", f"{JOB}-actor-0", victim, JOB)
+        new_inc = await eventually(lambda: [i for i in c.kubelet.pod_incarnations(victim)
+                                            if i.uid == new["metadata"]["uid"] and i.running], timeout=30,
+                                   what="the new actor process")
+        assert new_inc[0].env["HOSTNAME"] == victim and new_inc[0].pid != old_inc.pid
+        assert new_inc[0].env["TIANJI_POD_IP"] != old_inc.env["TIANJI_POD_IP"]
+        await eventually(lambda: (c.kube.obj("apps/v1/statefulsets", NAMESPACE, f"{JOB}-actor-0")["status"]
+                                  .get("readyReplicas") == 2), timeout=60, what="both actors ready again")
+
+        await eventually(lambda: c.status(JOB).get("phase") in ("Succeeded", "Failed"), timeout=300, interval=0.5,
+                         what="the job to finish")
+        st = c.status(JOB)
+        assert_succeeded(st)
+        assert st["meanReturn"] >= 475, st
+        await wait_pods_gone(c)
+    assert not c.leftovers, c.leftovers
+    assert_frames_accounted(c, st)  # the deleted actor's frames included
+
+
+# ----------------------------------------------------------------- 3. the autoscaler through Prometheus
+@pytest.mark.timeout(300)
+async def test_the_autoscaler_rescales_actors_from_prometheus_rates(tmp_path):
+    if prom.binary() is None:
+        pytest.skip(f"no `{prom.BINARY}` binary on PATH (make test installs Debian's prometheus package)")
+    async with PodCluster(tmp_path, prometheus=True, operator={"promql_window": "10s"}) as c:
+        # Unpaced actors and replayRatio 4: the learner needs consumed/4 frames/s while the actors
+        # produce at least what it consumes, so the measured x = produced/needed is >= 4 > 1 + band
+        # as soon as the learner consumes anything: one actor fewer (2 -> 1, the minimum).
+        spec = {"autoscale": {"enabled": True, "prometheusUrl": c.prometheus.url, "minActors": 1, "maxActors": 2,
+                              "band": 0.15, "cooldownSeconds": 0, "intervalSeconds": 2},
+                "staleness": {"paceActors": False, "replayRatio": 4}}
+        await c.kube.create_job(example_job(spec))
+        sts_name = f"{JOB}-actor-0"
+        await eventually(lambda: c.kube.obj("apps/v1/statefulsets", NAMESPACE, sts_name)["spec"]["replicas"] == 1,
+                         timeout=180, interval=0.5, what="the autoscaler to scale the actors down")
+        st = c.status(JOB)
+        decision = st["autoscale"]["lastDecision"]
+        assert decision["decision"] == "down" and decision["actors"] == {"0": 1}, decision
+        assert "group 0: 2 -> 1 actors (produced " in decision["message"], decision
+        thr = st["throughput"]
+        assert thr["source"] == "prometheus" and thr["framesPerSecond"] > 0 and thr["samplesConsumedPerSecond"] > 0
+        # The decision's status write set the Rescaled condition. Read from the job's history, not its
+        # current status: a monitor-timer status write computed from an older copy of the status can
+        # drop it again (Kopf passes timers a live body; handlers.write_status takes the resourceVersion
+        # of the body at write time, not the one its fields were computed from).
+        rescaled = [condition(v.get("status") or {}, "Rescaled") for v in history(c, JOBS, JOB)]
+        assert any(r and (r["status"], r["reason"]) == ("True", "ScaledDown") for r in rescaled), st["conditions"]
+        # The operator's numbers came from this Prometheus: it was asked the operator's queries ...
+        asked = set(c.prometheus.queries())
+        wanted = asc.promql_queries(JOB, NAMESPACE, "10s")
+        assert set(wanted.values()) <= asked, sorted(set(wanted.values()) - asked)
+        # ... and it scraped the worker processes themselves (their own labels kept: honor_labels).
+        up = await c.prometheus.query(f'up{{namespace="{NAMESPACE}"}}')
+        scraped = {r["metric"]["pod"] for r in up if r["value"][1] == "1"}
+        assert {f"{JOB}-learner-0-0", f"{JOB}-buffer-0-0", f"{JOB}-actor-0-0"} <= scraped, up
+        frames = await c.prometheus.query(f'tianji_env_frames_total{{job="{JOB}",role="actor"}}')
+        assert frames and all(float(r["value"][1]) > 0 for r in frames), frames
+        ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in c.pods(JOB)}
+        for r in frames:
+            assert r["metric"]["instance"].split(":")[0] == ips.get(r["metric"]["pod"], r["metric"]["instance"])
+            assert r["metric"]["pod"] == f"{JOB}-actor-0-{r['metric']['index']}"
+
+        # The StatefulSet controller removed the highest ordinal, gracefully.
+        gone = c.kubelet.pod_incarnations(f"{JOB}-actor-0-1")
+        await eventually(lambda: not c.kube.obj("v1/pods", NAMESPACE, f"{JOB}-actor-0-1")
+                         and all(i.exit_code is not None for i in gone), timeout=40, what="actor 1 removed")
+        assert all(i.signals == ["SIGTERM"] for i in gone), [(i.exit_code, i.signals) for i in gone]
+        assert c.kube.obj("v1/pods", NAMESPACE, f"{JOB}-actor-0-0")
+
+        # Deleting the job: garbage collection deletes every child, pods gracefully.
+        await c.kube.delete_job(JOB)
+        await wait_pods_gone(c)
+        assert all(i.exit_code is not None and "SIGKILL" not in i.signals
+                   for i in c.kubelet.pod_incarnations(labels={"tianji.dev/job": JOB}))
+    assert not c.leftovers, c.leftovers

@@ -121,6 +121,11 @@ class Incarnation:
     def running(self) -> bool:
         return self.proc is not None and self.exit_code is None
 
+    @property
+    def pod_dir(self) -> Path:
+        """The pod's folder on the node: logs/, termination/, volumes/ (emptyDirs on disk, ConfigMaps)."""
+        return self.log_path.parent.parent
+
     def termination_message(self) -> str:
         """What the kubelet puts in state.terminated.message: the file's first 4096 bytes."""
         try:
@@ -642,6 +647,7 @@ class PodWorker:
             exited.cancel()
             await asyncio.gather(probe, deleted, exited, return_exceptions=True)
         if inc.proc.returncode is None:
+            self.kubelet.event(self, "Killing", f"stopping container {inc.container} (grace {self.grace_period():g}s)")
             return await stop_container(inc, self.grace_period())
         return await reap(inc)
 
@@ -736,6 +742,7 @@ class PodWorker:
         if self.deleting.is_set() or not await self._bind():
             return
         self.ip = self.kubelet.ipam.allocate()
+        self.kubelet.event(self, "Scheduled", f"bound to {self.kubelet.node_name}, IP {self.ip}")
         self._initial_status()
         await self._write_status()
         self.kubelet.refresh_dns()
@@ -750,11 +757,13 @@ class PodWorker:
                 await self._write_status()
                 await self._wait_or_deleted(1.0)  # the kubelet retries the pod's sync
                 continue
+            self.kubelet.event(self, "Started", f"container {inc.container} #{restart}, pid {inc.pid}")
             cs.update(state={"running": {"startedAt": iso(inc.started)}}, started=True,
                       containerID=f"local://{inc.pid}", restartCount=restart)
             self.status["phase"] = "Running"
             await self._write_status()
             await self._run_container(inc)
+            self.kubelet.event(self, "Exited", f"pid {inc.pid} exit code {inc.exit_code}, signals {inc.signals}")
             cs.update(state={"terminated": self._terminated(inc)}, started=False)
             self._set_ready(False)
             if self.deleting.is_set() or not (policy == "Always" or (policy == "OnFailure" and inc.exit_code != 0)):
@@ -766,6 +775,7 @@ class PodWorker:
                                        f"back-off {backoff:g}s restarting failed container={cs['name']} "
                                        f"pod={self.name}_{self.namespace}({self.uid})"}}
             await self._write_status()
+            self.kubelet.event(self, "BackOff", f"back-off {backoff:g}s restarting failed container")
             await self._wait_or_deleted(backoff)
             backoff = min(backoff * 2, self.kubelet.backoff_max)
             restart += 1
@@ -781,8 +791,10 @@ class PodWorker:
             self.status["phase"] = "Succeeded" if last.exit_code == 0 else "Failed"
         await self._write_status()
         self.kubelet.refresh_dns()
+        self.kubelet.event(self, self.status["phase"], "")
         await self.deleting.wait()  # a finished pod stays (with its status) until it is deleted
         await self._remove()
+        self.kubelet.event(self, "Removed", "deleted with grace period 0" if not self.gone else "object gone")
 
 
 # ----------------------------------------------------------------- the node
@@ -812,6 +824,7 @@ class Kubelet:
         self.incarnations: list[Incarnation] = []
         self.pgids: set[int] = set()
         self.errors: list[str] = []
+        self.events: list[tuple[float, str, str, str]] = []  # (time, namespace/pod, reason, message)
         self.http: Optional[aiohttp.ClientSession] = None
         self._task: Optional[asyncio.Task] = None
 
@@ -908,8 +921,14 @@ class Kubelet:
         """Live processes in any process group this kubelet started (should be none after stop)."""
         return processes_in_groups(set(self.pgids))
 
+    def event(self, worker: "PodWorker", reason: str, message: str = "") -> None:
+        """What `kubectl get events` would show for the pod (kept here; not posted to the API)."""
+        self.events.append((time.time(), f"{worker.namespace}/{worker.name}", reason, message))
+
     def log_tails(self, lines: int = 25) -> str:
-        out = []
+        out = ["----- kubelet events"]
+        t0 = self.events[0][0] if self.events else 0.0
+        out += [f"{t - t0:8.2f}s {pod} {reason} {msg}" for t, pod, reason, msg in self.events]
         for inc in self.incarnations:
             state = "running" if inc.running else f"exit {inc.exit_code}"
             out.append(f"----- {inc.namespace}/{inc.pod} #{inc.restart_count} pid {inc.pid} ({state}; "

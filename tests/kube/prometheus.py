@@ -68,7 +68,9 @@ class PrometheusServer:
     def config(self) -> dict:
         return {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval,
-                       "scrape_timeout": self.scrape_interval},
+                       "scrape_timeout": self.scrape_interval,
+                       # Every PromQL query it answers, one JSON line each (`queries()`).
+                       "query_log_file": str(self.root / "queries.jsonl")},
             "scrape_configs": [{
                 "job_name": "pods",
                 "honor_labels": True,
@@ -172,6 +174,15 @@ class PrometheusServer:
         async with self._http.get(self.url + "/api/v1/targets", params={"state": "active"}) as resp:
             body = await resp.json(content_type=None)
         return body["data"]["activeTargets"]
+
+    def queries(self) -> list[str]:
+        """The PromQL expressions this server was asked, in order (from its query log)."""
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in (self.root / "queries.jsonl").read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError):
+                    out.append(json.loads(line)["params"]["query"])
+        return out
 
     def log_tail(self, lines: int = 20) -> str:
         try:
