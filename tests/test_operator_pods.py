@@ -10,7 +10,6 @@ graceful deletion.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Optional
@@ -22,6 +21,8 @@ import yaml
 from kube import prometheus as prom
 from kube.cluster import PodCluster
 from kube.operator_harness import JOBS, NAMESPACE, eventually
+from tianji.control.launch import torch_threads
+from tianji.control.spec import parse_job
 from tianji_operator import autoscaler as asc
 from tianji_operator import status as op_status
 
@@ -101,10 +102,23 @@ async def wait_pods_gone(c: PodCluster, timeout: float = 60.0) -> None:
 
 
 # ----------------------------------------------------------------- 1. the example trains to its target
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 async def test_the_example_trains_to_its_target_in_pods(tmp_path):
+    manifest = example_job()
+    job = parse_job(manifest)
     async with PodCluster(tmp_path) as c:
-        await c.kube.create_job(example_job())
+        await c.kube.create_job(manifest)
+        await eventually(lambda: c.status(JOB).get("phase") in ("Running", "Succeeded", "Failed"), timeout=120,
+                         interval=0.2, what="the job to run")
+        # Every pod resolves every other by its Service DNS name (publishNotReadyAddresses).
+        def resolved() -> bool:
+            pods = c.pods(JOB)
+            return len(pods) == 4 and all(
+                c.kubelet.dns.resolve(f"{p['spec']['hostname']}.{JOB}.{NAMESPACE}.svc") == p["status"]["podIP"]
+                for p in pods)
+
+        await eventually(resolved, timeout=30, what=f"DNS names of the 4 pods: {c.kubelet.dns.content}")
         await eventually(lambda: c.status(JOB).get("phase") in ("Succeeded", "Failed"), timeout=300, interval=0.5,
                          what="the job to finish")
         st = c.status(JOB)
@@ -117,9 +131,12 @@ async def test_the_example_trains_to_its_target_in_pods(tmp_path):
         for i in incs:
             role = i.labels["tianji.dev/role"]
             assert i.argv[i.argv.index("--role") + 1] == role and "/etc/tianji/job.yaml" in i.argv
-            assert i.env["OMP_NUM_THREADS"] == {"actor": "1", "buffer": "1", "learner": "1"}[role]
+            assert i.env["OMP_NUM_THREADS"] == str(torch_threads(job, role))
             assert i.env["HOSTNAME"] == i.pod and i.env["TIANJI_NAMESPACE"] == NAMESPACE
             assert i.env["TIANJI_POD_IP"].startswith("127.")
+        # The learner checkpointed into its state volume (an emptyDir mounted at /var/lib/tianji).
+        (learner,) = [i for i in incs if i.labels["tianji.dev/role"] == "learner"]
+        assert list((learner.pod_dir / "volumes" / "empty-dir" / "state").rglob("ckpt-*.pt"))
         # cleanPodPolicy Running: learner and buffer pods deleted, actors scaled to 0, all gracefully.
         await wait_pods_gone(c)
         assert all(i.exit_code == 0 and "SIGKILL" not in i.signals for i in incs), \
@@ -135,6 +152,7 @@ def history(c: PodCluster, key: str, name: str, namespace: str = NAMESPACE) -> l
 
 
 # ----------------------------------------------------------------- 2. an actor pod is deleted mid-run
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 async def test_a_deleted_actor_pod_is_recreated_and_the_job_still_succeeds(tmp_path):
     victim = f"{JOB}-actor-0-1"

@@ -733,9 +733,9 @@ class PodWorker:
         except Exception as e:  # a bug here must not leave a process behind or hang the test
             log.exception("kubelet: pod %s/%s", self.namespace, self.name)
             self.kubelet.errors.append(f"{self.namespace}/{self.name}: {type(e).__name__}: {e}")
-        finally:
+        finally:  # cancelled (the kubelet stops) or failed: the container goes too
             if self.current is not None and self.current.running:
-                await asyncio.shield(stop_container(self.current, 0))
+                await asyncio.shield(stop_container(self.current, self.kubelet.teardown_grace))
             self.kubelet.refresh_dns()
 
     async def _run(self) -> None:
@@ -815,6 +815,7 @@ class Kubelet:
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self.probe_period_cap = probe_period_cap
         self.force_grace = force_grace
+        self.teardown_grace = 0.0  # SIGTERM → SIGKILL delay for a container whose pod worker fails
         # The "image": this host's Python, with the variables an image's ENV would set.
         self.image_env = image_env if image_env is not None else {
             "HOME": "/root", **{k: os.environ[k] for k in IMAGE_ENV_KEYS if k in os.environ}}
@@ -846,12 +847,13 @@ class Kubelet:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         workers = list(self.workers.values())
-        for w in workers:
+        self.teardown_grace = grace
+        for w in workers:  # each worker stops its container as it is cancelled
             if w.task is not None:
                 w.task.cancel()
         await asyncio.gather(*(w.task for w in workers if w.task is not None), return_exceptions=True)
-        running = [w.current for w in workers if w.current is not None and w.current.running]
-        await asyncio.gather(*(stop_container(inc, grace) for inc in running), return_exceptions=True)
+        running = [i for i in self.incarnations if i.running]
+        await asyncio.gather(*(stop_container(inc, 0) for inc in running), return_exceptions=True)
         for pgid in self.pgids:
             _killpg(pgid, signal.SIGKILL)
         for w in workers:
