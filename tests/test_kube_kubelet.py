@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from kube.kubelet import Kubelet
+from kube.kubelet import Kubelet, unavailable_reason
 from kube.operator_harness import NAMESPACE, eventually, start_cluster
 from kube.statefulset import StatefulSetController
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
-                                reason="the local kubelet needs root and unshare(1) for per-pod mount namespaces")
+NO_KUBELET = unavailable_reason()
+pytestmark = pytest.mark.skipif(NO_KUBELET is not None, reason=str(NO_KUBELET))
 
 PODS, STS = "v1/pods", "apps/v1/statefulsets"
 
@@ -28,6 +28,7 @@ async def node(tmp_path):
         sts = await stack.enter_async_context(StatefulSetController(kube))
         yield kube, kubelet, sts
     assert not kubelet.leftover_processes(), kubelet.leftover_processes()
+    assert not kubelet.shm_root.exists()  # memory-backed emptyDirs are gone
     assert not kubelet.errors and not sts.errors, (kubelet.errors, sts.errors)
 
 
@@ -68,16 +69,18 @@ echo "args $0 $*"
 echo "cfg $(cat /etc/cfg/job.yaml) $(ls /etc/cfg)"
 touch /etc/cfg/nope 2>/dev/null && echo "cfg writable" || echo "cfg read-only"
 echo kept > /data/file
+echo in-memory > /dev/shm/file
 printf '{"counts": {"env_frames_total": 7}}' > /dev/termination-log
 '''
     vols = {"volumes": [{"name": "cfg", "configMap": {"name": "cfg", "items": [{"key": "job.yaml",
                                                                                    "path": "job.yaml"}]}},
-                        {"name": "data", "emptyDir": {}}]}
+                        {"name": "data", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}]}
     env = [{"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
            {"name": "WHO", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['name']"}}},
            {"name": "GREETING", "value": "hi-$(WHO)"}]
-    mounts = [{"name": "cfg", "mountPath": "/etc/cfg", "readOnly": True}, {"name": "data", "mountPath": "/data"}]
+    mounts = [{"name": "cfg", "mountPath": "/etc/cfg", "readOnly": True}, {"name": "data", "mountPath": "/data"},
+              {"name": "shm", "mountPath": "/dev/shm"}]
     a = pod("a", script, hostname="a", subdomain="sub",
             container={"args": ["$(GREETING)", "$$(LITERAL)"], "env": env, "volumeMounts": mounts}, **vols)
     b = pod("b", "sleep 30", hostname="b", subdomain="sub")
@@ -93,6 +96,8 @@ printf '{"counts": {"env_frames_total": 7}}' > /dev/termination-log
     assert "host a a\n" in out and "args hi-a $(LITERAL)\n" in out, out
     assert "cfg hello: world job.yaml\n" in out and "cfg read-only\n" in out, out
     assert (inc.pod_dir / "volumes" / "empty-dir" / "data" / "file").read_text() == "kept\n"
+    (shm,) = kubelet.shm_root.glob("*-shm")
+    assert (shm / "file").read_text() == "in-memory\n" and not os.path.exists("/dev/shm/file")
     term = st["containerStatuses"][0]["state"]["terminated"]
     assert (term["exitCode"], term["reason"]) == (0, "Completed")
     assert json.loads(term["message"]) == inc.final_report() == {"counts": {"env_frames_total": 7}}

@@ -10,7 +10,6 @@ graceful deletion.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -20,6 +19,7 @@ import yaml
 
 from kube import prometheus as prom
 from kube.cluster import PodCluster
+from kube.kubelet import unavailable_reason
 from kube.operator_harness import JOBS, NAMESPACE, eventually
 from tianji.control.launch import torch_threads
 from tianji.control.spec import parse_job
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cartpole-ppo.yaml"
 JOB = "cartpole-ppo"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
-                                reason="the local kubelet needs root and unshare(1) for per-pod mount namespaces")
+NO_KUBELET = unavailable_reason()
+pytestmark = pytest.mark.skipif(NO_KUBELET is not None, reason=str(NO_KUBELET))
 
 
 def example_job(spec_patch: Optional[dict] = None) -> dict:

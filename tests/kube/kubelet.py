@@ -82,6 +82,23 @@ BACKOFF_RESET_S = 600.0  # a container that ran this long restarts without back-
 IMAGE_ENV_KEYS = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL")
 
 
+def unavailable_reason() -> Optional[str]:
+    """Why this kubelet cannot run pods on this machine (None: it can): it needs root and
+    unshare(1) able to make mount and UTS namespaces."""
+    if os.geteuid() != 0:
+        return "the local kubelet needs root (per-pod mount namespaces and bind mounts)"
+    exe = shutil.which("unshare")
+    if exe is None:
+        return "the local kubelet needs unshare(1) (util-linux)"
+    import subprocess
+
+    probe = subprocess.run([exe, "--mount", "--uts", "--propagation", "private", "--", "true"],
+                           capture_output=True, timeout=10)
+    if probe.returncode != 0:
+        return f"unshare --mount --uts failed here: {probe.stderr.decode(errors='replace').strip()}"
+    return None
+
+
 def iso(ts: Optional[float] = None) -> str:
     return datetime.datetime.fromtimestamp(time.time() if ts is None else ts, tz=datetime.timezone.utc).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
@@ -502,7 +519,7 @@ class PodWorker:
             return target
         if "emptyDir" in vol:
             if (vol["emptyDir"] or {}).get("medium") == "Memory" and Path("/dev/shm").is_dir():
-                target = Path("/dev/shm") / f"tianji-kubelet-{self.kubelet.id}" / f"{self.uid[:8]}-{name}"
+                target = self.kubelet.shm_root / f"{self.uid[:8]}-{name}"
                 self.shm_dirs.append(target)
             else:
                 target = self.dir / "volumes" / "empty-dir" / name
@@ -794,6 +811,8 @@ class PodWorker:
         self.kubelet.event(self, self.status["phase"], "")
         await self.deleting.wait()  # a finished pod stays (with its status) until it is deleted
         await self._remove()
+        for d in self.shm_dirs:  # memory-backed emptyDirs go with the pod (those on disk stay, for tests)
+            shutil.rmtree(d, ignore_errors=True)
         self.kubelet.event(self, "Removed", "deleted with grace period 0" if not self.gone else "object gone")
 
 
@@ -819,6 +838,7 @@ class Kubelet:
         # The "image": this host's Python, with the variables an image's ENV would set.
         self.image_env = image_env if image_env is not None else {
             "HOME": "/root", **{k: os.environ[k] for k in IMAGE_ENV_KEYS if k in os.environ}}
+        self.shm_root = Path("/dev/shm") / f"tianji-kubelet-{self.id}"  # emptyDirs of medium Memory
         self.ipam = LoopbackIPAM()
         self.dns = ClusterDNS(self.root / "cluster-hosts")
         self.workers: dict[str, PodWorker] = {}
@@ -856,11 +876,7 @@ class Kubelet:
         await asyncio.gather(*(stop_container(inc, 0) for inc in running), return_exceptions=True)
         for pgid in self.pgids:
             _killpg(pgid, signal.SIGKILL)
-        for w in workers:
-            for d in w.shm_dirs:
-                shutil.rmtree(d, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            (Path("/dev/shm") / f"tianji-kubelet-{self.id}").rmdir()
+        shutil.rmtree(self.shm_root, ignore_errors=True)
         if self.http is not None:
             await self.http.close()
 
