@@ -799,11 +799,10 @@ class PodWorker:
         # Terminal: by exit code when the container stopped for good; on deletion too (Kubernetes
         # >= 1.27 moves a deleted pod to a terminal phase before the object goes).
         last = self.current
-        if last is None or last.exit_code is None:
-            self.status["phase"] = "Failed" if self.deleting.is_set() else self.status["phase"]
-            if "terminated" not in cs["state"]:
-                cs["state"] = {"terminated": {"exitCode": 137 if last else 0, "reason": "ContainerStatusUnknown"
-                                             if last else "Completed", "finishedAt": iso()}}
+        if last is None:  # deleted before its container ever started
+            self.status["phase"] = "Failed"
+            cs["state"] = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown", "finishedAt": iso(),
+                                          "message": "The container could not be located when the pod was deleted."}}
         else:
             self.status["phase"] = "Succeeded" if last.exit_code == 0 else "Failed"
         await self._write_status()
