@@ -1,0 +1,116 @@
+"""A one-node cluster whose pods really run: the API emulator, the local kubelet and
+StatefulSet controller, optionally a real Prometheus, and the real Kopf operator.
+
+    async with PodCluster(tmp_path, prometheus=True, operator={"promql_window": "10s"}) as c:
+        await c.kube.create_job(manifest)
+        ...
+    assert not c.leftovers
+
+Everything it starts stops in `__aexit__` (operator, Prometheus, controllers, then every
+container: SIGTERM, SIGKILL after a few seconds); `leftovers` lists any process of theirs still
+alive afterwards. When the block raises, the job's status, the pods and the tail of every
+container's log are printed (pytest shows them with the failure).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from .kubelet import Kubelet, processes_in_groups
+from .operator_harness import JOBS, NAMESPACE, RunningOperator, start_cluster
+from .prometheus import PrometheusServer
+from .statefulset import StatefulSetController
+
+# How the operator starts workers here: this interpreter, with the test's PYTHONPATH (the image's).
+WORKER_COMMAND = [sys.executable, "-m", "tianji.cli", "worker"]
+
+
+class PodCluster:
+    """The emulator + `Kubelet` + `StatefulSetController` (+ `PrometheusServer`) + `RunningOperator`."""
+
+    def __init__(self, root: Path, *, prometheus: bool = False, operator: Optional[dict] = None,
+                 kubelet: Optional[dict] = None):
+        self.root = Path(root)
+        self.want_prometheus = prometheus
+        self.operator_config = {"worker_command": WORKER_COMMAND, "monitor_interval": 0.5, "autoscale_tick": 0.5,
+                                "handler_backoff": 0.5, "http_timeout": 3.0, **(operator or {})}
+        self.kubelet_config = {"backoff_base": 1.0, "backoff_max": 10.0, "probe_period_cap": 1.0, **(kubelet or {})}
+        self.kube: Any = None
+        self.kubelet: Optional[Kubelet] = None
+        self.statefulsets: Optional[StatefulSetController] = None
+        self.prometheus: Optional[PrometheusServer] = None
+        self.operator: Optional[RunningOperator] = None
+        self.leftovers: list[tuple[int, str]] = []
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> "PodCluster":
+        try:
+            self.kube = await start_cluster(self._stack)
+            self.kubelet = await self._stack.enter_async_context(
+                Kubelet(self.kube, self.root / "node", **self.kubelet_config))
+            self.statefulsets = await self._stack.enter_async_context(StatefulSetController(self.kube))
+            if self.want_prometheus:
+                self.prometheus = await self._stack.enter_async_context(
+                    PrometheusServer(self.kube, self.root / "prometheus"))
+            self.operator = await self._stack.enter_async_context(RunningOperator(self.kube, **self.operator_config))
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            print(self.diagnostics())
+        try:
+            await self._close()
+        except BaseException:
+            if exc_type is None:
+                print(self.diagnostics())
+            raise
+
+    async def _close(self) -> None:
+        try:
+            await self._stack.aclose()  # the operator first, the kubelet (every container) last
+        finally:
+            pgids = set(self.kubelet.pgids) if self.kubelet else set()
+            if self.prometheus is not None and self.prometheus.pgid:
+                pgids.add(self.prometheus.pgid)
+            self.leftovers = processes_in_groups(pgids)
+
+    # ------------------------------------------------------------ reading the cluster
+    def job(self, name: str, namespace: str = NAMESPACE) -> dict:
+        return self.kube.obj(JOBS, namespace, name) or {}
+
+    def status(self, name: str, namespace: str = NAMESPACE) -> dict:
+        return self.job(name, namespace).get("status") or {}
+
+    def pods(self, job: str, namespace: str = NAMESPACE, role: Optional[str] = None) -> list[dict]:
+        return [p for p in self.kube.live("v1/pods", namespace)
+                if p["metadata"].get("labels", {}).get("tianji.dev/job") == job
+                and (role is None or p["metadata"]["labels"].get("tianji.dev/role") == role)]
+
+    def diagnostics(self) -> str:
+        out = ["===== PodCluster diagnostics"]
+        if self.kube is not None:
+            for job in self.kube.live(JOBS):
+                out.append(f"--- TianJiJob {job['metadata']['name']} status:\n"
+                           + json.dumps(job.get("status"), indent=1)[:4000])
+            for pod in self.kube.live("v1/pods"):
+                st = pod.get("status") or {}
+                cs = (st.get("containerStatuses") or [{}])[0]
+                out.append(f"--- Pod {pod['metadata']['name']} phase={st.get('phase')} ip={st.get('podIP')} "
+                           f"deleting={bool(pod['metadata'].get('deletionTimestamp'))} "
+                           f"restarts={cs.get('restartCount')} state={json.dumps(cs.get('state'))[:300]}")
+            for sts in self.kube.live("apps/v1/statefulsets"):
+                out.append(f"--- StatefulSet {sts['metadata']['name']} replicas={sts['spec'].get('replicas')} "
+                           f"status={sts.get('status')}")
+        if self.statefulsets is not None and self.statefulsets.errors:
+            out.append("--- statefulset controller errors:\n" + "\n".join(self.statefulsets.errors))
+        if self.kubelet is not None:
+            out.append(self.kubelet.log_tails())
+        if self.prometheus is not None:
+            out.append("--- prometheus log:\n" + self.prometheus.log_tail())
+        return "\n".join(out)
