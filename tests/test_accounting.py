@@ -7,8 +7,8 @@ import math
 import pytest
 
 from kube.fakes import worker_report
-from tianji.control.accounting import (WINDOW, Accounting, ReportError, StopRule, compact_json, parse_report,
-                                       status_numbers)
+from tianji.control.accounting import Accounting, StopRule, status_numbers
+from tianji.control.report import WINDOW, ReportError, compact_json, parse_report
 from tianji.control.spec import StopConfig
 
 

@@ -11,7 +11,8 @@ import pytest
 from kube.fakes import FakePodMetrics, FakePrometheus, worker_report
 from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, eventually, job_manifest, run_pods,
                                    start_cluster)
-from tianji.control.accounting import Accounting, ReportError
+from tianji.control.accounting import Accounting
+from tianji.control.report import ReportError
 from tianji.control.plan import GroupThroughput
 from tianji.control.spec import JobSpec
 from tianji_operator import autoscaler as asc

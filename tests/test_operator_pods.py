@@ -21,7 +21,8 @@ from kube import prometheus as prom
 from kube.cluster import PodCluster
 from kube.kubelet import unavailable_reason
 from kube.operator_harness import NAMESPACE, eventually
-from tianji.control.accounting import Accounting, parse_report
+from tianji.control.accounting import Accounting
+from tianji.control.report import parse_report
 from tianji.control.launch import torch_threads
 from tianji.control.spec import parse_job
 from tianji_operator import autoscaler as asc

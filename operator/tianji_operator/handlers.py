@@ -32,7 +32,9 @@ import aiohttp
 import kopf
 import yaml
 
-from tianji.control.accounting import Accounting, Report, ReportError, StopRule, status_numbers
+from tianji.control.accounting import Accounting, StopRule, status_numbers
+
+from tianji.control.report import Report, ReportError
 from tianji.control.addressing import actor_set_name
 from tianji.control.crd import GROUP, PLURAL, VERSION
 from tianji.control.plan import PlanError, resolve

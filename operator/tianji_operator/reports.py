@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import aiohttp
 
-from tianji.control.accounting import Report, ReportError, parse_report
+from tianji.control.report import Report, ReportError, parse_report
 
 from . import status as st
 

@@ -114,7 +114,7 @@ def worker_report(job: str, role: str, group: int, index: int, *, seq: int = 1, 
                   episodes: list[float] = (), episodes_total: int | None = None, final: bool = False,
                   version: int = 0, **counts: float) -> dict:
     """A role's report as a worker builds it (RoleMetrics + build_report), with these counts."""
-    from tianji.control.accounting import build_report
+    from tianji.control.report import build_report
     from tianji.observability.metrics import RoleMetrics
 
     m = RoleMetrics(job, role, group, index)

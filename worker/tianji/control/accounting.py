@@ -1,11 +1,7 @@
 """Job-wide accounting, shared by both engines: what is counted, how, and when a job stops.
 
-    metric table   every series a role exports (COUNTERS, GAUGES, HISTOGRAMS) and which
-                   role's counter makes each job total (TOTALS)
-    report         the snapshot a role process produces: cumulative counters of this
-                   incarnation, its last 100 finished episodes, gauges. `tianji run` gets it
-                   pushed over ipc; the operator reads it from the pod's /report and, for
-                   the counts made after the last read, from the pod's termination message
+    TOTALS         which role's counter makes each job total (the metric table and the
+                   report format are tianji.control.report's)
     Accounting     reports in, job numbers out (`view()`): summary.json and the
                    TianJiJob status are both `view()`, so they agree
     StopRule       spec.stop evaluated on the accounting
@@ -25,37 +21,11 @@ Torch-free and numpy-free: the operator image imports it.
 from __future__ import annotations
 
 import bisect
-import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
-# ----------------------------------------------------------------- the metric table
-COUNTERS = {
-    "env_frames_total": "Environment frames stepped by actors",
-    "samples_sent_total": "Samples pushed to the next role",
-    "samples_received_total": "Samples received from the previous role",
-    "samples_consumed_total": "Samples used by learner updates",
-    "samples_dropped_total": "Samples dropped, by reason (stale, overflow, hwm)",
-    "train_steps_total": "Learner gradient steps",
-    "bytes_sent_total": "Payload bytes sent on data sockets",
-    "bytes_received_total": "Payload bytes received on data sockets",
-    "messages_rejected_total": "Received messages that failed validation, by reason",
-    "episodes_total": "Episodes finished by actors",
-}
-GAUGES = {
-    "policy_version": "Policy version this role holds",
-    "episode_return_mean": "Mean return of the last 100 episodes this actor finished",
-    "queue_depth": "Samples queued in this role",
-    "replay_ratio": "Samples consumed / samples inserted",
-    "learner_capacity_sps": "Learner consumption capacity (samples per busy second)",
-}
-HISTOGRAMS = {
-    "policy_lag": ("Mean policy lag (learner version - behaviour version) of each consumed batch",
-                   (0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 1024)),
-}
-REASON_LABELED = frozenset({"samples_dropped_total", "messages_rejected_total"})
-ROLES = ("actor", "buffer", "learner")
+from tianji.control.report import ROLES, WINDOW, Report, ReportError
+
 # job total -> (role whose counter it is, counter); bytes_sent sums every role.
 TOTALS = {
     "env_frames": ("actor", "env_frames_total"),
@@ -66,142 +36,8 @@ TOTALS = {
 RATE_KEYS = {"env_frames": "produced_fps", "received": "received_fps", "consumed": "consumed_sps",
              "train_steps": "train_steps_per_s"}
 
-WINDOW = 100  # episodes in the mean return
 RATE_WINDOW_S = 5.0
-REPORT_VERSION = 1
-MAX_COUNT = 2.0 ** 62  # larger counters are hostile or broken, not real
-MAX_EPISODES_PER_REPORT = WINDOW
 MAX_GONE = 1024  # replaced incarnations remembered (to recognise their late reports)
-
-
-class ReportError(ValueError):
-    """A report that cannot be counted (malformed, non-finite, negative, foreign)."""
-
-
-# ----------------------------------------------------------------- reports
-@dataclass(frozen=True)
-class Report:
-    role: str
-    group: int
-    index: int
-    incarnation: str
-    pid: int
-    started: float  # wall-clock start of the process: orders incarnations of one role process
-    seq: int
-    time: float
-    final: bool
-    counts: dict[str, float]
-    reasons: dict[str, dict[str, float]]
-    gauges: dict[str, float]
-    lag: dict[str, Any]
-    episodes_total: int
-    recent: list[tuple[float, float]]  # (finish time, return) of the last <= 100 episodes, oldest first
-    extra: dict[str, Any] = field(default_factory=dict)  # version, pace_fps, capacity_sps, checkpoint
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        return self.role, self.group, self.index
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}-{self.group}-{self.index}"
-
-
-def build_report(*, job: str, role: str, group: int, index: int, incarnation: str, pid: int, started: float,
-                 seq: int, time: float, final: bool, snapshot: dict, episodes_total: int, recent: list,
-                 extra: dict) -> dict:
-    """The report as a plain dict (msgpack/JSON): what a role process produces."""
-    return {"v": REPORT_VERSION, "job": job, "role": role, "group": group, "index": index,
-            "incarnation": incarnation, "pid": pid, "started": started, "seq": seq, "time": time, "final": final,
-            "counts": snapshot["counts"], "reasons": snapshot["reasons"], "gauges": snapshot["gauges"],
-            "lag": snapshot["lag"], "episodes_total": int(episodes_total),
-            "recent": [[float(t), float(r)] for t, r in recent[-MAX_EPISODES_PER_REPORT:]], "extra": extra}
-
-
-def compact_json(report: dict, limit: int) -> bytes:
-    """JSON of `report` in at most `limit` bytes (a pod's termination message keeps 4096):
-    the oldest recent episodes go first; counters are never dropped."""
-    doc = dict(report, recent=[[round(t, 2), float(f"{r:.6g}")] for t, r in report.get("recent", [])])
-    while True:
-        out = json.dumps(doc, separators=(",", ":")).encode()
-        if len(out) <= limit or not doc["recent"]:
-            return out
-        doc["recent"] = doc["recent"][max(1, (len(out) - limit) // 24):]
-
-
-def _num(v: Any, what: str, lo: float = 0.0, hi: float = MAX_COUNT) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ReportError(f"{what}: not a number ({type(v).__name__})")
-    v = float(v)
-    if not math.isfinite(v) or not lo <= v <= hi:
-        raise ReportError(f"{what}: {v!r} out of range [{lo:g}, {hi:g}]")
-    return v
-
-
-def _int(v: Any, what: str, lo: int = 0, hi: int = 2 ** 62) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ReportError(f"{what}: expected an integer in [{lo}, {hi}], got {v!r}")
-    return v
-
-
-def _dict(v: Any, what: str) -> dict:
-    if not isinstance(v, dict):
-        raise ReportError(f"{what}: expected a mapping, got {type(v).__name__}")
-    return v
-
-
-def parse_report(doc: Any, job: Optional[str] = None) -> Report:
-    """Validate a report's values, not only its shape: it moves the job's numbers and its stop."""
-    d = _dict(doc, "report")
-    if d.get("v") != REPORT_VERSION:
-        raise ReportError(f"report version {d.get('v')!r} (expected {REPORT_VERSION})")
-    if job is not None and d.get("job") != job:
-        raise ReportError(f"report of job {d.get('job')!r}, not {job!r}")
-    role = d.get("role")
-    if role not in ROLES:
-        raise ReportError(f"role {role!r}")
-    inc = d.get("incarnation")
-    if not isinstance(inc, str) or not 1 <= len(inc) <= 64:
-        raise ReportError("incarnation: expected a short string")
-    counts = {}
-    for k, v in _dict(d.get("counts"), "counts").items():
-        if k in COUNTERS:
-            counts[k] = _num(v, f"counts.{k}")
-    reasons: dict[str, dict[str, float]] = {}
-    for name, by in _dict(d.get("reasons", {}), "reasons").items():
-        if name in REASON_LABELED:
-            reasons[name] = {str(r)[:64]: _num(x, f"reasons.{name}.{r}") for r, x in _dict(by, name).items()}
-    gauges = {k: _num(v, f"gauges.{k}", -MAX_COUNT) for k, v in _dict(d.get("gauges", {}), "gauges").items()
-              if k in GAUGES}
-    lag_in = _dict(d.get("lag", {}), "lag")
-    lag = {"count": _int(lag_in.get("count", 0), "lag.count"), "sum": _num(lag_in.get("sum", 0.0), "lag.sum",
-                                                                           -MAX_COUNT)}
-    for k in ("min", "max"):
-        lag[k] = None if lag_in.get(k) is None else _num(lag_in[k], f"lag.{k}", -MAX_COUNT)
-    recent_in = d.get("recent", [])
-    if not isinstance(recent_in, list) or len(recent_in) > MAX_EPISODES_PER_REPORT:
-        raise ReportError(f"recent: expected a list of at most {MAX_EPISODES_PER_REPORT} episodes")
-    recent = []
-    for i, e in enumerate(recent_in):
-        if not isinstance(e, (list, tuple)) or len(e) != 2:
-            raise ReportError(f"recent[{i}]: expected [finish time, return]")
-        recent.append((_num(e[0], f"recent[{i}].time", 0.0, 1e11), _num(e[1], f"recent[{i}].return", -1e12, 1e12)))
-    extra_in = _dict(d.get("extra", {}), "extra")
-    extra: dict[str, Any] = {}
-    if extra_in.get("version") is not None:
-        extra["version"] = _int(extra_in["version"], "extra.version")
-    for k in ("pace_fps", "capacity_sps", "busy_s"):
-        if extra_in.get(k) is not None:
-            extra[k] = _num(extra_in[k], f"extra.{k}")
-    if isinstance(extra_in.get("checkpoint"), str):
-        extra["checkpoint"] = extra_in["checkpoint"][:4096]
-    return Report(role=role, group=_int(d.get("group"), "group", 0, 1 << 20),
-                  index=_int(d.get("index"), "index", 0, 1 << 20), incarnation=inc,
-                  pid=_int(d.get("pid", 0), "pid", 0, 1 << 31),
-                  started=_num(d.get("started", 0.0), "started", 0.0, 1e11),
-                  seq=_int(d.get("seq", 0), "seq"), time=_num(d.get("time", 0.0), "time", 0.0, 1e11),
-                  final=bool(d.get("final", False)), counts=counts, reasons=reasons, gauges=gauges, lag=lag,
-                  episodes_total=_int(d.get("episodes_total", 0), "episodes_total"), recent=recent, extra=extra)
 
 
 # ----------------------------------------------------------------- accounting

@@ -29,7 +29,9 @@ from typing import IO, Optional
 
 import zmq
 
-from tianji.control.accounting import Accounting, ReportError, StopRule, parse_report
+from tianji.control.accounting import Accounting, StopRule
+
+from tianji.control.report import ReportError, parse_report
 from tianji.control.launch import worker_launch
 from tianji.control.plan import resolve
 from tianji.control.spec import TianJiJob, dump_job, load_job

@@ -14,7 +14,9 @@ from typing import Iterator, Optional
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from tianji.control.accounting import COUNTERS, GAUGES, REASON_LABELED, Accounting
+from tianji.control.accounting import Accounting
+
+from tianji.control.report import COUNTERS, GAUGES, REASON_LABELED
 from tianji.observability.metrics import LABELS, PREFIX, serve_registry
 
 

@@ -1,7 +1,7 @@
-"""Prometheus metrics of one role process (the table is tianji.control.accounting's, prefix `tianji_`).
+"""Prometheus metrics of one role process (the table is tianji.control.report's, prefix `tianji_`).
 
 Each process owns a registry labelled job/role/group/index, and plain mirrors of
-the same numbers (`snapshot()`) that go into its report (tianji.control.accounting).
+the same numbers (`snapshot()`) that go into its report (tianji.control.report).
 `serve()` answers on one port: /metrics (Prometheus text) and /report (the report,
 JSON; what the operator counts), so Prometheus and the operator read one process
 the same way the local launcher does.
@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from tianji.control.accounting import COUNTERS, GAUGES, HISTOGRAMS, REASON_LABELED
+from tianji.control.report import COUNTERS, GAUGES, HISTOGRAMS, REASON_LABELED
 
 PREFIX = "tianji_"
 LABELS = ("job", "role", "group", "index")

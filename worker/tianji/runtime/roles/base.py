@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional
 
 import zmq
 
-from tianji.control.accounting import WINDOW, build_report, compact_json
+from tianji.control.report import WINDOW, build_report, compact_json
 from tianji.control.addressing import Addresses
 from tianji.control.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 from tianji.observability.metrics import RoleMetrics
@@ -120,7 +120,7 @@ class Role:
         return {}
 
     def report(self, final: bool = False) -> dict:
-        """This process's report (tianji.control.accounting): cumulative counts of this incarnation."""
+        """This process's report (tianji.control.report): cumulative counts of this incarnation."""
         self._report_seq += 1
         return build_report(job=self.job.name, role=self.name, group=self.group, index=self.index,
                             incarnation=self.incarnation, pid=os.getpid(), started=self.started_at,
