@@ -2,6 +2,7 @@
 against a fake Prometheus and fake pods (deterministic clock)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 
@@ -319,7 +320,11 @@ async def test_a_finished_job_is_never_rescaled(env):
     await eventually(lambda: _status(kube).get("phase") == "Succeeded", what="phase Succeeded")
     await eventually(lambda: _replicas(kube) == 0, what="actors scaled to 0")
     prom.values.update(produced={0: 100}, received={0: 100}, consumed={0: 5000})  # would scale up
+    await asyncio.sleep(0.5)  # the end's last writes (final counts) settle
+    rv = kube.obj(JOBS, NAMESPACE, "cartpole")["metadata"]["resourceVersion"]
     for _ in range(3):
         clock.advance(30)
-        await _counted(kube, clock)  # the monitor still counts (final reports); nothing else moves
+        await asyncio.sleep(0.5)  # several monitor and autoscale ticks (0.1 s, 0.05 s)
+    # Nothing rescaled, and nothing written: an ended job with no new final report is left alone.
     assert _replicas(kube) == 0 and "lastRescaleTime" not in (_status(kube).get("autoscale") or {})
+    assert kube.obj(JOBS, NAMESPACE, "cartpole")["metadata"]["resourceVersion"] == rv

@@ -346,14 +346,25 @@ async def count_reports(op: Operator, mem: JobMemory, name: str, pods: list[dict
 
 
 def _elapsed(status: dict, now: float) -> float:
+    """Seconds the job has run: since startTime, until completionTime once it ended."""
     start = st.parse_iso(status.get("startTime"))
-    return max(0.0, now - start) if start is not None else 0.0
+    end = st.parse_iso(status.get("completionTime")) or now
+    return max(0.0, end - start) if start is not None else 0.0
 
 
 def _numbers(acc: Accounting, status: dict, now: float) -> dict:
     """The accounting's status fields (summary.json's numbers) and its state."""
     return {**status_numbers(acc.view(_elapsed(status, now))), "reportTime": st.iso(now),
             "accounting": acc.state()}
+
+
+def _final_numbers(acc: Accounting, status: dict, now: float) -> Optional[dict]:
+    """An ended job's numbers, only when a final report changed a count (no write every tick)."""
+    fields = _numbers(acc, status, now)
+    fields.pop("rates")  # nothing runs any more: the last live rates stay as they were
+    if all(status.get(k) == v for k, v in fields.items() if k != "reportTime"):
+        return None
+    return fields
 
 
 # ----------------------------------------------------------------- monitor
@@ -376,7 +387,7 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
     acc.sample(now)
     if status.get("phase") in st.TERMINAL:
         # Ended: no more phase changes, only the final counts of the pods still stopping.
-        await update_status(op, ns, name, lambda fresh: _numbers(acc, fresh.get("status") or {}, now))
+        await update_status(op, ns, name, lambda fresh: _final_numbers(acc, fresh.get("status") or {}, now))
         return
 
     sets = await _statefulsets(op, ns, name, topo.groups)
