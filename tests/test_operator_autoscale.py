@@ -328,3 +328,27 @@ async def test_a_finished_job_is_never_rescaled(env):
     # Nothing rescaled, and nothing written: an ended job with no new final report is left alone.
     assert _replicas(kube) == 0 and "lastRescaleTime" not in (_status(kube).get("autoscale") or {})
     assert kube.obj(JOBS, NAMESPACE, "cartpole")["metadata"]["resourceVersion"] == rv
+
+
+async def test_an_operator_restart_continues_the_count():
+    """The accounting lives in status.accounting: a new operator process continues it, and a pod
+    that restarted while no operator ran is counted as a new incarnation, not instead of the old."""
+    async with contextlib.AsyncExitStack() as stack:
+        kube = await start_cluster(stack)
+        clock = FakeClock()
+        pods = await stack.enter_async_context(FakePodMetrics(list(IPS.values())))
+        async with RunningOperator(kube, clock=clock):
+            _serve(pods, 1, 1000, 1000, 1000, episodes=[5.0] * 10)
+            await _job_with_report_pods(kube, pods, IPS, {})
+            await _counted(kube, clock)
+            assert (_status(kube)["envFrames"], _status(kube)["episodes"]) == (1000, 10)
+        # No operator: actor 0 restarts (a new incarnation counts from zero) and makes 40 frames.
+        pods.reports[IPS["cartpole-actor-0-0"]] = worker_report("cartpole", "actor", 0, 0, seq=1, incarnation="inc1",
+                                                                env_frames_total=40, episodes=[7.0])
+        pods.reports[IPS["cartpole-actor-0-0"]]["started"] += 100
+        clock.advance(10)
+        async with RunningOperator(kube, clock=clock):
+            await _counted(kube, clock)
+            s = _status(kube)
+        assert (s["envFrames"], s["episodes"]) == (1040, 11)  # 500 + 500 before, + 40 from the new incarnation
+        assert s["meanReturn"] == pytest.approx((10 * 5.0 + 7.0) / 11)
