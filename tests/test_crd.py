@@ -179,7 +179,7 @@ def test_valid_instances_pass(spec):
     ({"network": {"rdma": "hca_shared_devices_a"}}, "rdma"),
     ({"image": "registry.example.com/TianJi:0.1.0"}, "image"),
     ({"autoscale": {"band": 1.0}}, "band"),
-    ({"cleanPodPolicy": "Sometimes"}, "cleanPodPolicy"),
+    ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "runPolicy/cleanPodPolicy"),
 ])
 def test_invalid_instances_fail(spec, where):
     with pytest.raises(jsonschema.ValidationError) as err:

@@ -192,13 +192,13 @@ async def test_an_impossible_plan_fails_with_the_field_path(kube, operator):
 async def test_changing_actors_rescales_the_statefulset(kube, operator):
     await kube.create_job(job_manifest("cartpole"))
     await created(kube)
-    await kube.patch_job("cartpole", {"spec": {"topology": {"actors": 5}, "cleanPodPolicy": "All"}})
+    await kube.patch_job("cartpole", {"spec": {"topology": {"actors": 5}, "runPolicy": {"cleanPodPolicy": "All"}}})
     await eventually(lambda: children(kube)["StatefulSet", "cartpole-actor-0"]["spec"]["replicas"] == 5,
                      what="5 replicas")
     cm = await eventually(lambda: (c := children(kube)["ConfigMap", "cartpole-job"]) and
                           '"actors":5' in c["metadata"]["annotations"][b.ANNOTATION_SPEC] and c)
     planned = parse_job(yaml.safe_load(cm["data"]["job.yaml"]))
-    assert planned.spec.topology.actors == 5 and planned.spec.clean_pod_policy == "All"
+    assert planned.spec.topology.actors == 5 and planned.spec.run_policy.clean_pod_policy == "All"
     await eventually(lambda: status(kube).get("observedGeneration") == 2)
     assert cond(kube, "Planned")["status"] == "True"
 
@@ -244,7 +244,7 @@ async def test_an_invalid_edit_of_a_created_job_keeps_it_running(kube, operator)
     ("None", {"cartpole-learner-0-0", "cartpole-buffer-0-0"}),
 ])
 async def test_completed_learners_end_the_job_per_clean_pod_policy(kube, operator, policy, left):
-    await kube.create_job(job_manifest("cartpole", {"cleanPodPolicy": policy}))
+    await kube.create_job(job_manifest("cartpole", {"runPolicy": {"cleanPodPolicy": policy}}))
     await created(kube)
     await run_pods(kube, "cartpole")
     await eventually(lambda: status(kube).get("phase") == "Running")

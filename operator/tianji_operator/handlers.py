@@ -36,7 +36,7 @@ from tianji.control.accounting import Accounting, Report, ReportError, StopRule,
 from tianji.control.addressing import actor_set_name
 from tianji.control.crd import GROUP, PLURAL, VERSION
 from tianji.control.plan import PlanError, resolve
-from tianji.control.spec import API_VERSION, KIND, SpecError, TianJiJob, parse_job
+from tianji.control.spec import API_VERSION, KIND, JobSpec, RunPolicy, SpecError, TianJiJob, deprecated_fields, parse_job
 
 from . import autoscaler as asc
 from . import builders as b
@@ -49,7 +49,7 @@ from .metrics import OperatorMetrics
 FINALIZER = "tianji.dev/finalizer"
 # Spec fields that may change on a running job. Everything else is fixed at creation:
 # pods, their requests and the workers' view of the job would be half old, half new.
-MUTABLE = ("spec.topology.actors", "spec.autoscale.", "spec.cleanPodPolicy")
+MUTABLE = ("spec.topology.actors", "spec.autoscale.", "spec.runPolicy.")
 
 
 def is_mutable(path: str) -> bool:
@@ -63,6 +63,8 @@ class JobMemory:
     acc: Optional[Accounting] = None  # loaded from status.accounting on first use
     last_sample: Optional[float] = None  # autoscaler: last evaluation
     report_errors: list[str] = field(default_factory=list)
+    restarts: dict[str, int] = field(default_factory=dict)  # pod uid -> container restarts seen
+    warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
 
     def accounting(self, status: dict) -> Accounting:
         if self.acc is None:
@@ -159,6 +161,10 @@ def _applied(cm: dict) -> tuple[dict, TianJiJob]:
     """(applied spec as a plain dict, resolved job) stored on the job's ConfigMap."""
     ann = (cm.get("metadata") or {}).get("annotations") or {}
     applied = json.loads(ann.get(b.ANNOTATION_SPEC) or "{}")
+    try:  # written by an older operator: moved fields (cleanPodPolicy) in today's places
+        applied = json.loads(b.spec_json(JobSpec.model_validate(applied)))
+    except ValueError:
+        pass
     resolved = parse_job(yaml.safe_load(cm["data"][b.JOB_FILE]), f"ConfigMap {cm['metadata']['name']}")
     return applied, resolved
 
@@ -193,8 +199,9 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             fields["phase"] = st.FAILED
             fields["completionTime"] = st.iso(now)
             conds += [st.condition("Failed", True, reason, message, now=now, generation=gen),
-                      st.condition("Ready", False, reason, "no pods were created", now=now),
-                      st.condition("Progressing", False, reason, message, now=now)]
+                      st.condition("Succeeded", False, reason, message, now=now, generation=gen),
+                      st.condition("Ready", False, reason, "no pods were created", now=now, generation=gen),
+                      st.condition("Progressing", False, reason, message, now=now, generation=gen)]
         else:
             applied_gen = (cm["metadata"].get("annotations") or {}).get(b.ANNOTATION_GENERATION, "?")
             conds[0]["message"] = f"{message}; the job keeps running its applied spec (generation {applied_gen})"
@@ -232,7 +239,7 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         if changes:
             doc = resolved.to_manifest()
             doc["spec"]["autoscale"] = new_spec["autoscale"]
-            doc["spec"]["cleanPodPolicy"] = new_spec["cleanPodPolicy"]
+            doc["spec"]["runPolicy"] = new_spec["runPolicy"]
             if any(p == "spec.topology.actors" for p, _, _ in changes) and not job.spec.topology.auto:
                 doc["spec"]["topology"]["actors"] = job.spec.topology.actors
                 actors_changed = True
@@ -244,26 +251,39 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             return await refuse("PlanFailed", str(e))
         plan_json = plan_record = st.camel_keys(plan.to_json())
 
+    for note in deprecated_fields(body.get("spec")):
+        kopf.warn(body, reason="DeprecatedField", message=note)
     terminal = status.get("phase") in st.TERMINAL and cm is not None
     a = resolved.spec.autoscale
     topo = resolved.spec.topology
+    suspended = resolved.spec.run_policy.suspend
+    resuming = not suspended and status.get("phase") == st.SUSPENDED
     try:
         sets = await _statefulsets(op, ns, name, topo.groups)
         desired: dict[int, int] = {}
         for g in range(topo.groups):
             n = topo.actors
-            if a.enabled and sets[g] is not None and not actors_changed:
+            if a.enabled and sets[g] is not None and not actors_changed and not resuming:
                 n = int(sets[g]["spec"].get("replicas") or 0)  # the autoscaler owns replicas
             if a.enabled:
                 n = min(max(n, a.min_actors), a.max_actors)
-            desired[g] = n
+            desired[g] = 0 if suspended else n
         objs = b.children(resolved, job.spec, desired, scrapers=op.config.metrics_scrapers,
                           command=op.config.worker_command, generation=gen or 0, plan=plan_record)
+        if suspended:  # no learner/buffer pods; actors at 0 replicas
+            objs = [o for o in objs if o["kind"] != "Pod"]
+            if not terminal:
+                await _delete_role_pods(op, ns, name)
         created = []
         if not terminal:
             for obj in objs:
                 _adopt(obj, body)
-                got, was_created = await op.kube.ensure(obj)
+                try:
+                    got, was_created = await op.kube.ensure(obj)
+                except ApiError as e:
+                    if not _refused_for_good(e):
+                        raise
+                    return await _creation_refused(op, body, resolved, obj, e, now, logger, handler)
                 if was_created:
                     created.append(f"{obj['kind']}/{obj['metadata']['name']}")
                 elif obj["kind"] == "StatefulSet":
@@ -284,9 +304,14 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         raise kopf.TemporaryError(str(e), delay=op.config.handler_backoff)
 
     planned = [st.condition("Planned", True, "Planned", _plan_summary_from(plan_record), now=now, generation=gen),
-               st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now)]
-    starting = [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now),
-                st.condition("Progressing", True, "Starting", "creating pods", now=now)]
+               st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now,
+                            generation=gen)]
+    starting = [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now, generation=gen),
+                st.condition("Progressing", True, "Starting", "creating pods", now=now, generation=gen)]
+    why = "runPolicy.suspend is true: pods deleted, checkpoints and counts kept"
+    suspended_conds = [st.condition("Suspended", True, "Suspended", why, now=now, generation=gen),
+                       st.condition("Ready", False, "Suspended", why, now=now, generation=gen),
+                       st.condition("Progressing", False, "Suspended", why, now=now, generation=gen)]
 
     def compute(fresh: dict) -> Optional[dict]:
         cur = fresh.get("status") or {}
@@ -297,9 +322,17 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             return fields  # a job that ran and ended keeps its final phase and conditions
         fields["observedGeneration"] = gen
         conds = list(planned)
-        if cur.get("phase") not in (st.PENDING, st.RUNNING):
+        if suspended:
+            fields["phase"] = st.SUSPENDED
+            conds += suspended_conds
+        elif cur.get("phase") not in (st.PENDING, st.RUNNING):
             fields["phase"] = st.PENDING
             conds += starting
+            if cur.get("phase") == st.SUSPENDED:
+                conds.append(st.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: "
+                                          "pods re-created", now=now, generation=gen))
+        if not suspended and (not cur.get("activeSince") or cur.get("phase") == st.SUSPENDED):
+            fields["activeSince"] = st.iso(now)  # runPolicy.activeDeadlineSeconds counts from here
         if "groups" not in cur or plan_json is not None:
             groups, actors = st.summarize(topo, [], {g: {"spec": {"replicas": n}} for g, n in desired.items()},
                                           b.LABEL_ROLE, b.LABEL_GROUP)
@@ -324,6 +357,97 @@ def _plan_summary_from(plan_json: Optional[dict]) -> str:
     return (f"{p['groups']} group(s) x ({p['actors']} actors, {p['buffers']} buffers, {p['learners']} learners); "
             f"{p['cpusUsed']:g} cores, {p['gpusUsed']} GPUs; predicted {p['producedFps']:.0f} frames/s produced, "
             f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")
+
+
+# ----------------------------------------------------------------- refused creations, suspension
+def _refused_for_good(e: ApiError) -> bool:
+    """A create that retrying cannot fix: admission (Pod Security, policy webhooks) refused it
+    (403, but a quota may free up) or the object is invalid (422)."""
+    return e.status == 422 or (e.status == 403 and "exceeded quota" not in e.message)
+
+
+PRIVILEGED_HINT = ("host networking and RDMA (spec.network.hostNetwork, spec.network.rdma) need a namespace "
+                   "whose Pod Security level is privileged (label pod-security.kubernetes.io/enforce=privileged); "
+                   "see docs/kubernetes.md")
+
+
+async def _creation_refused(op: Operator, body: Any, resolved: TianJiJob, obj: dict, e: ApiError, now: float,
+                            logger: logging.Logger, handler: str) -> None:
+    """The job fails with the apiserver's words (status and a Warning Event) instead of
+    retrying a create that admission will refuse every time."""
+    security = "violates PodSecurity" in e.message
+    reason = "PodSecurityRejected" if security else "FailedCreate"
+    message = f"creating {obj['kind']} {obj['metadata']['name']} was refused: {e.status} {e.reason}: {e.message}"
+    net = resolved.spec.network
+    if security and (net.host_network or net.rdma):
+        message += f"; {PRIVILEGED_HINT}"
+    logger.warning("%s: %s", reason, message)
+    op.metrics.reconciles.labels(handler=handler, result=reason).inc()
+    ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    pods = await op.kube.list("Pod", ns, b.label_selector(name))
+    mem = op.memory(ns, name)
+    acc = mem.accounting(dict(body.get("status") or {}))
+    await _finish(op, body, resolved, pods, acc, st.FAILED, reason, message, now)
+
+
+async def _delete_role_pods(op: Operator, ns: Optional[str], name: str) -> list[str]:
+    """Delete the job's learner and buffer pods (suspension); the names deleted."""
+    gone = []
+    for p in await op.kube.list("Pod", ns, b.label_selector(name)):
+        if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) in ("learner", "buffer"):
+            if await op.kube.delete("Pod", ns, p["metadata"]["name"]):
+                gone.append(p["metadata"]["name"])
+    return gone
+
+
+def _run_policy(body: Any, resolved: Optional[TianJiJob]) -> Optional[RunPolicy]:
+    """The live spec's run policy (mutable: the job object is ahead of the ConfigMap)."""
+    try:
+        return parse_job(_manifest(body)).spec.run_policy
+    except SpecError:
+        return resolved.spec.run_policy if resolved is not None else None
+
+
+def _count_restarts(mem: JobMemory, pods: list[dict]) -> tuple[int, str]:
+    """Container restarts of the job's pods, also of pods since gone (by uid); and the last one."""
+    last, last_n = "", -1
+    for p in pods:
+        uid = p["metadata"].get("uid") or p["metadata"]["name"]
+        for c in (p.get("status") or {}).get("containerStatuses") or []:
+            n = int(c.get("restartCount") or 0)
+            mem.restarts[uid] = max(mem.restarts.get(uid, 0), n)
+            if n > last_n and n:
+                term = (c.get("lastState") or {}).get("terminated") or {}
+                detail = ", ".join(x for x in (term.get("reason"), f"exit code {term['exitCode']}"
+                                               if "exitCode" in term else None) if x)
+                last, last_n = f"pod {p['metadata']['name']} restarted {n} time(s)" + (
+                    f" ({detail})" if detail else ""), n
+    return sum(mem.restarts.values()), last
+
+
+def _unschedulable(pods: list[dict]) -> list[tuple[str, str]]:
+    """(pod, scheduler message) of the pods the scheduler cannot place."""
+    out = []
+    for p in pods:
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                out.append((p["metadata"]["name"], c.get("message") or "unschedulable"))
+    return out
+
+
+async def _expire(op: Operator, body: Any, status: dict, now: float, logger: logging.Logger) -> bool:
+    """runPolicy.ttlSecondsAfterFinished: delete a job that ended long enough ago. True if deleted."""
+    rp = _run_policy(body, None)
+    done = st.parse_iso(status.get("completionTime"))
+    if rp is None or rp.ttl_seconds_after_finished is None or done is None or status.get("phase") not in st.TERMINAL:
+        return False
+    if now - done < rp.ttl_seconds_after_finished:
+        return False
+    ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    logger.info("%s ended %.0f s ago: ttlSecondsAfterFinished %d, deleting it", name, now - done,
+                rp.ttl_seconds_after_finished)
+    await op.kube.delete("TianJiJob", ns, name)
+    return True
 
 
 # ----------------------------------------------------------------- accounting
@@ -359,13 +483,15 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
     meta = body["metadata"]
     name, ns = meta["name"], meta.get("namespace")
     status = dict(body.get("status") or {})
+    now = op.now()
+    if await _expire(op, body, status, now, logger):
+        return
     if not status.get("plan"):
         return  # not reconciled yet (the children may be being created)
     cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
     if cm is None:
         return
     _, resolved = _applied(cm)
-    now = op.now()
     topo = resolved.spec.topology
     pods = await op.kube.list("Pod", ns, b.label_selector(name))
     mem = op.memory(ns, name)
@@ -376,6 +502,10 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         # Ended: no more phase changes, only the final counts of the pods still stopping.
         await update_status(op, ns, name, lambda fresh: _numbers(acc, fresh.get("status") or {}, now))
         return
+    rp = _run_policy(body, resolved)
+    if rp.suspend or status.get("phase") == st.SUSPENDED:
+        return  # reconcile deletes the pods on suspend and re-creates them on resume
+    gen = meta.get("generation")
 
     sets = await _statefulsets(op, ns, name, topo.groups)
     by_name = {p["metadata"]["name"]: p for p in pods}
@@ -403,6 +533,16 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         why = (p.get("status") or {}).get("reason") or (p.get("status") or {}).get("message") or "Failed"
         return await _finish(op, body, resolved, pods, acc, st.FAILED, "PodFailed",
                              f"pod {p['metadata']['name']} failed: {why}", now)
+    restarts, last_restart = _count_restarts(mem, pods)
+    if restarts > rp.backoff_limit:
+        return await _finish(op, body, resolved, pods, acc, st.FAILED, "BackoffLimitExceeded",
+                             f"{restarts} container restarts exceed runPolicy.backoffLimit ({rp.backoff_limit}); "
+                             f"last: {last_restart}", now)
+    since = st.parse_iso(status.get("activeSince"))
+    if rp.active_deadline_seconds is not None and since is not None and now - since >= rp.active_deadline_seconds:
+        return await _finish(op, body, resolved, pods, acc, st.FAILED, "DeadlineExceeded",
+                             f"active for {now - since:.0f} s: runPolicy.activeDeadlineSeconds is "
+                             f"{rp.active_deadline_seconds}", now)
 
     # Self-healing: a learner/buffer pod or a StatefulSet that is gone comes back.
     expected = b.children(resolved, resolved.spec, {g: topo.actors for g in range(topo.groups)},
@@ -432,19 +572,36 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
     want_fixed = topo.groups * (topo.learners + topo.buffers)
     running = len(fixed_pods) == want_fixed and all(st.pod_phase(p) == "Running" for p in fixed_pods)
     ready = st.all_ready(groups) and running
-    conds = [st.condition("Ready", ready, "AllPodsReady" if ready else "PodsNotReady",
-                          f"actors {actors} ready" if ready else _not_ready(groups), now=now)]
-    if running:
-        conds.append(st.condition("Progressing", True, "Training", "learners and buffers are running", now=now))
+    stuck = _unschedulable(pods)
+    for pod_name, why in stuck:
+        if f"unschedulable/{pod_name}" not in mem.warned:
+            mem.warned.add(f"unschedulable/{pod_name}")
+            kopf.warn(body, reason="Unschedulable", message=f"pod {pod_name}: {why}"[:900])
+    if ready:
+        conds = [st.condition("Ready", True, "AllPodsReady", f"actors {actors} ready", now=now, generation=gen)]
+    elif stuck:
+        conds = [st.condition("Ready", False, "Unschedulable", "; ".join(f"pod {p}: {w}" for p, w in stuck)[:1000],
+                              now=now, generation=gen)]
     else:
-        conds.append(st.condition("Progressing", True, "Starting", "waiting for learner and buffer pods", now=now))
+        conds = [st.condition("Ready", False, "PodsNotReady", _not_ready(groups), now=now, generation=gen)]
+    if running:
+        conds.append(st.condition("Progressing", True, "Training", "learners and buffers are running", now=now,
+                                  generation=gen))
+    else:
+        conds.append(st.condition("Progressing", True, "Starting", "waiting for learner and buffer pods", now=now,
+                                  generation=gen))
 
     def compute(fresh: dict) -> Optional[dict]:
         cur = fresh.get("status") or {}
         if cur.get("phase") in st.TERMINAL:
             return None  # ended meanwhile (another tick): the next tick counts the final reports
+        if cur.get("phase") == st.SUSPENDED:
+            return None  # suspended meanwhile
         fields: dict[str, Any] = {"groups": groups, "actors": actors, "phase": st.RUNNING if running else st.PENDING,
-                                  "conditions": st.set_conditions(cur.get("conditions"), *conds)}
+                                  "conditions": st.set_conditions(cur.get("conditions"), *conds),
+                                  "restarts": restarts}
+        if not cur.get("activeSince"):  # a job created by an older operator
+            fields["activeSince"] = st.iso(now)
         if running and not cur.get("startTime"):
             fields["startTime"] = st.iso(now)
         if cur.get("startTime") or running:
@@ -469,19 +626,15 @@ async def _finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict]
     already, nothing changes), then clean up. The pods' final reports arrive afterwards
     (termination messages) and are counted by the monitor and the pod event handler."""
     ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
-    policy = resolved.spec.clean_pod_policy
-    try:
-        policy = parse_job(_manifest(body)).spec.clean_pod_policy
-    except SpecError:
-        pass
+    policy = _run_policy(body, resolved).clean_pod_policy
     ended = phase == st.SUCCEEDED
-    conds = [st.condition("Progressing", False, "JobSucceeded" if ended else "JobFailed", message, now=now),
-             st.condition("Ready", False, reason, message, now=now),
-             st.condition("Succeeded", ended, reason if ended else "JobFailed", message, now=now,
-                          generation=body["metadata"].get("generation"))]
-    if not ended:
-        conds.append(st.condition("Failed", True, reason, message, now=now,
-                                  generation=body["metadata"].get("generation")))
+    gen = body["metadata"].get("generation")
+    conds = [st.condition("Progressing", False, "JobSucceeded" if ended else "JobFailed", message, now=now,
+                          generation=gen),
+             st.condition("Ready", False, reason, message, now=now, generation=gen),
+             st.condition("Succeeded", ended, reason if ended else "JobFailed", message, now=now, generation=gen),
+             st.condition("Failed", not ended, "JobSucceeded" if ended else reason, message, now=now,
+                          generation=gen)]
     won = False
 
     def compute(fresh: dict) -> Optional[dict]:
@@ -512,7 +665,7 @@ async def _finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict]
             except ApiError as e:
                 if e.status != 404:
                     raise
-    msg = f"{message}; cleanPodPolicy {policy}" + (f": deleted {len(cleaned)} pod(s), actors scaled to 0"
+    msg = f"{reason}: {message}; cleanPodPolicy {policy}" + (f": deleted {len(cleaned)} pod(s), actors scaled to 0"
                                                    if policy != "None" else "")
     if ended:
         kopf.info(body, reason="Succeeded", message=msg)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 RULES: list[dict] = [
     # Kopf: watch the jobs, add/remove its finalizer and progress annotations; the operator
-    # reads a job afresh before each status write.
-    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs"], "verbs": ["get", "list", "watch", "patch"]},
+    # reads a job afresh before each status write and deletes it after runPolicy.ttlSecondsAfterFinished.
+    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs"], "verbs": ["get", "list", "watch", "patch", "delete"]},
     {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs/status"], "verbs": ["patch"]},
     # Children carry ownerReferences with blockOwnerDeletion: true, which the
     # OwnerReferencesPermissionEnforcement admission plugin allows only to those who may

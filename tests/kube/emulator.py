@@ -86,7 +86,7 @@ from kmock._internal import apps, enums, parsing, rendering
 
 from tianji.control.crd import apply_defaults
 
-from . import apierrors, core_validation, structural
+from . import apierrors, core_validation, pod_security, structural
 
 CORE = {
     "v1/namespaces": ("Namespace", False, set()),
@@ -518,6 +518,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
                                     err.reason or "", err.message or "", tuple(c["field"] for c in causes), w.agent))
         return err
 
+    def _pod_security(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
+        """Pod Security admission (enforce mode) on pod creation: 403 Forbidden with its message.
+        Workload objects (StatefulSets) are admitted; their pods are refused when created."""
+        if self._kind(res) != "Pod" or namespace is None or w.as_controller:
+            return
+        level = pod_security.enforced_level(self.obj("v1/namespaces", None, namespace))
+        problems = pod_security.violations(obj.get("spec") or {}, level)
+        if problems:
+            name = _name_of(obj)
+            raise self._refuse(res, obj, namespace, w, kmock.KubernetesError(
+                status=403, reason="Forbidden", message=pod_security.forbidden_message(name, level, problems),
+                details={"name": name, "kind": "pods"}))
+
     def _kind(self, res) -> str:
         return self.resources[res].kind or res.plural
 
@@ -526,6 +539,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if not isinstance(body, dict):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="body must be an object")
         obj = self._admit(res, copy.deepcopy(body), None, namespace, w)
+        self._pod_security(res, obj, namespace, w)
         meta = obj.setdefault("metadata", {})
         if namespace is not None:
             if meta.get("namespace") not in (None, namespace):

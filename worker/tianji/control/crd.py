@@ -257,7 +257,7 @@ def status_schema() -> dict:
         "type": "object",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string", "description": "Planned, Ready, Progressing, Rescaled, Succeeded or Failed"},
+            "type": {"type": "string", "description": "Planned, Ready, Progressing, Rescaled, Suspended, Succeeded or Failed"},
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string"},
             "message": {"type": "string"},
@@ -272,7 +272,7 @@ def status_schema() -> dict:
         "description": "Written by the operator (see docs/operator.md). The training numbers are "
                        "tianji.control.accounting's view, the same as a local run's summary.json.",
         "properties": {
-            "phase": {"type": "string", "enum": ["Pending", "Running", "Succeeded", "Failed"]},
+            "phase": {"type": "string", "enum": ["Pending", "Running", "Suspended", "Succeeded", "Failed"]},
             "observedGeneration": {"type": "integer"},
             "conditions": {"type": "array", "items": cond},
             "actors": {"type": "string", "description": "actor pods ready/desired over all groups"},
@@ -294,6 +294,9 @@ def status_schema() -> dict:
                            "description": "when the numbers above were last counted"},
             "accounting": {**opaque, "description": "the counting state (restored after an operator restart)"},
             "autoscale": {**opaque, "description": "lastRescaleTime, lastDecision, lastEvaluation"},
+            "restarts": {**count, "description": "container restarts of the job's pods (runPolicy.backoffLimit)"},
+            "activeSince": {"type": "string", "format": "date-time",
+                            "description": "creation or last resume: runPolicy.activeDeadlineSeconds counts from here"},
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
         },

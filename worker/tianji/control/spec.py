@@ -283,7 +283,67 @@ class Autoscale(_Model):
         return self
 
 
+class RunPolicy(_Model):
+    """How the job runs on Kubernetes: retries, time limits, clean-up, queueing (Kubeflow's RunPolicy)."""
+
+    backoff_limit: int = Field(
+        6, ge=0, le=1000,
+        description="container restarts (all pods of the job together) before the job fails with "
+                    "reason BackoffLimitExceeded")
+    active_deadline_seconds: Optional[int] = Field(
+        None, ge=1, description="the job fails (DeadlineExceeded) when it has been active this long, counted "
+                                "from its creation or its last resume")
+    ttl_seconds_after_finished: Optional[int] = Field(
+        None, ge=0, description="delete the TianJiJob (and with it its children) this long after it ended")
+    clean_pod_policy: Literal["Running", "All", "None"] = Field(
+        "Running", description="at the end: Running deletes learner/buffer pods still running and scales "
+                               "actors to 0; All deletes finished ones too; None keeps them")
+    suspend: bool = Field(
+        False, description="true deletes the pods (checkpoints and counts are kept); false again resumes "
+                           "(Kubernetes Job / Kueue semantics)")
+
+
+# Fields that moved: old name -> (new section, new name). Accepted on read (older manifests,
+# ConfigMaps written by an older operator, objects stored under an older CRD: Helm does not
+# upgrade CRDs) and moved; `deprecated_fields` names them for a warning.
+MOVED_FIELDS = {"cleanPodPolicy": ("runPolicy", "cleanPodPolicy")}
+
+
+def deprecated_fields(spec: Any) -> list[str]:
+    """Deprecation notes for the moved fields a raw spec dict uses."""
+    if not isinstance(spec, dict):
+        return []
+    return [f"spec.{old} is deprecated: use spec.{new[0]}.{new[1]}" for old, new in MOVED_FIELDS.items()
+            if old in spec]
+
+
 class JobSpec(_Model):
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_fields(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        v = dict(v)
+        for old, (section, new) in MOVED_FIELDS.items():
+            snake = re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), old)
+            for key in (old, snake):
+                if key not in v:
+                    continue
+                value = v.pop(key)
+                sec_key = section if section in v else re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(),
+                                                              section)
+                sec = v.get(sec_key)
+                if isinstance(sec, BaseModel):
+                    sec = sec.model_dump(by_alias=True, exclude_unset=True)
+                sec = dict(sec or {})
+                have = sec.get(new, sec.get(re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), new)))
+                if have is not None and have != value:
+                    raise ValueError(f"{old} ({value!r}) and {section}.{new} ({have!r}) disagree: "
+                                     f"{old} is deprecated, set {section}.{new} only")
+                sec.setdefault(new, value)
+                v[sec_key] = sec
+        return v
+
     algorithm: Algorithm = Field(default_factory=PPOConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -296,7 +356,7 @@ class JobSpec(_Model):
     autoscale: Autoscale = Field(default_factory=Autoscale)
     image: str = Field("tianji-worker:0.1.0", min_length=1, json_schema_extra={"pattern": IMAGE_PATTERN},
                        description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0")
-    clean_pod_policy: Literal["Running", "All", "None"] = "Running"
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
 
     @field_validator("image")
     @classmethod
