@@ -14,6 +14,7 @@ from tianji.control.plan import resolve
 from tianji.control.spec import parse_job
 from tianji_operator import builders as b
 from tianji_operator.config import DEFAULT_SCRAPERS
+from kube import pod_security
 
 OWNER = {"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob",
          "metadata": {"name": "cp", "namespace": "ns", "uid": "0b7c5e5c-1111-2222-3333-444455556666"}}
@@ -163,8 +164,47 @@ def test_defaults_have_no_host_network_rdma_or_gpu():
             continue
         assert "hostNetwork" not in spec and "dnsPolicy" not in spec
         c = spec["containers"][0]
-        assert "securityContext" not in c
+        assert "add" not in c["securityContext"]["capabilities"]
         assert set(c["resources"]["limits"]) == {"cpu", "memory"}
+
+
+def _pod_specs(objs: dict) -> dict:
+    return {name: (o["spec"]["template"]["spec"] if kind == "StatefulSet" else o["spec"])
+            for (kind, name), o in objs.items() if kind in ("Pod", "StatefulSet")}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_pod_meets_pod_security_restricted_unless_host_network_or_rdma(variant):
+    """The restricted profile's rules (tests/kube/pod_security.py, after the Pod Security
+    Standards page): every generated pod passes them, but host networking / RDMA pods, which
+    break exactly the host-namespace and capability rules (they need a privileged namespace)."""
+    _, _, resolved, objs = _children(VARIANTS[variant])
+    net = resolved.spec.network
+    for name, spec in _pod_specs(objs).items():
+        problems = pod_security.violations(spec, "restricted")
+        expected = []
+        if net.host_network:
+            expected.append("host namespaces (hostNetwork=true)")
+        if net.rdma:
+            expected += ['non-default capabilities (container "worker" must not include "IPC_LOCK" in '
+                         'securityContext.capabilities.add)',
+                         'unrestricted capabilities (container "worker" must not include "IPC_LOCK" in '
+                         'securityContext.capabilities.add)']
+        assert problems == expected, name
+
+
+def test_the_root_filesystem_is_read_only_with_scratch_on_an_emptydir():
+    _, _, _, objs = _children()
+    for name, spec in _pod_specs(objs).items():
+        c = spec["containers"][0]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert spec["securityContext"]["runAsUser"] == b.WORKER_UID and spec["securityContext"]["runAsNonRoot"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        vols = {v["name"]: v for v in spec["volumes"]}
+        for path in ("/tmp", "/var/lib/tianji", "/dev/shm"):  # every place the worker writes
+            assert "emptyDir" in vols[mounts[path]], (name, path)
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["HOME"] == env["TMPDIR"] == "/tmp"
 
 
 def test_network_policy_admits_own_pods_and_scrapers_to_metrics():

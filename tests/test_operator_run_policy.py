@@ -205,3 +205,15 @@ async def test_host_network_in_a_restricted_namespace_fails_once_with_the_reason
         assert tries == 1
         assert op.metrics.value("tianji_operator_api_requests_total", verb="create", kind="Pod", code="403") == 1
     assert_rbac_covers(kube)
+
+
+async def test_a_default_job_runs_in_a_restricted_namespace(kube):
+    """Pod Security "restricted" by default: every pod the operator creates is admitted."""
+    await _restricted_namespace(kube)
+    async with RunningOperator(kube):
+        await kube.create_job(job_manifest("cartpole", {"topology": {"groups": 2, "buffers": 2, "actors": 2}}))
+        await created(kube, n=11)
+        assert pods(kube) == {f"cartpole-{r}-{g}-{i}" for g in (0, 1)
+                              for r, n in (("learner", 1), ("buffer", 2)) for i in range(n)}
+        assert status(kube)["phase"] == "Pending"
+    assert not kube.refused

@@ -21,7 +21,7 @@ import yaml
 
 from tianji.control.addressing import PORTS, actor_set_name, pod_name, service_name
 from tianji.control.spec import JobSpec, TianJiJob
-from tianji.control.launch import CONFIG_DIR, JOB_FILE, STATE_DIR, TERMINATION_LOG, worker_launch
+from tianji.control.launch import CONFIG_DIR, JOB_FILE, SCRATCH_DIR, STATE_DIR, TERMINATION_LOG, worker_launch
 
 LABEL_JOB = "tianji.dev/job"
 LABEL_ROLE = "tianji.dev/role"
@@ -33,6 +33,9 @@ ANNOTATION_PLAN = "tianji.dev/plan"
 MANAGED_BY = {"app.kubernetes.io/name": "tianji", "app.kubernetes.io/managed-by": "tianji-operator"}
 
 CONTAINER = "worker"
+# The worker image's user (images/worker.Dockerfile: USER 10001:10001). Numeric, so the kubelet
+# can check runAsNonRoot; fsGroup makes volumes (checkpoints) writable by it.
+WORKER_UID = 10001
 
 ROLE_PORTS = {  # container ports per role (offsets from spec.network.basePort)
     "buffer": ("fragments", "credits"),
@@ -160,6 +163,24 @@ def _resources(job: TianJiJob, role: str) -> dict:
     return {"requests": dict(q), "limits": dict(q)}
 
 
+# ----------------------------------------------------------------- Pod Security
+def pod_security_context() -> dict:
+    """Pod Security "restricted": a non-root user, the runtime's default seccomp profile."""
+    return {"runAsNonRoot": True, "runAsUser": WORKER_UID, "runAsGroup": WORKER_UID, "fsGroup": WORKER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security_context(job: TianJiJob) -> dict:
+    """Pod Security "restricted" for the worker container: no privilege escalation, no
+    capabilities, a read-only root filesystem (scratch on an emptyDir at SCRATCH_DIR).
+    RDMA adds IPC_LOCK (pinned memory), which only a privileged namespace admits."""
+    caps: dict = {"drop": ["ALL"]}
+    if job.spec.network.rdma:
+        caps["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+            "capabilities": caps}
+
+
 def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
              hostname: Optional[str] = None) -> dict:
     net = job.spec.network
@@ -186,20 +207,22 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
             {"name": "job", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "scratch", "mountPath": SCRATCH_DIR},
         ],
+        "securityContext": container_security_context(job),
     }
-    if net.rdma:
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     spec: dict = {
         "restartPolicy": "Always" if role == "actor" else "OnFailure",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
+        "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": [
             {"name": "job", "configMap": {"name": configmap_name(job.name),
                                           "items": [{"key": JOB_FILE, "path": JOB_FILE}]}},
             {"name": "state", "emptyDir": {}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": "scratch", "emptyDir": {}},
         ],
     }
     if hostname:

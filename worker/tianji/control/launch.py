@@ -16,6 +16,9 @@ process is always `tianji worker ARGS` with this environment:
     TIANJI_POD_IP       downward API status.podIP: data ports and /metrics bind here,
                         not on every interface (host networking shares the node's)
     TIANJI_STATE_DIR    checkpoints (a volume)
+    HOME, TMPDIR        SCRATCH_DIR (an emptyDir): the root filesystem is read-only
+                        (Pod Security "restricted"), so caches (torch, triton, ALE) and
+                        temporary files go there
     TIANJI_TERMINATION_LOG  where the worker writes its final report as it exits; the
                         kubelet copies it into the pod status (terminationMessagePath),
                         so counts made after the last scrape are not lost
@@ -41,6 +44,7 @@ WORKER_COMMAND = ["tianji", "worker"]  # the worker image's entry point
 CONFIG_DIR = "/etc/tianji"  # pods: the job's ConfigMap is mounted here
 JOB_FILE = "job.yaml"
 STATE_DIR = "/var/lib/tianji"
+SCRATCH_DIR = "/tmp"  # pods: a writable emptyDir under a read-only root filesystem
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 TERMINATION_MESSAGE_MAX = 4096  # bytes the kubelet keeps of it
 
@@ -96,6 +100,7 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
     elif engine == "pod":
         field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP"}
         env[ENV_STATE_DIR] = STATE_DIR
+        env["HOME"] = env["TMPDIR"] = SCRATCH_DIR
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
     else:
         raise ValueError(f"unknown engine {engine!r}")
