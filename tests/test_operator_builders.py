@@ -11,7 +11,7 @@ import yaml
 from tianji.cli import build_parser
 from tianji.control.launch import torch_threads
 from tianji.control.plan import resolve
-from tianji.control.spec import parse_job
+from tianji.control.spec import SpecError, parse_job
 from tianji_operator import builders as b
 from tianji_operator.config import DEFAULT_SCRAPERS
 from kube import pod_security
@@ -107,7 +107,8 @@ def test_commands_follow_the_worker_cli(variant):
             assert c["command"] == CMD
             a = build_parser().parse_args([*c["command"][1:], *c["args"]])
             assert a.cmd == "worker" and a.job == "/etc/tianji/job.yaml" and a.run_dir is None
-            assert a.metrics_port == resolved.spec.network.metrics_port
+            if not resolved.spec.network.host_network:  # else per pod: test_host_network_ports_never_collide
+                assert a.metrics_port == resolved.spec.network.metrics_port
             assert a.role == obj["metadata"]["labels"][b.LABEL_ROLE]
             ports = {p["name"]: p["containerPort"] for p in c["ports"]}
             assert ports["metrics"] == a.metrics_port
@@ -122,6 +123,69 @@ def test_data_ports_follow_addressing():
     ports = lambda name: {p["name"]: p["containerPort"] for p in objs["Pod", name]["spec"]["containers"][0]["ports"]}
     assert ports("cp-buffer-0-0") == {"fragments": 7000, "credits": 7001, "metrics": 9100}
     assert ports("cp-learner-0-0") == {"batches": 7002, "params": 7003, "metrics": 9100}
+
+
+HOSTNET = {"network": {"hostNetwork": True}, "topology": {"groups": 3, "actors": 4, "buffers": 2, "learners": 2}}
+
+
+def test_host_network_ports_never_collide():
+    """Under hostNetwork every pod binds on its node's IP: any two pods that may share a node
+    (other groups, other indices, other roles) have disjoint ports; the addresses the workers
+    compute (tianji.control.addressing, from the env the pods get) are the pods' ports."""
+    from tianji.control.addressing import Addresses
+
+    _, _, resolved, objs = _children(HOSTNET)
+    taken: dict[int, str] = {}
+    for (kind, name), o in objs.items():
+        if kind not in ("Pod", "StatefulSet"):
+            continue
+        spec = o["spec"]["template"]["spec"] if kind == "StatefulSet" else o["spec"]
+        c = spec["containers"][0]
+        for p in c["ports"]:
+            assert p["containerPort"] not in taken, (name, p, taken.get(p["containerPort"]))
+            taken[p["containerPort"]] = f"{name}/{p['name']}"
+        a = build_parser().parse_args([*c["command"][1:], *c["args"]])
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert a.metrics_port == ports["metrics"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        addrs = Addresses("cp", resolved.spec.network.base_port, None, "ns", "10.0.0.1",
+                          int(env["TIANJI_HOST_PORT_SLOTS"]))
+        for ch in b.ROLE_PORTS[a.role]:
+            assert addrs.bind(ch, a.group, int(a.index)) == f"tcp://10.0.0.1:{ports[ch]}"
+            assert addrs.connect(ch, a.group, int(a.index)).endswith(f".cp.ns.svc:{ports[ch]}")
+    assert len(taken) == 3 * (2 * 3 + 2 * 3 + 1)  # buffers 3 ports, learners 3, one actor set per group
+
+
+def test_host_network_refuses_overlapping_or_out_of_range_ports():
+    with pytest.raises(SpecError, match="overlap: move network.metricsPort"):
+        _job({**HOSTNET, "network": {"hostNetwork": True, "basePort": 9000, "metricsPort": 9020}})
+    with pytest.raises(SpecError, match="beyond 65535"):
+        _job({"network": {"hostNetwork": True, "basePort": 65000, "metricsPort": 9090},
+              "topology": {"groups": 64, "actors": 8, "buffers": 8, "learners": 1}})
+    _job({**HOSTNET, "network": {"hostNetwork": True, "basePort": 9000, "metricsPort": 9030}})  # fits
+
+
+def test_actor_index_comes_from_the_pod_index_label_never_the_hostname():
+    from tianji.control.addressing import auto_index, index_from_hostname
+
+    _, _, _, objs = _children(HOSTNET)
+    c = objs["StatefulSet", "cp-actor-1"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["TIANJI_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert env["TIANJI_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    node = {"HOSTNAME": "gpu-node-17"}  # hostNetwork: HOSTNAME is the node's name
+    assert auto_index({**node, "TIANJI_INDEX": "3", "TIANJI_POD_NAME": "cp-actor-1-3"}) == 3
+    assert auto_index({**node, "TIANJI_INDEX": "", "TIANJI_POD_NAME": "cp-actor-1-5"}) == 5  # label absent (< 1.28)
+    with pytest.raises(ValueError, match="TIANJI_INDEX"):
+        auto_index(node)
+    import os
+    old = {k: os.environ.get(k) for k in ("HOSTNAME", "TIANJI_INDEX", "TIANJI_POD_NAME")}
+    try:
+        os.environ.update({"HOSTNAME": "gpu-node-17", "TIANJI_INDEX": "2", "TIANJI_POD_NAME": "cp-actor-1-2"})
+        assert index_from_hostname() == 2  # what the worker calls for `--index auto`
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def test_requests_and_limits_come_from_the_plan():

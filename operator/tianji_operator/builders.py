@@ -19,7 +19,7 @@ from typing import Optional
 
 import yaml
 
-from tianji.control.addressing import PORTS, actor_set_name, pod_name, service_name
+from tianji.control.addressing import PORTS, actor_set_name, data_port, metrics_port, pod_name, service_name
 from tianji.control.spec import JobSpec, TianJiJob
 from tianji.control.launch import CONFIG_DIR, JOB_FILE, SCRATCH_DIR, STATE_DIR, TERMINATION_LOG, worker_launch
 
@@ -181,14 +181,32 @@ def container_security_context(job: TianJiJob) -> dict:
             "capabilities": caps}
 
 
+# ----------------------------------------------------------------- ports
+def port_slots(job: TianJiJob) -> Optional[int]:
+    """Buffers per group under host networking (per-slot ports), else None (fixed ports)."""
+    return job.spec.topology.buffers if job.spec.network.host_network else None
+
+
+def pod_metrics_port(job: TianJiJob, role: str, group: int, index: str) -> int:
+    i = int(index) if index.isdigit() else 0
+    return metrics_port(job.spec.network.metrics_port, role, group, i, port_slots(job))
+
+
+def container_ports(job: TianJiJob, role: str, group: int, index: str) -> list[dict]:
+    """Named data ports of the role (tianji.control.addressing's layout) and `metrics`."""
+    i = int(index) if index.isdigit() else 0
+    ports = [{"name": ch, "containerPort": data_port(job.spec.network.base_port, ch, group, i, port_slots(job)),
+              "protocol": "TCP"} for ch in ROLE_PORTS[role]]
+    ports.append({"name": "metrics", "containerPort": pod_metrics_port(job, role, group, index), "protocol": "TCP"})
+    return ports
+
+
 def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
              hostname: Optional[str] = None) -> dict:
     net = job.spec.network
-    base = net.base_port
     launch = worker_launch(job, role, group, index, engine="pod", job_file=f"{CONFIG_DIR}/{JOB_FILE}",
-                           command=command, metrics_port=net.metrics_port)
-    ports = [{"name": ch, "containerPort": base + PORTS[ch], "protocol": "TCP"} for ch in ROLE_PORTS[role]]
-    ports.append({"name": "metrics", "containerPort": net.metrics_port, "protocol": "TCP"})
+                           command=command, metrics_port=pod_metrics_port(job, role, group, index))
+    ports = container_ports(job, role, group, index)
     container = {
         "name": CONTAINER,
         "image": job.spec.image,

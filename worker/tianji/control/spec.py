@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from tianji.control.addressing import LAST_PORT_OFFSET
+from tianji.control.addressing import LAST_PORT_OFFSET, host_port_ranges
 
 API_VERSION = "tianji.dev/v1alpha1"
 KIND = "TianJiJob"
@@ -240,7 +240,8 @@ class Network(_Model):
     base_port: int = Field(5550, ge=1024, le=65535 - LAST_PORT_OFFSET,
                            description=f"the data ports are basePort..basePort+{LAST_PORT_OFFSET}")
     metrics_port: int = Field(9090, ge=1024, le=65535,
-                              description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}")
+                              description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}; with "
+                                          "hostNetwork every pod gets its own ports (docs/kubernetes.md)")
 
     @field_validator("rdma")
     @classmethod
@@ -380,6 +381,24 @@ class JobSpec(_Model):
                 )
         if isinstance(a, DQNConfig) and a.batch_size > a.replay_capacity:
             raise ValueError("algorithm.batchSize > algorithm.replayCapacity")
+        return self
+
+    @model_validator(mode="after")
+    def _host_ports(self) -> "JobSpec":
+        """Host networking gives every (group, index) slot its own ports (addressing.py): the
+        data and metrics ranges must fit below 65536 and never overlap."""
+        net, t = self.network, self.topology
+        if not net.host_network or t.auto:
+            return self
+        data, metrics = host_port_ranges(net.base_port, net.metrics_port, t.groups, t.buffers)
+        for what, r in (("data", data), ("metrics", metrics)):
+            if r.stop - 1 > 65535:
+                raise ValueError(f"network: with hostNetwork, {t.groups} group(s) x {t.buffers} buffer(s) take "
+                                 f"{what} ports {r.start}-{r.stop - 1}, beyond 65535: lower "
+                                 f"network.{'basePort' if what == 'data' else 'metricsPort'}")
+        if data.start < metrics.stop and metrics.start < data.stop:
+            raise ValueError(f"network: with hostNetwork, data ports {data.start}-{data.stop - 1} and metrics "
+                             f"ports {metrics.start}-{metrics.stop - 1} overlap: move network.metricsPort")
         return self
 
     # Derived defaults that depend on the algorithm.
