@@ -120,8 +120,16 @@ def test_schema_is_structural():
     text = crd_yaml()
     for word in ("$ref", "anyOf", "oneOf", "allOf", "title:", "const:"):
         assert word not in text, word
-    # additionalProperties only as a map's value schema (never beside properties): the spec has none.
-    assert "additionalProperties" not in yaml.safe_dump(_schema()["properties"]["spec"])
+    # additionalProperties only as a map's value schema, never beside properties.
+    def maps(node, path):
+        if isinstance(node, dict):
+            if "additionalProperties" in node:
+                assert "properties" not in node, path
+                yield path
+            for k, v in node.items():
+                yield from maps(v, f"{path}.{k}")
+    assert sorted(maps(_schema()["properties"]["spec"], "spec")) == [
+        f"spec.properties.pods.properties.{r}.properties.nodeSelector" for r in ("actor", "all", "buffer", "learner")]
 
 
 # ----------------------------------------------------------------- instances

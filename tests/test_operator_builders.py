@@ -296,3 +296,78 @@ def test_configmap_carries_the_planned_job_and_the_applied_spec():
 @pytest.mark.parametrize("cores, q", [(1.0, "1"), (0.5, "500m"), (2.5, "2500m"), (0.25, "250m"), (8, "8")])
 def test_cpu_quantity(cores, q):
     assert b.cpu_quantity(cores) == q
+
+
+# ----------------------------------------------------------------- scheduling overlays
+OVERLAY = {
+    "all": {"nodeSelector": {"pool": "rl", "zone": "a"}, "priorityClassName": "rl-batch",
+            "imagePullSecrets": ["registry-creds"], "env": [{"name": "WANDB_MODE", "value": "offline"}],
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoSchedule"}],
+            "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": "atari-roms", "readOnly": True}}],
+            "volumeMounts": [{"name": "datasets", "mountPath": "/data", "readOnly": True}]},
+    "learner": {"nodeSelector": {"pool": "a100"}, "serviceAccountName": "rl-learner",
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}]}}},
+                "env": [{"name": "WANDB_MODE", "value": "online"},
+                        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]},
+}
+GPU_POOL = {"resources": {"gpus": 1, "learner": {"gpu": 1, "cpu": 2, "memory": "8Gi"}}, "pods": OVERLAY}
+
+
+def test_pod_overlays_per_role_over_all():
+    _, _, _, objs = _children(GPU_POOL)
+    learner = objs["Pod", "cp-learner-0-0"]["spec"]
+    actor = objs["StatefulSet", "cp-actor-0"]["spec"]["template"]["spec"]
+    assert learner["nodeSelector"] == {"pool": "a100", "zone": "a"} and actor["nodeSelector"] == {"pool": "rl", "zone": "a"}
+    assert learner["priorityClassName"] == actor["priorityClassName"] == "rl-batch"
+    assert learner["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert learner["serviceAccountName"] == "rl-learner" and "serviceAccountName" not in actor
+    assert "affinity" in learner and "affinity" not in actor
+    env = {e["name"]: e for e in learner["containers"][0]["env"]}
+    assert env["WANDB_MODE"]["value"] == "online" and env["NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert {e["name"]: e.get("value") for e in actor["containers"][0]["env"]}["WANDB_MODE"] == "offline"
+    assert {"name": "datasets", "mountPath": "/data", "readOnly": True} in learner["containers"][0]["volumeMounts"]
+    assert learner["volumes"][-1]["persistentVolumeClaim"]["claimName"] == "atari-roms"
+    for obj in objs.values():
+        kubernetes_validate.validate(obj, "1.33.0", strict=True)
+        spec = obj["spec"]["template"]["spec"] if obj["kind"] == "StatefulSet" else obj.get("spec", {})
+        if "containers" in spec:
+            assert pod_security.violations(spec, "restricted") == []
+
+
+def test_gpu_learners_tolerate_tainted_gpu_pools():
+    _, _, _, objs = _children(GPU_POOL)
+    learner = objs["Pod", "cp-learner-0-0"]["spec"]
+    assert learner["tolerations"] == [b.GPU_TOLERATION, OVERLAY["all"]["tolerations"][0]]
+    buffer = objs["Pod", "cp-buffer-0-0"]["spec"]
+    assert b.GPU_TOLERATION not in buffer["tolerations"]  # no GPU requested, no GPU node needed
+    _, _, _, plain = _children()
+    assert "tolerations" not in plain["Pod", "cp-learner-0-0"]["spec"]
+
+
+def test_cluster_defaults_lie_beneath_the_jobs_overlay():
+    from tianji.control.spec import PodOverlay
+    from tianji_operator.config import OperatorConfig
+
+    cfg = OperatorConfig.from_env({"TIANJI_WORKER_DEFAULTS": '{"priorityClassName": "cluster-default", '
+                                   '"nodeSelector": {"zone": "b", "arch": "amd64"}, "imagePullSecrets": ["mirror"]}'})
+    assert isinstance(cfg.worker_defaults, PodOverlay)
+    job = _job(GPU_POOL)
+    resolved, _ = resolve(job)
+    objs = {o["metadata"]["name"]: o for o in b.children(resolved, job.spec, {}, scrapers=[], command=CMD,
+                                                         defaults=cfg.worker_defaults)}
+    learner = objs["cp-learner-0-0"]["spec"]
+    assert learner["nodeSelector"] == {"zone": "a", "arch": "amd64", "pool": "a100"}
+    assert learner["priorityClassName"] == "rl-batch"  # the job's wins
+    assert learner["imagePullSecrets"] == [{"name": "mirror"}, {"name": "registry-creds"}]
+
+
+@pytest.mark.parametrize("pods, where", [
+    ({"all": {"env": [{"name": "TIANJI_INDEX", "value": "3"}]}}, "TIANJI_* variables are set by the operator"),
+    ({"learner": {"volumes": [{"name": "state", "emptyDir": {}}]}}, "volume name 'state' is the operator's"),
+    ({"actor": {"volumeMounts": [{"name": "x", "mountPath": "/tmp/"}]}}, "mountPath '/tmp/' is the operator's"),
+    ({"buffer": {"tolerations": [{"operator": "Sometimes"}]}}, "pods.buffer.tolerations[0].operator"),
+])
+def test_overlays_may_not_take_what_the_operator_sets(pods, where):
+    with pytest.raises(SpecError, match=where.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
+        _job({"pods": pods})

@@ -217,3 +217,20 @@ async def test_a_default_job_runs_in_a_restricted_namespace(kube):
                               for r, n in (("learner", 1), ("buffer", 2)) for i in range(n)}
         assert status(kube)["phase"] == "Pending"
     assert not kube.refused
+
+
+async def test_a_gpu_pool_job_with_overlays_is_admitted(kube):
+    """spec.pods and the chart's workerDefaults reach the pods the apiserver stores."""
+    from test_operator_builders import GPU_POOL
+
+    await _restricted_namespace(kube)
+    async with RunningOperator(kube, worker_defaults={"priorityClassName": "cluster-default",
+                                                      "nodeSelector": {"arch": "amd64"}}):
+        await kube.create_job(job_manifest("cartpole", GPU_POOL))
+        await created(kube)
+        learner = children(kube)["Pod", "cartpole-learner-0-0"]["spec"]
+        assert learner["nodeSelector"] == {"arch": "amd64", "pool": "a100", "zone": "a"}
+        assert learner["priorityClassName"] == "rl-batch"
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in learner["tolerations"]
+        assert job(kube)["spec"]["pods"]["learner"]["affinity"]  # kept by the CRD (not pruned)
+    assert not kube.refused

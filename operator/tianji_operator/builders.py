@@ -20,7 +20,7 @@ from typing import Optional
 import yaml
 
 from tianji.control.addressing import PORTS, actor_set_name, data_port, metrics_port, pod_name, service_name
-from tianji.control.spec import JobSpec, TianJiJob
+from tianji.control.spec import JobSpec, PodOverlay, TianJiJob
 from tianji.control.launch import CONFIG_DIR, JOB_FILE, SCRATCH_DIR, STATE_DIR, TERMINATION_LOG, worker_launch
 
 LABEL_JOB = "tianji.dev/job"
@@ -181,6 +181,45 @@ def container_security_context(job: TianJiJob) -> dict:
             "capabilities": caps}
 
 
+# ----------------------------------------------------------------- pod overlays
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def role_overlays(job: TianJiJob, role: str, defaults: Optional[PodOverlay] = None) -> list[PodOverlay]:
+    """In order: the operator's cluster-wide defaults (chart values), spec.pods.all, spec.pods.<role>."""
+    return [o for o in (defaults, job.spec.pods.all, getattr(job.spec.pods, role)) if o is not None]
+
+
+def apply_overlay(spec: dict, container: dict, overlay: PodOverlay) -> None:
+    """Maps merge (the overlay's keys win), lists add up, scalars are replaced."""
+    o = overlay.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if "nodeSelector" in o:
+        spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **o["nodeSelector"]}
+    for t in o.get("tolerations", []):
+        if t not in spec.setdefault("tolerations", []):
+            spec["tolerations"].append(t)
+    for key in ("affinity", "priorityClassName", "serviceAccountName"):
+        if key in o:
+            spec[key] = o[key]
+    for name in o.get("imagePullSecrets", []):
+        if {"name": name} not in spec.setdefault("imagePullSecrets", []):
+            spec["imagePullSecrets"].append({"name": name})
+    for var in o.get("env", []):
+        env = container["env"]
+        env[:] = [e for e in env if e["name"] != var["name"]] + [var]
+    spec["volumes"] += o.get("volumes", [])
+    container["volumeMounts"] += o.get("volumeMounts", [])
+
+
+def scheduling(job: TianJiJob, role: str, spec: dict, container: dict,
+               defaults: Optional[PodOverlay] = None) -> None:
+    """Overlays, and the toleration of tainted GPU pools for roles that request GPUs."""
+    if getattr(job.spec.resources, role).gpu:
+        spec["tolerations"] = [dict(GPU_TOLERATION)]
+    for overlay in role_overlays(job, role, defaults):
+        apply_overlay(spec, container, overlay)
+
+
 # ----------------------------------------------------------------- ports
 def port_slots(job: TianJiJob) -> Optional[int]:
     """Buffers per group under host networking (per-slot ports), else None (fixed ports)."""
@@ -202,7 +241,7 @@ def container_ports(job: TianJiJob, role: str, group: int, index: str) -> list[d
 
 
 def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
-             hostname: Optional[str] = None) -> dict:
+             hostname: Optional[str] = None, defaults: Optional[PodOverlay] = None) -> dict:
     net = job.spec.network
     launch = worker_launch(job, role, group, index, engine="pod", job_file=f"{CONFIG_DIR}/{JOB_FILE}",
                            command=command, metrics_port=pod_metrics_port(job, role, group, index))
@@ -249,21 +288,24 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
     if net.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    scheduling(job, role, spec, container, defaults)
     return spec
 
 
-def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str]) -> dict:
+def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str],
+             defaults: Optional[PodOverlay] = None) -> dict:
     """A learner or buffer pod: stable name = hostname, under the headless Service's subdomain."""
     name = pod_name(job.name, role, group, index)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(job, name, labels(job.name, role, group, index)),
-        "spec": pod_spec(job, role, group, str(index), command, hostname=name),
+        "spec": pod_spec(job, role, group, str(index), command, hostname=name, defaults=defaults),
     }
 
 
-def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[str]) -> dict:
+def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[str],
+                      defaults: Optional[PodOverlay] = None) -> dict:
     """One group's actors; each pod derives its index from its ordinal (`--index auto`)."""
     lab = labels(job.name, "actor", group)
     return {
@@ -275,19 +317,21 @@ def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[s
             "replicas": replicas,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector(job.name, "actor", group)},
-            "template": {"metadata": {"labels": dict(lab)}, "spec": pod_spec(job, "actor", group, "auto", command)},
+            "template": {"metadata": {"labels": dict(lab)}, "spec": pod_spec(job, "actor", group, "auto", command,
+                                                                                defaults=defaults)},
         },
     }
 
 
 def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int], *,
              scrapers: list[dict], command: list[str], generation: int = 0,
-             plan: Optional[dict] = None) -> list[dict]:
-    """Everything a job needs, in creation order (the ConfigMap first: pods mount it)."""
+             plan: Optional[dict] = None, defaults: Optional[PodOverlay] = None) -> list[dict]:
+    """Everything a job needs, in creation order (the ConfigMap first: pods mount it).
+    `defaults`: the cluster-wide pod overlay (chart values `workerDefaults`)."""
     t = resolved.spec.topology
     out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers)]
     for g in range(t.groups):
-        out += [role_pod(resolved, "learner", g, i, command) for i in range(t.learners)]
-        out += [role_pod(resolved, "buffer", g, i, command) for i in range(t.buffers)]
-        out.append(actor_statefulset(resolved, g, actors.get(g, t.actors), command))
+        out += [role_pod(resolved, "learner", g, i, command, defaults) for i in range(t.learners)]
+        out += [role_pod(resolved, "buffer", g, i, command, defaults) for i in range(t.buffers)]
+        out.append(actor_statefulset(resolved, g, actors.get(g, t.actors), command, defaults))
     return out

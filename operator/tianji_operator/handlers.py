@@ -269,7 +269,8 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
                 n = min(max(n, a.min_actors), a.max_actors)
             desired[g] = 0 if suspended else n
         objs = b.children(resolved, job.spec, desired, scrapers=op.config.metrics_scrapers,
-                          command=op.config.worker_command, generation=gen or 0, plan=plan_record)
+                          command=op.config.worker_command,
+                          defaults=op.config.worker_defaults, generation=gen or 0, plan=plan_record)
         if suspended:  # no learner/buffer pods; actors at 0 replicas
             objs = [o for o in objs if o["kind"] != "Pod"]
             if not terminal:
@@ -546,7 +547,8 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
 
     # Self-healing: a learner/buffer pod or a StatefulSet that is gone comes back.
     expected = b.children(resolved, resolved.spec, {g: topo.actors for g in range(topo.groups)},
-                          scrapers=op.config.metrics_scrapers, command=op.config.worker_command)
+                          scrapers=op.config.metrics_scrapers, command=op.config.worker_command,
+                          defaults=op.config.worker_defaults)
     recreated = []
     try:
         for obj in expected:

@@ -97,6 +97,9 @@ def _convert(node: dict, defs: dict, path: str, defaults: bool = True) -> dict:
         return _merge_union(node, defs, path)
 
     for key, value in node.items():
+        if key == "additionalProperties" and isinstance(value, dict) and "properties" not in node:
+            out[key] = _convert(value, defs, f"{path}{{}}", defaults)  # a map: dict[str, X]
+            continue
         if key in _DROP or key in ("properties", "items", "$defs"):
             continue
         if key == "exclusiveMinimum":
@@ -115,7 +118,8 @@ def _convert(node: dict, defs: dict, path: str, defaults: bool = True) -> dict:
         out["type"] = "object"
         out["properties"] = {k: _convert(v, defs, f"{path}.{k}", defaults) for k, v in node["properties"].items()}
     if "items" in node:
-        out["items"] = _convert(node["items"], defs, f"{path}[]", defaults)
+        out["items"] = (dict(node["items"]) if node["items"].get("x-kubernetes-preserve-unknown-fields")
+                        else _convert(node["items"], defs, f"{path}[]", defaults))
     if "type" not in out:
         raise CRDGenerationError(f"{path}: no type in {node}")
     return _ordered(out)
