@@ -371,3 +371,40 @@ def test_cluster_defaults_lie_beneath_the_jobs_overlay():
 def test_overlays_may_not_take_what_the_operator_sets(pods, where):
     with pytest.raises(SpecError, match=where.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
         _job({"pods": pods})
+
+
+# ----------------------------------------------------------------- checkpoints
+def test_learners_checkpoint_onto_a_claim_the_operator_creates():
+    _, _, _, objs = _children({"checkpoint": {"size": "20Gi", "storageClassName": "fast", "accessMode": "ReadWriteMany"},
+                               "topology": {"groups": 2}})
+    pvc = objs["PersistentVolumeClaim", "cp-checkpoints"]
+    kubernetes_validate.validate(pvc, "1.33.0", strict=True)
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "20Gi"}},
+                           "storageClassName": "fast"}
+    for name, spec in _pod_specs(objs).items():
+        state = next(v for v in spec["volumes"] if v["name"] == "state")
+        if "learner" in name:
+            assert state == {"name": "state", "persistentVolumeClaim": {"claimName": "cp-checkpoints"}}
+        else:
+            assert state == {"name": "state", "emptyDir": {}}
+        assert pod_security.violations(spec, "restricted") == []
+    assert list(objs).index(("PersistentVolumeClaim", "cp-checkpoints")) < list(objs).index(("Pod", "cp-learner-0-0"))
+
+
+def test_learners_checkpoint_onto_a_named_claim():
+    _, _, _, objs = _children({"checkpoint": {"persistentVolumeClaim": "team-ckpt"}})
+    assert not [k for k in objs if k[0] == "PersistentVolumeClaim"]
+    learner = objs["Pod", "cp-learner-0-0"]["spec"]
+    assert {"name": "state", "persistentVolumeClaim": {"claimName": "team-ckpt"}} in learner["volumes"]
+    _, _, _, plain = _children()
+    assert {"name": "state", "emptyDir": {}} in plain["Pod", "cp-learner-0-0"]["spec"]["volumes"]
+
+
+@pytest.mark.parametrize("ckpt, where", [
+    ({"persistentVolumeClaim": "a", "size": "1Gi"}, "set one or the other"),
+    ({"storageClassName": "fast"}, "storageClassName needs size"),
+    ({"size": "0"}, "positive size"),
+])
+def test_checkpoint_volume_settings_are_checked(ckpt, where):
+    with pytest.raises(SpecError, match=where):
+        _job({"checkpoint": ckpt})

@@ -234,3 +234,21 @@ async def test_a_gpu_pool_job_with_overlays_is_admitted(kube):
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in learner["tolerations"]
         assert job(kube)["spec"]["pods"]["learner"]["affinity"]  # kept by the CRD (not pruned)
     assert not kube.refused
+
+
+# ----------------------------------------------------------------- checkpoints that survive a pod
+async def test_a_recreated_learner_mounts_the_same_checkpoint_claim(kube):
+    async with RunningOperator(kube):
+        await kube.create_job(job_manifest("cartpole", {"checkpoint": {"size": "5Gi"}}))
+        await created(kube, n=7)
+        objs = children(kube)
+        assert objs["PersistentVolumeClaim", "cartpole-checkpoints"]["metadata"]["ownerReferences"][0]["kind"] == \
+            "TianJiJob"
+        old = objs["Pod", "cartpole-learner-0-0"]
+        code, _ = await kube.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/cartpole-learner-0-0")
+        assert code == 200
+        new = await eventually(lambda: (p := children(kube).get(("Pod", "cartpole-learner-0-0")))
+                               and p["metadata"]["uid"] != old["metadata"]["uid"] and p, what="the learner back")
+        claim = {"name": "state", "persistentVolumeClaim": {"claimName": "cartpole-checkpoints"}}
+        assert claim in new["spec"]["volumes"] and claim in old["spec"]["volumes"]
+    assert_rbac_covers(kube)

@@ -4,6 +4,7 @@ Names are fixed (idempotent creation, no duplicates after a restart), from
 `tianji.control.addressing`:
 
     ConfigMap      <job>-job            job.yaml: the job as planned (resolved topology and requests)
+    PersistentVolumeClaim <job>-checkpoints  learners' checkpoints, when spec.checkpoint.size is set
     Service        <job>                headless; gives learner/buffer pods DNS names
     Pod            <job>-learner-<g>-<i>, <job>-buffer-<g>-<i>   hostname = pod name, subdomain = <job>
     StatefulSet    <job>-actor-<g>      one per group, podManagementPolicy Parallel
@@ -50,6 +51,10 @@ def configmap_name(job: str) -> str:
 
 def networkpolicy_name(job: str) -> str:
     return job
+
+
+def checkpoint_claim_name(job: str) -> str:
+    return f"{job}-checkpoints"
 
 
 def labels(job: str, role: Optional[str] = None, group: Optional[int] = None,
@@ -150,6 +155,36 @@ def network_policy(job: TianJiJob, scrapers: list[dict]) -> dict:
         "metadata": _meta(job, networkpolicy_name(job.name), labels(job.name)),
         "spec": {"podSelector": {"matchLabels": selector(job.name)}, "policyTypes": ["Ingress"], "ingress": rules},
     }
+
+
+# ----------------------------------------------------------------- checkpoints
+def checkpoint_claim(job: TianJiJob) -> Optional[str]:
+    """The claim learners checkpoint onto: spec.checkpoint.persistentVolumeClaim, the claim the
+    operator creates (spec.checkpoint.size), or None (an emptyDir, lost with the pod)."""
+    c = job.spec.checkpoint
+    if c.persistent_volume_claim:
+        return c.persistent_volume_claim
+    return checkpoint_claim_name(job.name) if c.size else None
+
+
+def checkpoint_pvc(job: TianJiJob) -> Optional[dict]:
+    c = job.spec.checkpoint
+    if not c.size:
+        return None
+    spec: dict = {"accessModes": [c.access_mode], "resources": {"requests": {"storage": c.size}}}
+    if c.storage_class_name:
+        spec["storageClassName"] = c.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(job, checkpoint_claim_name(job.name), labels(job.name, "learner")), "spec": spec}
+
+
+def state_volume(job: TianJiJob, role: str) -> dict:
+    """TIANJI_STATE_DIR: the checkpoint claim for learners (a re-created learner resumes from
+    it), an emptyDir otherwise."""
+    claim = checkpoint_claim(job)
+    if role == "learner" and claim:
+        return {"name": "state", "persistentVolumeClaim": {"claimName": claim}}
+    return {"name": "state", "emptyDir": {}}
 
 
 def _resources(job: TianJiJob, role: str) -> dict:
@@ -277,7 +312,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
         "volumes": [
             {"name": "job", "configMap": {"name": configmap_name(job.name),
                                           "items": [{"key": JOB_FILE, "path": JOB_FILE}]}},
-            {"name": "state", "emptyDir": {}},
+            state_volume(job, role),
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             {"name": "scratch", "emptyDir": {}},
         ],
@@ -330,6 +365,9 @@ def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int],
     `defaults`: the cluster-wide pod overlay (chart values `workerDefaults`)."""
     t = resolved.spec.topology
     out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers)]
+    pvc = checkpoint_pvc(resolved)
+    if pvc is not None:
+        out.append(pvc)
     for g in range(t.groups):
         out += [role_pod(resolved, "learner", g, i, command, defaults) for i in range(t.learners)]
         out += [role_pod(resolved, "buffer", g, i, command, defaults) for i in range(t.buffers)]

@@ -170,6 +170,7 @@ class RunningOperator:
 # ----------------------------------------------------------------- reading a job's state
 CHILD_KINDS = {
     "v1/configmaps": "ConfigMap", "v1/services": "Service", "v1/pods": "Pod",
+    "v1/persistentvolumeclaims": "PersistentVolumeClaim",
     "apps/v1/statefulsets": "StatefulSet", "networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
 }
 

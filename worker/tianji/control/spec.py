@@ -202,6 +202,32 @@ class StopConfig(_Model):
 class CheckpointConfig(_Model):
     interval_seconds: float = Field(60.0, gt=0)
     keep: int = Field(3, ge=1, le=100)
+    # Kubernetes only: where learners keep checkpoints (default: an emptyDir, lost with the pod).
+    persistent_volume_claim: Optional[str] = Field(
+        None, min_length=1, max_length=253, json_schema_extra={"pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+        description="an existing PersistentVolumeClaim for the learners' checkpoints")
+    size: Optional[str] = Field(None, json_schema_extra={"pattern": QUANTITY_PATTERN},
+                                description="the operator creates a claim <job>-checkpoints of this size")
+    storage_class_name: Optional[str] = Field(None, min_length=1, description="its storage class (default: the "
+                                                                              "cluster's default class)")
+    access_mode: Literal["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"] = Field(
+        "ReadWriteOnce", description="ReadWriteMany when learners may run on several nodes")
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and quantity_value(v) <= 0:
+            raise ValueError(f"{v!r}: a claim needs a positive size")
+        return v
+
+    @model_validator(mode="after")
+    def _one_volume(self) -> "CheckpointConfig":
+        if self.persistent_volume_claim and (self.size or self.storage_class_name):
+            raise ValueError("persistentVolumeClaim names an existing claim: size and storageClassName are for "
+                             "the claim the operator creates; set one or the other")
+        if self.storage_class_name and not self.size:
+            raise ValueError("storageClassName needs size (the claim the operator creates)")
+        return self
 
 
 class RoleResources(_Model):
