@@ -25,6 +25,7 @@ CUSTOM = {
     "serviceAccount": {"create": True, "name": "tianji-sa", "annotations": {"iam.example.com/role": "tianji"}},
     "operator": {"monitorInterval": 5, "autoscaleTick": 2.5, "handlerBackoff": 3, "promqlWindow": "2m",
                  "metricsScrapers": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "vmagent"}}}],
+                 "prometheusAllowList": ["http://kube-prometheus-stack-prometheus.monitoring:9090"],
                  "workerDefaults": {"priorityClassName": "rl-batch", "imagePullSecrets": ["registry-creds"],
                                     "nodeSelector": {"pool": "rl"},
                                     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rl",

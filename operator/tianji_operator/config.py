@@ -27,6 +27,8 @@ class OperatorConfig:
     TIANJI_METRICS_SCRAPERS (JSON list of NetworkPolicyPeer admitted to the
     metrics port), TIANJI_PROFILE (a `tianji profile` JSON used by the planner),
     TIANJI_WORKER_COMMAND (JSON list, default ["tianji", "worker"]),
+    TIANJI_PROMETHEUS_ALLOWED (JSON list of base URLs a job's spec.autoscale.prometheusUrl
+    may lie under; empty: none, jobs count from their pods' reports),
     TIANJI_WORKER_DEFAULTS (JSON: a pod overlay, spec.pods.all's fields, applied to every
     worker pod beneath the job's own `spec.pods`; chart values `workerDefaults`).
     """
@@ -42,6 +44,7 @@ class OperatorConfig:
     profile_path: Optional[str] = None
     worker_command: list[str] = field(default_factory=lambda: ["tianji", "worker"])
     worker_defaults: Any = None  # tianji.control.spec.PodOverlay, or None
+    prometheus_allowed: list[str] = field(default_factory=list)
     clock: Callable[[], float] = time.time
     # Tests: a fixed kopf.ConnectionInfo instead of the in-cluster / kubeconfig login.
     connection: Any = None
@@ -62,6 +65,7 @@ class OperatorConfig:
             ("metrics_scrapers", "TIANJI_METRICS_SCRAPERS", json.loads),
             ("worker_command", "TIANJI_WORKER_COMMAND", json.loads),
             ("worker_defaults", "TIANJI_WORKER_DEFAULTS", _pod_overlay),
+            ("prometheus_allowed", "TIANJI_PROMETHEUS_ALLOWED", json.loads),
         ):
             if key in env:
                 setattr(c, name, conv(env[key]))

@@ -263,9 +263,10 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         desired: dict[int, int] = {}
         for g in range(topo.groups):
             n = topo.actors
-            if a.enabled and sets[g] is not None and not actors_changed and not resuming:
-                n = int(sets[g]["spec"].get("replicas") or 0)  # the autoscaler owns replicas
-            if a.enabled:
+            mode = a.effective_mode
+            if mode != "off" and sets[g] is not None and not actors_changed and not resuming:
+                n = int(sets[g]["spec"].get("replicas") or 0)  # the autoscaler / external scaler owns replicas
+            if mode == "planner":
                 n = min(max(n, a.min_actors), a.max_actors)
             desired[g] = 0 if suspended else n
         objs = b.children(resolved, job.spec, desired, scrapers=op.config.metrics_scrapers,
@@ -556,7 +557,7 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
             missing = (kind == "Pod" and oname not in by_name) or (
                 kind == "StatefulSet" and sets.get(int(obj["metadata"]["labels"][b.LABEL_GROUP])) is None)
             if missing:
-                if kind == "StatefulSet" and resolved.spec.autoscale.enabled:
+                if kind == "StatefulSet" and resolved.spec.autoscale.effective_mode == "planner":
                     a = resolved.spec.autoscale
                     obj["spec"]["replicas"] = min(max(obj["spec"]["replicas"], a.min_actors), a.max_actors)
                 got, created = await op.kube.ensure(_adopt(obj, body))
@@ -601,7 +602,7 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
             return None  # suspended meanwhile
         fields: dict[str, Any] = {"groups": groups, "actors": actors, "phase": st.RUNNING if running else st.PENDING,
                                   "conditions": st.set_conditions(cur.get("conditions"), *conds),
-                                  "restarts": restarts}
+                                  "restarts": restarts, **_scale_status(name, groups)}
         if not cur.get("activeSince"):  # a job created by an older operator
             fields["activeSince"] = st.iso(now)
         if running and not cur.get("startTime"):
@@ -611,6 +612,12 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         return fields
 
     await update_status(op, ns, name, compute)
+
+
+def _scale_status(name: str, groups: list[dict]) -> dict:
+    """What the CRD's scale subresource reads (HPA, KEDA): actors per group, the actors' selector."""
+    per_group = min((e["actors"]["desired"] for e in groups), default=0)
+    return {"actorReplicas": per_group, "actorSelector": f"{b.LABEL_JOB}={name},{b.LABEL_ROLE}=actor"}
 
 
 def _not_ready(groups: list[dict]) -> str:
@@ -709,9 +716,17 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger)
     if cm is None:
         return
     _, resolved = _applied(cm)
+    url = spec.autoscale.prometheus_url
+    if url and not asc.prometheus_allowed(url, op.config.prometheus_allowed):
+        if f"prometheus/{url}" not in mem.warned:
+            mem.warned.add(f"prometheus/{url}")
+            kopf.warn(body, reason="PrometheusNotAllowed",
+                      message=f"spec.autoscale.prometheusUrl {url} is not in the operator's allow-list "
+                              "(chart operator.prometheusAllowList): counting from the pods' reports instead"[:900])
+        url = None
     try:
-        if spec.autoscale.prometheus_url:
-            obs = await asc.query_prometheus(op.http(), spec.autoscale.prometheus_url, asc.promql_queries(
+        if url:
+            obs = await asc.query_prometheus(op.http(), url, asc.promql_queries(
                 name, ns, op.config.promql_window, op.config.promql_job_label, op.config.promql_namespace_label))
         else:
             obs = asc.from_accounting(mem.acc) if mem.acc is not None else None
@@ -735,6 +750,7 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
     sets = await _statefulsets(op, ns, name, resolved.spec.topology.groups)
     current = {g: int((s.get("spec") or {}).get("replicas") or 0) for g, s in sets.items() if s is not None}
+    ready = {g: int((s.get("status") or {}).get("readyReplicas") or 0) for g, s in sets.items() if s is not None}
     decided: dict[str, Any] = {}
 
     def compute(fresh: dict) -> Optional[dict]:
@@ -743,10 +759,13 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
         if cur.get("phase") != st.RUNNING:
             return None  # ended (or restarted) since the tick began: never rescale a finished job
         auto = dict(cur.get("autoscale") or {})
-        if not spec.autoscale.enabled:
-            auto["lastEvaluation"] = {"time": st.iso(now), "decision": "disabled", **obs.record()}
+        mode = spec.autoscale.effective_mode
+        if mode != "planner":
+            auto["lastEvaluation"] = {"time": st.iso(now), "decision": "disabled" if mode == "off" else "external",
+                                      **obs.record()}
             return {"autoscale": auto}
-        decision = asc.decide(spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now)
+        decision = asc.decide(spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now,
+                              ready=ready)
         record = {"time": st.iso(now), "decision": decision.kind, "message": decision.message,
                   "actors": {str(g): n for g, n in sorted(decision.desired.items())}, **obs.record()}
         decided["decision"] = decision
@@ -755,6 +774,8 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
             return {"autoscale": auto}
         # Record the decision first (its time starts the cooldown), then act on it.
         auto.update({"lastRescaleTime": st.iso(now), "lastDecision": record})
+        if decision.kind in ("up", "down"):
+            auto[f"lastScale{decision.kind.capitalize()}Time"] = st.iso(now)
         reason = {"up": "ScaledUp", "down": "ScaledDown", "bounds": "Clamped"}[decision.kind]
         return {"autoscale": auto, "conditions": st.set_conditions(
             cur.get("conditions"), st.condition("Rescaled", True, reason, decision.message, now=now))}

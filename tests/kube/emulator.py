@@ -299,6 +299,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _changed: Optional[asyncio.Event] = attrs.field(default=None, init=False)
     # CRD resources: openAPIV3Schema for pruning, defaulting and validation on writes.
     _schemas: dict = attrs.field(factory=dict, init=False)
+    _scale_paths: dict = attrs.field(factory=dict, init=False)  # CRD resource -> its scale subresource paths
     _custom: set = attrs.field(factory=set, init=False)  # resources served for a CRD
     # What admission did to writes, for assertions (see operator_harness.operator_write_problems).
     pruned: list = attrs.field(factory=list, init=False)
@@ -381,6 +382,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self.declare(key, spec["names"]["kind"], spec["scope"] == "Namespaced", subs,
                          spec["names"].get("shortNames", ()))
             self._custom.add(kmock.resource(key))
+            if "scale" in v.get("subresources", {}):
+                self._scale_paths[kmock.resource(key)] = v["subresources"]["scale"]
             if validate:
                 self._schemas[kmock.resource(key)] = v["schema"]["openAPIV3Schema"]
 
@@ -435,6 +438,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _admit(self, res, obj: dict, old: Optional[dict], namespace: Optional[str], w: Write) -> dict:
         """What the API server does to a write between reading the body and storing it, in its
         order: decode (pruning, quantities), keep to the subresource, default, validate."""
+        if w.subresource == "scale" and old is not None and res in self._scale_paths:
+            obj = self._custom_scale(res, obj, old)
+            w = dataclasses.replace(w, subresource=None)
         self._decode(res, obj, namespace, w)
         obj = self._scope(res, obj, old, w)
         schema = self._schemas.get(res)
@@ -445,6 +451,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._check(res, obj, namespace, w, core_validation.validation_errors(self._kind(res), obj))
             self._warn_pod_ports(res, obj, old, w)
         return obj
+
+    def _custom_scale(self, res, new: dict, old: dict) -> dict:
+        """/scale of a custom resource: `spec.replicas` of the Scale goes to specReplicasPath."""
+        merged = copy.deepcopy(old)
+        node = merged
+        *parents, leaf = self._scale_paths[res]["specReplicasPath"].lstrip(".").split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                            message=f"{self._scale_paths[res]['specReplicasPath']} is not an object "
+                                                    "path of this object")
+        node[leaf] = (new.get("spec") or {}).get("replicas")
+        return merged
 
     def _decode(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
         """Decoding the body: a custom resource loses what its schema does not declare; a

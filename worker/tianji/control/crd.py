@@ -59,6 +59,11 @@ PRINTER_COLUMNS = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
+# HPA/KEDA scale actors per group through /scale: spec.topology.actors (an explicit topology;
+# with `topology: auto` the apiserver cannot read replicas), status written by the operator.
+SCALE = {"specReplicasPath": ".spec.topology.actors", "statusReplicasPath": ".status.actorReplicas",
+         "labelSelectorPath": ".status.actorSelector"}
+
 _DROP = {"title", "additionalProperties", "discriminator"}
 
 
@@ -298,6 +303,8 @@ def status_schema() -> dict:
                            "description": "when the numbers above were last counted"},
             "accounting": {**opaque, "description": "the counting state (restored after an operator restart)"},
             "autoscale": {**opaque, "description": "lastRescaleTime, lastDecision, lastEvaluation"},
+            "actorReplicas": {**count, "description": "actors per group (the scale subresource's replicas)"},
+            "actorSelector": {"type": "string", "description": "label selector of the actor pods (scale subresource)"},
             "restarts": {**count, "description": "container restarts of the job's pods (runPolicy.backoffLimit)"},
             "activeSince": {"type": "string", "format": "date-time",
                             "description": "creation or last resume: runPolicy.activeDeadlineSeconds counts from here"},
@@ -333,7 +340,7 @@ def crd_dict() -> dict:
                 "name": VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {"status": {}, "scale": SCALE},
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": schema},
             }],

@@ -295,13 +295,28 @@ class Network(_Model):
 
 
 class Autoscale(_Model):
-    enabled: bool = False
-    prometheus_url: Optional[str] = None
+    enabled: bool = Field(False, description="shorthand for mode: planner (when mode is unset)")
+    mode: Optional[Literal["planner", "external", "off"]] = Field(
+        None, description="planner: the operator rescales actors from throughput; external: HPA/KEDA/a person "
+                          "set actors (the scale subresource or the StatefulSets) and the operator adopts them; "
+                          "off: topology.actors. Unset: planner if enabled, else off")
+    prometheus_url: Optional[str] = Field(None, description="must match the operator's allow-list "
+                                                            "(chart operator.prometheusAllowList)")
     min_actors: int = Field(1, ge=1)
     max_actors: int = Field(64, ge=1)
     band: float = Field(0.15, ge=0, lt=1, description="hysteresis band on production/consumption")
-    cooldown_seconds: float = Field(60.0, ge=0)
+    cooldown_seconds: float = Field(60.0, ge=0, description="default of both cooldowns below")
+    scale_up_cooldown_seconds: Optional[float] = Field(None, ge=0, description="after any change, before adding")
+    scale_down_cooldown_seconds: Optional[float] = Field(None, ge=0, description="after any change, before removing")
     interval_seconds: float = Field(15.0, gt=0)
+
+    @property
+    def effective_mode(self) -> str:
+        return self.mode or ("planner" if self.enabled else "off")
+
+    def cooldown(self, direction: str) -> float:
+        own = self.scale_up_cooldown_seconds if direction == "up" else self.scale_down_cooldown_seconds
+        return self.cooldown_seconds if own is None else own
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscale":
