@@ -361,6 +361,78 @@ def _plan_summary_from(plan_json: Optional[dict]) -> str:
             f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")
 
 
+# ----------------------------------------------------------------- children kept whole
+# Children the monitor re-creates when deleted, besides pods and StatefulSets (which it sees
+# in its listing) and the ConfigMap (re-created from the job and status.plan).
+KEPT_WHOLE = ("Service", "NetworkPolicy", "PersistentVolumeClaim")
+
+
+async def _child_exists(op: Operator, kind: str, ns: Optional[str], name: str) -> bool:
+    # Literal kinds: tests/test_chart_rbac.py derives the RBAC rules from these calls.
+    if kind == "Service":
+        return await op.kube.get("Service", ns, name) is not None
+    if kind == "NetworkPolicy":
+        return await op.kube.get("NetworkPolicy", ns, name) is not None
+    if kind == "PersistentVolumeClaim":
+        return await op.kube.get("PersistentVolumeClaim", ns, name) is not None
+    raise ValueError(f"not a kept child: {kind}")
+
+
+def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
+    """The planned job rebuilt from the live spec and status.plan (as tianji.control.plan.resolve
+    builds it), for a ConfigMap that was deleted."""
+    try:
+        doc = parse_job(_manifest(body)).to_manifest()
+        doc["spec"]["topology"] = {"auto": False, **{k: int(v) for k, v in plan["topology"].items()}}
+        for role in ("actor", "buffer", "learner"):
+            rp = plan[role]
+            doc["spec"]["resources"][role] = {"cpu": rp["cpu"], "memory": rp["memory"], "gpu": rp["gpu"],
+                                              "threads": rp["threads"]}
+        return TianJiJob.model_validate(doc)
+    except (SpecError, KeyError, TypeError, ValueError):
+        return None
+
+
+async def _recreate_configmap(op: Operator, body: Any, plan: dict, logger: logging.Logger) -> Optional[dict]:
+    resolved = _resolved_from_plan(body, plan)
+    if resolved is None:
+        logger.warning("the job's ConfigMap is gone and cannot be rebuilt from its spec and status.plan")
+        return None
+    obj = b.configmap(resolved, parse_job(_manifest(body)).spec, body["metadata"].get("generation") or 0, plan)
+    got, created = await op.kube.ensure(_adopt(obj, body))
+    if created:
+        kopf.warn(body, reason="Recreated", message=f"ConfigMap/{obj['metadata']['name']} (from the spec and "
+                                                    "status.plan)")
+    return got
+
+
+async def _reconcile_manual_scaling(op: Operator, body: Any, resolved: TianJiJob, sets: dict,
+                                    logger: logging.Logger) -> None:
+    """autoscale.mode off: actor StatefulSets have spec.topology.actors replicas; a manual
+    `kubectl scale sts` is set back (Warning event ScaleReconciled). external: adopted
+    (never touched); planner: the autoscaler's next decision applies."""
+    if resolved.spec.autoscale.effective_mode != "off":
+        return
+    want = resolved.spec.topology.actors
+    try:
+        live = parse_job(_manifest(body)).spec
+    except SpecError:
+        return
+    if live.autoscale.effective_mode != "off" or (not live.topology.auto and live.topology.actors != want):
+        return  # an edit the update handler is applying right now
+    back = []
+    for g, s in sets.items():
+        have = int(((s or {}).get("spec") or {}).get("replicas") or 0) if s is not None else None
+        if have is not None and have != want:
+            await op.kube.patch("StatefulSet", body["metadata"].get("namespace"), actor_set_name(
+                body["metadata"]["name"], g), {"spec": {"replicas": want}})
+            back.append(f"group {g}: {have} -> {want}")
+    if back:
+        kopf.warn(body, reason="ScaleReconciled", message=("actor replicas set back to spec.topology.actors "
+                                                           "(autoscale.mode off; use mode external to let "
+                                                           "another scaler own them): " + ", ".join(back))[:900])
+
+
 # ----------------------------------------------------------------- refused creations, suspension
 def _refused_for_good(e: ApiError) -> bool:
     """A create that retrying cannot fix: admission (Pod Security, policy webhooks) refused it
@@ -491,6 +563,8 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
     if not status.get("plan"):
         return  # not reconciled yet (the children may be being created)
     cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
+    if cm is None and status.get("phase") not in st.TERMINAL:
+        cm = await _recreate_configmap(op, body, status["plan"], logger)
     if cm is None:
         return
     _, resolved = _applied(cm)
@@ -555,7 +629,8 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         for obj in expected:
             kind, oname = obj["kind"], obj["metadata"]["name"]
             missing = (kind == "Pod" and oname not in by_name) or (
-                kind == "StatefulSet" and sets.get(int(obj["metadata"]["labels"][b.LABEL_GROUP])) is None)
+                kind == "StatefulSet" and sets.get(int(obj["metadata"]["labels"][b.LABEL_GROUP])) is None) or (
+                kind in KEPT_WHOLE and not await _child_exists(op, kind, ns, oname))
             if missing:
                 if kind == "StatefulSet" and resolved.spec.autoscale.effective_mode == "planner":
                     a = resolved.spec.autoscale
@@ -570,6 +645,7 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         logger.warning("monitor: %s", e)
     if recreated:
         kopf.warn(body, reason="Recreated", message=", ".join(recreated)[:900])
+    await _reconcile_manual_scaling(op, body, resolved, sets, logger)
 
     groups, actors = st.summarize(topo, pods, sets, b.LABEL_ROLE, b.LABEL_GROUP)
     want_fixed = topo.groups * (topo.learners + topo.buffers)
