@@ -316,3 +316,19 @@ async def test_manual_scaling_of_actors_is_set_back(kube, operator):
                      what="replicas set back to 3")
     ev = await eventually(lambda: events(kube, "ScaleReconciled"))
     assert "group 0: 7 -> 3" in ev[0]["message"]
+
+
+async def test_the_apiserver_refuses_changing_an_immutable_field(kube, operator):
+    """CEL transition rules (self == oldSelf) on spec.env.id, spec.algorithm.name, spec.image."""
+    await kube.create_job(job_manifest("cartpole"))
+    await created(kube)
+    for patch, field in (({"env": {"id": "Acrobot-v1"}}, "spec.env.id"),
+                         ({"algorithm": {"name": "dqn"}}, "spec.algorithm.name"),
+                         ({"image": "tianji-worker:0.2.0"}, "spec.image")):
+        code, out = await kube.api("PATCH", f"/apis/tianji.dev/v1alpha1/namespaces/{NAMESPACE}/tianjijobs/cartpole",
+                                   {"spec": patch})
+        assert code == 422, (patch, out)
+        assert f"{field}: Invalid value" in out["message"] and "is immutable" in out["message"]
+    assert job(kube)["metadata"]["generation"] == 1
+    # A mutable edit goes through.
+    await kube.patch_job("cartpole", {"spec": {"topology": {"actors": 4}}})

@@ -446,7 +446,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         schema = self._schemas.get(res)
         if schema is not None:
             obj = apply_defaults(obj, schema)
-            self._check(res, obj, namespace, w, structural.validation_errors(obj, schema))
+            errors = structural.validation_errors(obj, schema)
+            if old is not None and w.subresource is None:
+                errors += structural.transition_errors(obj, old, schema)
+            self._check(res, obj, namespace, w, errors)
         elif w.subresource is None:
             self._check(res, obj, namespace, w, core_validation.validation_errors(self._kind(res), obj))
             self._warn_pod_ports(res, obj, old, w)

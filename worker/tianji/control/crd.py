@@ -35,13 +35,13 @@ from typing import Any
 import yaml
 
 from tianji.control.accounting import STATUS_RATE_KEYS
-from tianji.control.spec import API_VERSION, JOB_NAME_PATTERN, KIND, JobSpec
+from tianji.control.spec import API_VERSION, JOB_NAME_PATTERN, KIND, JobSpec, immutable
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "tianjijobs"
 SINGULAR = "tianjijob"
 SHORT_NAMES = ["tjj"]
-CATEGORIES = ["tianji"]
+CATEGORIES = ["tianji", "all"]  # `kubectl get all` lists jobs too
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 # Printer columns read these status fields (written by the operator, see docs/operator.md).
@@ -56,7 +56,19 @@ PRINTER_COLUMNS = [
     {"name": "Mean return", "type": "number", "jsonPath": ".status.meanReturn",
      "description": "mean of the last 100 finished episodes (summary.json mean_return)"},
     {"name": "Policy version", "type": "integer", "jsonPath": ".status.policyVersion"},
+    {"name": "Start", "type": "date", "jsonPath": ".status.startTime",
+     "description": "when every learner and buffer first ran"},
+    {"name": "End", "type": "date", "jsonPath": ".status.completionTime"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide
+    {"name": "Groups", "type": "integer", "jsonPath": ".status.plan.groups", "priority": 1},
+    {"name": "Learners", "type": "integer", "jsonPath": ".status.plan.learners", "priority": 1,
+     "description": "learners per group"},
+    {"name": "Policy lag", "type": "number", "jsonPath": ".status.policyLag.mean", "priority": 1,
+     "description": "mean lag of consumed samples, in learner versions"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Failed\")].reason",
+     "priority": 1},
 ]
 
 # HPA/KEDA scale actors per group through /scale: spec.topology.actors (an explicit topology;
@@ -159,7 +171,8 @@ def _merge_union(node: dict, defs: dict, path: str) -> dict:
         "type": "object",
         "description": desc,
         "required": [disc],
-        "properties": {disc: {"type": "string", "enum": tags, "description": "algorithm variant"}, **props},
+        "properties": {disc: {"type": "string", "enum": tags, "description": "algorithm variant",
+                              "x-kubernetes-validations": [immutable(f"algorithm.{disc}")]}, **props},
     }
 
 

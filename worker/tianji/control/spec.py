@@ -70,6 +70,13 @@ def quantity_value(q: str) -> Decimal:
         raise ValueError(f"{q!r} is out of range") from None
 
 
+def immutable(field: str) -> dict:
+    """A CEL transition rule for the CRD (Kubernetes >= 1.25): the apiserver refuses the change.
+    The operator refuses every other immutable change itself (ImmutableFieldChanged)."""
+    return {"rule": "self == oldSelf",
+            "message": f"{field} is immutable: delete and re-create the job to change it"}
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_assignment=True
@@ -126,7 +133,8 @@ Algorithm = Annotated[Union[PPOConfig, DQNConfig], Field(discriminator="name")]
 
 # ----------------------------------------------------------------- env, model
 class EnvConfig(_Model):
-    id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5")
+    id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5",
+                    json_schema_extra={"x-kubernetes-validations": [immutable("env.id")]})
     num_envs: int = Field(8, ge=1, le=4096, description="vectorised envs per actor")
     fragment_length: int = Field(32, ge=1, le=10_000, description="steps per env in one fragment")
     seed: int = Field(1, ge=0)
@@ -478,7 +486,8 @@ class JobSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     network: Network = Field(default_factory=Network)
     autoscale: Autoscale = Field(default_factory=Autoscale)
-    image: str = Field("tianji-worker:0.1.0", min_length=1, json_schema_extra={"pattern": IMAGE_PATTERN},
+    image: str = Field("tianji-worker:0.1.0", min_length=1,
+                       json_schema_extra={"pattern": IMAGE_PATTERN, "x-kubernetes-validations": [immutable("image")]},
                        description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0")
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     pods: Pods = Field(default_factory=Pods)
