@@ -47,6 +47,7 @@ from .kube import ApiError, KubeClient
 from .metrics import OperatorMetrics
 
 FINALIZER = "tianji.dev/finalizer"
+RELEASED = "tianji.dev/released"  # set on a job: the operator lets go of it (no finalizer, no handling)
 # Spec fields that may change on a running job. Everything else is fixed at creation:
 # pods, their requests and the workers' view of the job would be half old, half new.
 MUTABLE = ("spec.topology.actors", "spec.autoscale.", "spec.runPolicy.")
@@ -902,7 +903,9 @@ def login(op: Operator, settings: kopf.OperatorSettings) -> Any:
 def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] = None,
              metrics: Optional[OperatorMetrics] = None) -> Operator:
     op = Operator(config or OperatorConfig.from_env(), metrics)
-    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+    # A job annotated RELEASED (helm uninstall's hook, docs/kubernetes.md) matches no handler:
+    # Kopf then removes its finalizer itself, and the job no longer blocks CRD/namespace deletion.
+    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry, annotations={RELEASED: kopf.ABSENT})
     backoff = op.config.handler_backoff
 
     @kopf.on.startup(registry=registry)
