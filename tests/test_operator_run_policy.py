@@ -252,3 +252,23 @@ async def test_a_recreated_learner_mounts_the_same_checkpoint_claim(kube):
         claim = {"name": "state", "persistentVolumeClaim": {"claimName": "cartpole-checkpoints"}}
         assert claim in new["spec"]["volumes"] and claim in old["spec"]["volumes"]
     assert_rbac_covers(kube)
+
+
+async def test_actor_pods_the_statefulset_cannot_create_show_in_status(env):
+    """Admission refusing the StatefulSet's pods: the controller's FailedCreate event becomes the
+    job's Ready condition and one Warning event of the job."""
+    kube, clock, op = env
+    await kube.create_job(job_manifest("cartpole", {"network": {"hostNetwork": True}}))
+    await created(kube)
+    why = ('create Pod cartpole-actor-0-0 in StatefulSet cartpole-actor-0 failed error: pods "cartpole-actor-0-0" '
+           'is forbidden: violates PodSecurity "baseline:latest": host namespaces (hostNetwork=true)')
+    sts = children(kube)["StatefulSet", "cartpole-actor-0"]
+    await kube.put_object("v1/events", {
+        "apiVersion": "v1", "kind": "Event", "metadata": {"name": "cartpole-actor-0.1", "namespace": NAMESPACE},
+        "involvedObject": {"kind": "StatefulSet", "name": "cartpole-actor-0", "namespace": NAMESPACE,
+                           "uid": sts["metadata"]["uid"], "apiVersion": "apps/v1"},
+        "reason": "FailedCreate", "type": "Warning", "message": why, "source": {"component": "statefulset-controller"}})
+    await eventually(lambda: cond(kube, "Ready")["reason"] == "FailedCreate", what="Ready=False FailedCreate")
+    assert why in cond(kube, "Ready")["message"] and "enforce=privileged" in cond(kube, "Ready")["message"]
+    await eventually(lambda: [e for e in events(kube, "FailedCreate") if e.get("source", {}).get("component")
+                              != "statefulset-controller"], what="the job's FailedCreate event")

@@ -500,6 +500,34 @@ def _count_restarts(mem: JobMemory, pods: list[dict]) -> tuple[int, str]:
     return sum(mem.restarts.values()), last
 
 
+async def _failed_creates(op: Operator, body: Any, groups: list[dict]) -> list[str]:
+    """The StatefulSet controller's FailedCreate events of groups short of actors (e.g. admission
+    refused the actor pods): what went wrong, once as a Warning event of the job too."""
+    ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    mem = op.memory(ns, name)
+    out = []
+    for e in groups:
+        if e["actors"]["ready"] >= e["actors"]["desired"]:
+            continue
+        sts = actor_set_name(name, e["group"])
+        events = await op.kube.list("Event", ns, field_selector=(
+            f"involvedObject.kind=StatefulSet,involvedObject.name={sts},reason=FailedCreate"))
+        if not events:
+            continue
+        last = max(events, key=lambda ev: (ev.get("lastTimestamp") or ev.get("eventTime") or "",
+                                          ev["metadata"].get("resourceVersion", "")))
+        message = f"StatefulSet {sts}: {last.get('message') or 'FailedCreate'}"
+        rp_net = _run_policy(body, None) and parse_job(_manifest(body)).spec.network
+        if "violates PodSecurity" in message and rp_net and (rp_net.host_network or rp_net.rdma):
+            message += f"; {PRIVILEGED_HINT}"
+        out.append(message)
+        key = f"failedcreate/{last['metadata'].get('uid') or last['metadata']['name']}"
+        if key not in mem.warned:
+            mem.warned.add(key)
+            kopf.warn(body, reason="FailedCreate", message=message[:900])
+    return out
+
+
 def _unschedulable(pods: list[dict]) -> list[tuple[str, str]]:
     """(pod, scheduler message) of the pods the scheduler cannot place."""
     out = []
@@ -657,8 +685,11 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         if f"unschedulable/{pod_name}" not in mem.warned:
             mem.warned.add(f"unschedulable/{pod_name}")
             kopf.warn(body, reason="Unschedulable", message=f"pod {pod_name}: {why}"[:900])
+    refused = [] if ready else await _failed_creates(op, body, groups)
     if ready:
         conds = [st.condition("Ready", True, "AllPodsReady", f"actors {actors} ready", now=now, generation=gen)]
+    elif refused:
+        conds = [st.condition("Ready", False, "FailedCreate", "; ".join(refused)[:1000], now=now, generation=gen)]
     elif stuck:
         conds = [st.condition("Ready", False, "Unschedulable", "; ".join(f"pod {p}: {w}" for p, w in stuck)[:1000],
                               now=now, generation=gen)]

@@ -18,7 +18,8 @@ RULES: list[dict] = [
     # update the owner's finalizers.
     {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs/finalizers"], "verbs": ["update"]},
     # Kopf: Events for kubectl describe (kopf.info/warn).
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # list: the StatefulSet controller's FailedCreate events for actor pods it cannot create.
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]},
     # Kopf: discovery of the CRD (it may be installed after the operator) and of namespaces.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
