@@ -475,12 +475,20 @@ async def _delete_role_pods(op: Operator, ns: Optional[str], name: str) -> list[
     return gone
 
 
-def _run_policy(body: Any, resolved: Optional[TianJiJob]) -> Optional[RunPolicy]:
-    """The live spec's run policy (mutable: the job object is ahead of the ConfigMap)."""
+def _live_spec(body: Any) -> Optional[JobSpec]:
+    """The job object's spec (ahead of the ConfigMap for mutable fields), None if invalid."""
     try:
-        return parse_job(_manifest(body)).spec.run_policy
+        return parse_job(_manifest(body)).spec
     except SpecError:
-        return resolved.spec.run_policy if resolved is not None else None
+        return None
+
+
+def _run_policy(body: Any, resolved: Optional[TianJiJob]) -> Optional[RunPolicy]:
+    """The live spec's run policy, else the applied one's (None: neither is readable)."""
+    live = _live_spec(body)
+    if live is not None:
+        return live.run_policy
+    return resolved.spec.run_policy if resolved is not None else None
 
 
 def _count_restarts(mem: JobMemory, pods: list[dict]) -> tuple[int, str]:
@@ -517,8 +525,8 @@ async def _failed_creates(op: Operator, body: Any, groups: list[dict]) -> list[s
         last = max(events, key=lambda ev: (ev.get("lastTimestamp") or ev.get("eventTime") or "",
                                           ev["metadata"].get("resourceVersion", "")))
         message = f"StatefulSet {sts}: {last.get('message') or 'FailedCreate'}"
-        rp_net = _run_policy(body, None) and parse_job(_manifest(body)).spec.network
-        if "violates PodSecurity" in message and rp_net and (rp_net.host_network or rp_net.rdma):
+        live = _live_spec(body)
+        if "violates PodSecurity" in message and live and (live.network.host_network or live.network.rdma):
             message += f"; {PRIVILEGED_HINT}"
         out.append(message)
         key = f"failedcreate/{last['metadata'].get('uid') or last['metadata']['name']}"
