@@ -88,7 +88,7 @@ def test_default_render_objects():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
-                            "ConfigMap"]), kinds
+                            "ConfigMap", "Job"]), kinds  # Job: the uninstall hook
     for d in docs:
         if d["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert d["metadata"]["namespace"] == NAMESPACE, d["metadata"]
@@ -225,6 +225,9 @@ def test_operator_cli_and_config_accept_what_the_chart_passes(variant):
         assert (cfg.monitor_interval, cfg.autoscale_tick, cfg.handler_backoff, cfg.promql_window) == (5, 2.5, 3, "2m")
         assert cfg.metrics_scrapers == CUSTOM["operator"]["metricsScrapers"]
         assert cfg.promql_namespace_label == "kubernetes_namespace"
+        assert cfg.prometheus_allowed == ["http://kube-prometheus-stack-prometheus.monitoring:9090"]
+        assert cfg.worker_defaults.model_dump(by_alias=True, exclude_none=True) == CUSTOM["operator"]["workerDefaults"] | {
+            "tolerations": [{**CUSTOM["operator"]["workerDefaults"]["tolerations"][0]}]}
         assert args.verbose
         assert _image(docs) == "registry.example.com/ml/tianji-operator:0.1.0-rc1"
         assert c["imagePullPolicy"] == "Always"
@@ -313,3 +316,37 @@ def test_dashboard_configmap_embeds_the_dashboard():
         assert json.loads(cm["data"]["tianji.json"]) == json.loads(DASHBOARD.read_text())
     assert one(render(CUSTOM), "ConfigMap")["metadata"]["namespace"] == "monitoring"
     assert not by_kind(render({"dashboard": {"enabled": False}}), "ConfigMap")
+
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_uninstall_hook_releases_the_jobs_as_the_operator(variant):
+    """helm uninstall runs tianji_operator.release (pre-delete) with the operator's ServiceAccount,
+    whose rules cover what it calls (it lives in the operator package: test_chart_rbac derives them)."""
+    from tianji_operator.release import build_parser
+
+    docs = render(VARIANTS[variant])
+    hooks = [d for d in docs if d["kind"] == "Job"]
+    if not merged_values(VARIANTS[variant])["rbac"]["create"]:
+        assert hooks == []  # the ServiceAccount may not be allowed to: a failing hook blocks helm uninstall
+        return
+    (hook,) = hooks
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = hook["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["python", "-m", "tianji_operator.release"]
+    args = build_parser().parse_args(c["args"])
+    values = merged_values(VARIANTS[variant])
+    if values["rbac"]["scope"] == "namespaced":
+        assert args.namespace == (values["watchNamespaces"] or [NAMESPACE])
+    else:
+        assert args.namespace == []
+    assert args.wait == 60 and not args.delete_jobs
+
+
+def test_uninstall_hook_options():
+    docs = render({"uninstall": {"deleteJobs": True, "waitSeconds": 5}})
+    (hook,) = [d for d in docs if d["kind"] == "Job"]
+    assert "--delete-jobs" in hook["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [d for d in render({"uninstall": {"releaseJobs": False}}) if d["kind"] == "Job"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import glob
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def test_names_scope_and_subresources():
     assert spec["names"]["plural"] == "tianjijobs" and spec["names"]["shortNames"] == ["tjj"]
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"]["status"] == {} and set(version["subresources"]) == {"status", "scale"}
     # Every status field is declared (a real apiserver prunes undeclared ones); only opaque records
     # keep unknown fields.
     status = _schema()["properties"]["status"]
@@ -52,20 +53,41 @@ def test_names_scope_and_subresources():
     assert {k for k, v in status["properties"].items() if v.get("x-kubernetes-preserve-unknown-fields")} == {
         "plan", "accounting", "autoscale"}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Phase", "Actors", "Frames", "Frames/s", "Episodes", "Mean return", "Policy version", "Age"]
+    assert names == ["Phase", "Actors", "Frames", "Frames/s", "Episodes", "Mean return", "Policy version", "Start",
+                     "End", "Age", "Groups", "Learners", "Policy lag", "Restarts", "Reason"]
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == ["Groups", "Learners", "Policy lag", "Restarts", "Reason"]  # kubectl get tjj -o wide
+    assert "all" in spec["names"]["categories"]  # kubectl get all
 
 
 def test_printer_columns_point_at_declared_status_fields():
     status = _schema()["properties"]["status"]
     for col in PRINTER_COLUMNS:
-        parts = col["jsonPath"].lstrip(".").split(".")
+        parts = re.findall(r"[^.\[]+(?:\[[^\]]*\])?", col["jsonPath"])  # dots outside [?(...)] filters
         if parts[0] == "metadata":
             continue
         node = _schema()
         for p in parts:
-            node = node["properties"][p]
-        assert node["type"] == {"date": "string"}.get(col["type"], col["type"]), col
+            node = node["properties"][p.split("[")[0]]
+            if "[" in p:  # conditions[?(@.type=="Failed")].reason
+                node = node["items"]
+            if node.get("x-kubernetes-preserve-unknown-fields"):
+                break  # status.plan: an opaque record (the planner's output, tianji.control.plan)
+        else:
+            assert node["type"] == {"date": "string"}.get(col["type"], col["type"]), col
     assert status["type"] == "object"
+
+
+def test_plan_columns_name_fields_the_plan_has():
+    from tianji.control.plan import resolve
+    from tianji.control.spec import parse_job
+    from tianji_operator.status import camel_keys
+
+    _, plan = resolve(parse_job({"metadata": {"name": "a"}, "spec": {"topology": {"groups": 2}}}))
+    record = camel_keys(plan.to_json())
+    assert (record["groups"], record["learners"]) == (2, 1)
+    assert {c["jsonPath"] for c in PRINTER_COLUMNS if c["jsonPath"].startswith(".status.plan.")} == {
+        ".status.plan.groups", ".status.plan.learners"}
 
 
 # ----------------------------------------------------------------- structurality
@@ -120,8 +142,16 @@ def test_schema_is_structural():
     text = crd_yaml()
     for word in ("$ref", "anyOf", "oneOf", "allOf", "title:", "const:"):
         assert word not in text, word
-    # additionalProperties only as a map's value schema (never beside properties): the spec has none.
-    assert "additionalProperties" not in yaml.safe_dump(_schema()["properties"]["spec"])
+    # additionalProperties only as a map's value schema, never beside properties.
+    def maps(node, path):
+        if isinstance(node, dict):
+            if "additionalProperties" in node:
+                assert "properties" not in node, path
+                yield path
+            for k, v in node.items():
+                yield from maps(v, f"{path}.{k}")
+    assert sorted(maps(_schema()["properties"]["spec"], "spec")) == [
+        f"spec.properties.pods.properties.{r}.properties.nodeSelector" for r in ("actor", "all", "buffer", "learner")]
 
 
 # ----------------------------------------------------------------- instances
@@ -179,7 +209,7 @@ def test_valid_instances_pass(spec):
     ({"network": {"rdma": "hca_shared_devices_a"}}, "rdma"),
     ({"image": "registry.example.com/TianJi:0.1.0"}, "image"),
     ({"autoscale": {"band": 1.0}}, "band"),
-    ({"cleanPodPolicy": "Sometimes"}, "cleanPodPolicy"),
+    ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "runPolicy/cleanPodPolicy"),
 ])
 def test_invalid_instances_fail(spec, where):
     with pytest.raises(jsonschema.ValidationError) as err:

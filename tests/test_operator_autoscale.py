@@ -135,7 +135,7 @@ async def env():
         kube = await start_cluster(stack)
         prom = await stack.enter_async_context(FakePrometheus())
         clock = FakeClock()
-        op = await stack.enter_async_context(RunningOperator(kube, clock=clock))
+        op = await stack.enter_async_context(RunningOperator(kube, clock=clock, prometheus_allowed=[prom.url]))
         yield kube, prom, clock, op
     calls = kube.api_calls("kopf/") | kube.api_calls("tianji-operator")
     assert all(rbac.allows(*c) for c in calls), sorted(c for c in calls if not rbac.allows(*c))
@@ -192,6 +192,7 @@ async def test_scale_up_cooldown_and_again(env):
     await eventually(lambda: [e for e in kube.live("v1/events") if e.get("reason") == "Rescaled"])
     assert any('job="cartpole"' in q and f'namespace="{NAMESPACE}"' in q for q in prom.queries)
 
+    await run_pods(kube, "cartpole")  # the 4 new actors become ready
     clock.advance(10)  # still short of production, but inside the 30 s cooldown
     rec = await _evaluated(kube, clock, "cooldown")
     assert _replicas(kube) == 6 and "cooldown" in rec["message"]
@@ -352,3 +353,106 @@ async def test_an_operator_restart_continues_the_count():
             s = _status(kube)
         assert (s["envFrames"], s["episodes"]) == (1040, 11)  # 500 + 500 before, + 40 from the new incarnation
         assert s["meanReturn"] == pytest.approx((10 * 5.0 + 7.0) / 11)
+
+
+
+async def test_no_actors_are_added_while_new_ones_are_pending(env):
+    kube, prom, clock, op = env
+    await _running_job(kube, prom, {"cooldownSeconds": 0}, clock=clock)
+    prom.values.update(produced={0: 500}, received={0: 500}, consumed={0: 2000})
+    clock.advance(10)
+    await _evaluated(kube, clock, "up")
+    await eventually(lambda: _replicas(kube) == 6, what="6 actors")
+    for _ in range(3):  # 4 of the 6 never become ready (e.g. no node fits them): no more are added
+        clock.advance(10)
+        rec = await _evaluated(kube, clock, "pending")
+        assert _replicas(kube) == 6 and "group 0: 4 of 6 not ready" in rec["message"]
+    await run_pods(kube, "cartpole")
+    clock.advance(10)
+    await _evaluated(kube, clock, "up")
+    await eventually(lambda: _replicas(kube) == 10, what="10 actors")
+
+
+def test_scale_up_and_down_have_their_own_cooldowns():
+    spec = _spec(scaleUpCooldownSeconds=10, scaleDownCooldownSeconds=300)
+    assert asc.decide(spec, _obs(500, 2000, 2), {0: 2}, last_rescale=80.0, now=100.0).kind == "up"
+    d = asc.decide(_spec(scaleUpCooldownSeconds=10, scaleDownCooldownSeconds=300, minActors=3),
+                   _obs(8000, 2000, 4), {0: 4}, last_rescale=80.0, now=100.0)
+    assert d.kind == "cooldown" and "scale-down cooldown 300 s" in d.message
+    assert asc.decide(_spec(cooldownSeconds=5), _obs(500, 2000, 2), {0: 2}, 80.0, 100.0).kind == "up"  # default
+
+
+def test_prometheus_urls_must_lie_under_the_allow_list():
+    allowed = ["http://prometheus.monitoring:9090", "https://thanos.example.com/query/"]
+    ok = ["http://prometheus.monitoring:9090", "http://prometheus.monitoring:9090/",
+          "https://thanos.example.com/query/tenant-a"]
+    bad = ["http://prometheus.monitoring:9091", "http://169.254.169.254/latest/meta-data",
+           "http://user:pw@prometheus.monitoring:9090", "https://thanos.example.com/queryx",
+           "file:///etc/passwd", "http://prometheus.monitoring.evil.com:9090", "not a url", ""]
+    assert [u for u in ok if not asc.prometheus_allowed(u, allowed)] == []
+    assert [u for u in bad if asc.prometheus_allowed(u, allowed)] == []
+    assert not asc.prometheus_allowed("http://prometheus.monitoring:9090", [])
+
+
+async def test_a_prometheus_url_outside_the_allow_list_is_never_requested():
+    async with contextlib.AsyncExitStack() as stack:
+        kube = await start_cluster(stack)
+        prom = await stack.enter_async_context(FakePrometheus())
+        clock = FakeClock()
+        await stack.enter_async_context(RunningOperator(kube, clock=clock))  # empty allow-list
+        await _running_job(kube, prom, {}, clock=None)
+        ev = await eventually(lambda: [e for e in kube.live("v1/events") if e.get("reason") == "PrometheusNotAllowed"],
+                              what="a PrometheusNotAllowed event")
+        assert prom.url in ev[0]["message"] and ev[0]["type"] == "Warning"
+        for _ in range(3):
+            clock.advance(10)
+            await _counted(kube, clock)
+        assert prom.queries == []
+
+
+async def test_external_mode_adopts_replicas_set_by_another_scaler(env):
+    kube, prom, clock, op = env
+    await _running_job(kube, prom, {"mode": "external", "minActors": 1, "maxActors": 4}, clock=clock)
+    code, _ = await kube.api("PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/cartpole-actor-0/scale",
+                             {"spec": {"replicas": 9}})  # KEDA/HPA on the StatefulSet, beyond maxActors
+    assert code == 200
+    prom.values.update(produced={0: 500}, received={0: 500}, consumed={0: 2000})
+    clock.advance(10)
+    rec = await _evaluated(kube, clock, "external")
+    assert _replicas(kube) == 9 and "actors" not in rec
+    # A restart (resume handler) keeps what the external scaler set.
+    async with RunningOperator(kube, clock=clock, prometheus_allowed=[prom.url]) as second:
+        await eventually(lambda: second.metrics.value("tianji_operator_reconciles_total", handler="resume",
+                                                      result="ok") >= 0 and _replicas(kube) == 9)
+        await eventually(lambda: second.metrics.value("tianji_operator_reconciles_total", handler="resume",
+                                                      result="ok") == 1, what="the resume handler")
+    assert _replicas(kube) == 9
+
+
+async def test_the_scale_subresource_drives_actors_per_group(env):
+    """HPA/KEDA on the TianJiJob: /scale sets spec.topology.actors; status carries what they read."""
+    kube, prom, clock, op = env
+    await kube.create_job(job_manifest("cartpole", {"autoscale": {"mode": "external"},
+                                                     "topology": {"groups": 2, "actors": 2}}))
+    await eventually(lambda: kube.obj(STS, NAMESPACE, "cartpole-actor-1")
+                     and kube.obj("v1/pods", NAMESPACE, "cartpole-buffer-1-0"), what="both groups")
+    await run_pods(kube, "cartpole")
+    await eventually(lambda: _status(kube).get("actorReplicas") == 2, what="status.actorReplicas")
+    assert _status(kube)["actorSelector"] == "tianji.dev/job=cartpole,tianji.dev/role=actor"
+    code, out = await kube.api("PATCH", f"/apis/tianji.dev/v1alpha1/namespaces/{NAMESPACE}/tianjijobs/cartpole/scale",
+                               {"spec": {"replicas": 5}})
+    assert code == 200, out
+    assert kube.obj(JOBS, NAMESPACE, "cartpole")["spec"]["topology"]["actors"] == 5
+    await eventually(lambda: _replicas(kube, 0) == 5 and _replicas(kube, 1) == 5, what="5 actors in each group")
+    await eventually(lambda: _status(kube).get("actorReplicas") == 5, what="status.actorReplicas 5")
+
+
+def test_the_crd_declares_the_scale_subresource():
+    from tianji.control.crd import crd_dict
+
+    (version,) = crd_dict()["spec"]["versions"]
+    scale = version["subresources"]["scale"]
+    assert scale == {"specReplicasPath": ".spec.topology.actors", "statusReplicasPath": ".status.actorReplicas",
+                     "labelSelectorPath": ".status.actorSelector"}
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["actorReplicas"]["type"] == "integer" and status["actorSelector"]["type"] == "string"

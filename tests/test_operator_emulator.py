@@ -68,10 +68,11 @@ async def test_status_subresource_and_crd_admission(kube):
                                job_manifest("bad", {"topology": {"actors": 0}}))
     assert code == 422 and "spec.topology.actors" in err["message"]
     base = f"/apis/tianji.dev/v1alpha1/namespaces/{NAMESPACE}/tianjijobs/j"
-    _, out = await kube.api("PATCH", base, {"status": {"phase": "Running"}, "spec": {"image": "i:2"}})
-    assert "status" not in out and out["spec"]["image"] == "i:2"
-    _, out = await kube.api("PATCH", base + "/status", {"status": {"phase": "Running"}, "spec": {"image": "i:3"}})
-    assert out["status"] == {"phase": "Running"} and out["spec"]["image"] == "i:2"
+    _, out = await kube.api("PATCH", base, {"status": {"phase": "Running"}, "spec": {"autoscale": {"maxActors": 9}}})
+    assert "status" not in out and out["spec"]["autoscale"]["maxActors"] == 9
+    _, out = await kube.api("PATCH", base + "/status", {"status": {"phase": "Running"},
+                                                        "spec": {"autoscale": {"maxActors": 3}}})
+    assert out["status"] == {"phase": "Running"} and out["spec"]["autoscale"]["maxActors"] == 9
 
 
 async def test_selectors_namespaces_and_garbage_collection(kube):

@@ -94,7 +94,7 @@ def test_conditions_keep_their_transition_time_until_they_flip():
 
 def test_which_fields_may_change_on_a_created_job():
     assert handlers.is_mutable("spec.topology.actors") and handlers.is_mutable("spec.autoscale.maxActors")
-    assert handlers.is_mutable("spec.cleanPodPolicy")
+    assert handlers.is_mutable("spec.runPolicy.cleanPodPolicy") and handlers.is_mutable("spec.runPolicy.suspend")
     for path in ("spec.topology.groups", "spec.env.numEnvs", "spec.image", "spec.autoscaleX", "spec.resources.cpus"):
         assert not handlers.is_mutable(path)
     assert st.diff_paths({"a": {"b": 1, "c": [1]}}, {"a": {"b": 2, "c": [1], "d": 3}}) == [

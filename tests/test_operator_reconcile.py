@@ -192,13 +192,13 @@ async def test_an_impossible_plan_fails_with_the_field_path(kube, operator):
 async def test_changing_actors_rescales_the_statefulset(kube, operator):
     await kube.create_job(job_manifest("cartpole"))
     await created(kube)
-    await kube.patch_job("cartpole", {"spec": {"topology": {"actors": 5}, "cleanPodPolicy": "All"}})
+    await kube.patch_job("cartpole", {"spec": {"topology": {"actors": 5}, "runPolicy": {"cleanPodPolicy": "All"}}})
     await eventually(lambda: children(kube)["StatefulSet", "cartpole-actor-0"]["spec"]["replicas"] == 5,
                      what="5 replicas")
     cm = await eventually(lambda: (c := children(kube)["ConfigMap", "cartpole-job"]) and
                           '"actors":5' in c["metadata"]["annotations"][b.ANNOTATION_SPEC] and c)
     planned = parse_job(yaml.safe_load(cm["data"]["job.yaml"]))
-    assert planned.spec.topology.actors == 5 and planned.spec.clean_pod_policy == "All"
+    assert planned.spec.topology.actors == 5 and planned.spec.run_policy.clean_pod_policy == "All"
     await eventually(lambda: status(kube).get("observedGeneration") == 2)
     assert cond(kube, "Planned")["status"] == "True"
 
@@ -244,7 +244,7 @@ async def test_an_invalid_edit_of_a_created_job_keeps_it_running(kube, operator)
     ("None", {"cartpole-learner-0-0", "cartpole-buffer-0-0"}),
 ])
 async def test_completed_learners_end_the_job_per_clean_pod_policy(kube, operator, policy, left):
-    await kube.create_job(job_manifest("cartpole", {"cleanPodPolicy": policy}))
+    await kube.create_job(job_manifest("cartpole", {"runPolicy": {"cleanPodPolicy": policy}}))
     await created(kube)
     await run_pods(kube, "cartpole")
     await eventually(lambda: status(kube).get("phase") == "Running")
@@ -275,3 +275,60 @@ async def test_delete_releases_the_finalizer_and_the_children_go(kube, operator)
     await eventually(lambda: job(kube) is None, what="the job gone (finalizer released)")
     assert children(kube) == {}  # garbage-collected through ownerReferences
     assert operator.metrics.value("tianji_operator_reconciles_total", handler="delete", result="ok") == 1
+
+
+# ----------------------------------------------------------------- children kept whole
+@pytest.mark.parametrize("kind, path", [
+    ("Service", "/api/v1/namespaces/{ns}/services/cartpole"),
+    ("NetworkPolicy", "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/cartpole"),
+    ("ConfigMap", "/api/v1/namespaces/{ns}/configmaps/cartpole-job"),
+])
+async def test_a_deleted_child_is_recreated(kube, operator, kind, path):
+    await kube.create_job(job_manifest("cartpole", {"topology": "auto", "resources": {"cpus": 6}}))
+    await created(kube)
+    name = path.rsplit("/", 1)[-1]
+    before = children(kube)[kind, name]
+    code, _ = await kube.api("DELETE", path.format(ns=NAMESPACE))
+    assert code == 200
+    after = await eventually(lambda: (o := children(kube).get((kind, name)))
+                             and o["metadata"]["uid"] != before["metadata"]["uid"] and o, what=f"{kind} back")
+    assert after["metadata"]["ownerReferences"] == before["metadata"]["ownerReferences"]
+    if kind == "ConfigMap":  # the same planned job and applied spec, rebuilt from the spec and status.plan
+        assert yaml.safe_load(after["data"]["job.yaml"]) == yaml.safe_load(before["data"]["job.yaml"])
+        assert after["metadata"]["annotations"][b.ANNOTATION_SPEC] == before["metadata"]["annotations"][b.ANNOTATION_SPEC]
+    else:
+        assert after["spec"] == before["spec"]
+    await eventually(lambda: [e for e in events(kube, "Recreated") if kind in e["message"]])
+    # An edit after the rebuild is still judged against the applied spec: a mutable one applies.
+    await kube.patch_job("cartpole", {"spec": {"runPolicy": {"cleanPodPolicy": "All"}}})
+    await eventually(lambda: '"cleanPodPolicy":"All"' in children(kube)["ConfigMap", "cartpole-job"]["metadata"][
+        "annotations"][b.ANNOTATION_SPEC], what="the edit applied")
+    assert cond(kube, "Planned")["status"] == "True"
+
+
+async def test_manual_scaling_of_actors_is_set_back(kube, operator):
+    await kube.create_job(job_manifest("cartpole", {"topology": {"actors": 3}}))
+    await created(kube)
+    code, _ = await kube.api("PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/cartpole-actor-0/scale",
+                             {"spec": {"replicas": 7}})
+    assert code == 200
+    await eventually(lambda: children(kube)["StatefulSet", "cartpole-actor-0"]["spec"]["replicas"] == 3,
+                     what="replicas set back to 3")
+    ev = await eventually(lambda: events(kube, "ScaleReconciled"))
+    assert "group 0: 7 -> 3" in ev[0]["message"]
+
+
+async def test_the_apiserver_refuses_changing_an_immutable_field(kube, operator):
+    """CEL transition rules (self == oldSelf) on spec.env.id, spec.algorithm.name, spec.image."""
+    await kube.create_job(job_manifest("cartpole"))
+    await created(kube)
+    for patch, field in (({"env": {"id": "Acrobot-v1"}}, "spec.env.id"),
+                         ({"algorithm": {"name": "dqn"}}, "spec.algorithm.name"),
+                         ({"image": "tianji-worker:0.2.0"}, "spec.image")):
+        code, out = await kube.api("PATCH", f"/apis/tianji.dev/v1alpha1/namespaces/{NAMESPACE}/tianjijobs/cartpole",
+                                   {"spec": patch})
+        assert code == 422, (patch, out)
+        assert f"{field}: Invalid value" in out["message"] and "is immutable" in out["message"]
+    assert job(kube)["metadata"]["generation"] == 1
+    # A mutable edit goes through.
+    await kube.patch_job("cartpole", {"spec": {"topology": {"actors": 4}}})

@@ -12,9 +12,11 @@ monitor from the pods' reports: the same counters). The status numbers (frames,
 mean return, lag, rates) are the accounting's in both cases; this module only
 decides actor counts.
 
-With `spec.autoscale.enabled`, `tianji.control.plan.rebalance` turns the rates into an
-actor count per group; the operator clamps it to [minActors, maxActors],
-waits `cooldownSeconds` after the previous change, patches the group's
+In `spec.autoscale.mode: planner` (or `enabled: true`), `tianji.control.plan.rebalance`
+turns the rates into an actor count per group; the operator clamps it to [minActors,
+maxActors], does nothing while a group has actors that are not ready yet (no pending
+pods piling up), waits `scaleUpCooldownSeconds` / `scaleDownCooldownSeconds` (default
+`cooldownSeconds`) after the previous change, patches the group's
 StatefulSet `spec.replicas`, posts an event and records the decision in
 `.status.autoscale` and the `Rescaled` condition. A job that is not Running is
 never rescaled (checked on a fresh read, just before the patch).
@@ -137,26 +139,55 @@ def target_ratio(spec: Any) -> float:
     return r / spec.staleness.pace_headroom if spec.staleness.pace_actors else r
 
 
+def prometheus_allowed(url: str, allowed: list[str]) -> bool:
+    """`url` lies under one of the allowed base URLs: same scheme, host and port, path below
+    (no user info): a job's prometheusUrl cannot make the operator request anything else."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        return False
+    if u.scheme not in ("http", "https") or not u.hostname or u.username or u.password:
+        return False
+    for base in allowed:
+        a = urlsplit(base)
+        if (u.scheme, u.hostname, port) == (a.scheme, a.hostname, a.port) and (
+                u.path.rstrip("/") + "/").startswith(a.path.rstrip("/") + "/"):
+            return True
+    return False
+
+
 def decide(spec: Any, observed: dict[int, GroupThroughput], current: dict[int, int], last_rescale: Optional[float],
-           now: float, max_step: int = 4) -> Decision:
+           now: float, max_step: int = 4, ready: Optional[dict[int, int]] = None) -> Decision:
+    """`current`: desired actors per group; `ready`: those ready. While a group has actors not
+    ready yet, nothing is added (they would be counted as producing nothing, and pending pods
+    would pile up); removals and bounds still apply."""
     a = spec.autoscale
     lo, hi = a.min_actors, a.max_actors
     clamped = {g: min(max(n, lo), hi) for g, n in current.items()}
     if clamped != current:  # bounds are hard: applied at once, cooldown or not
         return Decision("bounds", current, clamped, _describe(current, clamped, observed, spec)
                         + f" (bounds [{lo}, {hi}])")
+    pending = {g: current[g] - ready.get(g, 0) for g in current if ready is not None and ready.get(g, 0) < current[g]}
+    if pending:
+        waiting = ", ".join(f"group {g}: {n} of {current[g]}" for g, n in sorted(pending.items()))
+        return Decision("pending", current, current, f"waiting for actors to become ready ({waiting} not ready) "
+                                                     "before rescaling")
     policy = RebalancePolicy(target_ratio=target_ratio(spec), band=a.band, min_actors=lo, max_actors=hi,
                              max_step=max_step)
     want = dict(current)
     want.update({g: min(max(n, lo), hi) for g, n in rebalance(observed, policy).items() if g in current})
     if want == current:
         return Decision("unchanged", current, current, "production within the band: " + _rates(observed, spec))
-    if last_rescale is not None and now - last_rescale < a.cooldown_seconds:
-        left = a.cooldown_seconds - (now - last_rescale)
+    kind = "up" if sum(want.values()) > sum(current.values()) else "down"
+    cooldown = a.cooldown(kind)
+    if last_rescale is not None and now - last_rescale < cooldown:
+        left = cooldown - (now - last_rescale)
         return Decision("cooldown", current, current,
                         f"would rescale ({_describe(current, want, observed, spec)}) but the cooldown has "
-                        f"{left:.0f} s left")
-    kind = "up" if sum(want.values()) > sum(current.values()) else "down"
+                        f"{left:.0f} s left (scale-{kind} cooldown {cooldown:g} s)")
     return Decision(kind, current, want, _describe(current, want, observed, spec))
 
 

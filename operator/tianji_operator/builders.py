@@ -4,6 +4,7 @@ Names are fixed (idempotent creation, no duplicates after a restart), from
 `tianji.control.addressing`:
 
     ConfigMap      <job>-job            job.yaml: the job as planned (resolved topology and requests)
+    PersistentVolumeClaim <job>-checkpoints  learners' checkpoints, when spec.checkpoint.size is set
     Service        <job>                headless; gives learner/buffer pods DNS names
     Pod            <job>-learner-<g>-<i>, <job>-buffer-<g>-<i>   hostname = pod name, subdomain = <job>
     StatefulSet    <job>-actor-<g>      one per group, podManagementPolicy Parallel
@@ -19,9 +20,9 @@ from typing import Optional
 
 import yaml
 
-from tianji.control.addressing import PORTS, actor_set_name, pod_name, service_name
-from tianji.control.spec import JobSpec, TianJiJob
-from tianji.control.launch import CONFIG_DIR, JOB_FILE, STATE_DIR, TERMINATION_LOG, worker_launch
+from tianji.control.addressing import PORTS, actor_set_name, data_port, metrics_port, pod_name, service_name
+from tianji.control.spec import JobSpec, PodOverlay, TianJiJob
+from tianji.control.launch import CONFIG_DIR, JOB_FILE, SCRATCH_DIR, STATE_DIR, TERMINATION_LOG, worker_launch
 
 LABEL_JOB = "tianji.dev/job"
 LABEL_ROLE = "tianji.dev/role"
@@ -33,6 +34,9 @@ ANNOTATION_PLAN = "tianji.dev/plan"
 MANAGED_BY = {"app.kubernetes.io/name": "tianji", "app.kubernetes.io/managed-by": "tianji-operator"}
 
 CONTAINER = "worker"
+# The worker image's user (images/worker.Dockerfile: USER 10001:10001). Numeric, so the kubelet
+# can check runAsNonRoot; fsGroup makes volumes (checkpoints) writable by it.
+WORKER_UID = 10001
 
 ROLE_PORTS = {  # container ports per role (offsets from spec.network.basePort)
     "buffer": ("fragments", "credits"),
@@ -47,6 +51,10 @@ def configmap_name(job: str) -> str:
 
 def networkpolicy_name(job: str) -> str:
     return job
+
+
+def checkpoint_claim_name(job: str) -> str:
+    return f"{job}-checkpoints"
 
 
 def labels(job: str, role: Optional[str] = None, group: Optional[int] = None,
@@ -149,6 +157,36 @@ def network_policy(job: TianJiJob, scrapers: list[dict]) -> dict:
     }
 
 
+# ----------------------------------------------------------------- checkpoints
+def checkpoint_claim(job: TianJiJob) -> Optional[str]:
+    """The claim learners checkpoint onto: spec.checkpoint.persistentVolumeClaim, the claim the
+    operator creates (spec.checkpoint.size), or None (an emptyDir, lost with the pod)."""
+    c = job.spec.checkpoint
+    if c.persistent_volume_claim:
+        return c.persistent_volume_claim
+    return checkpoint_claim_name(job.name) if c.size else None
+
+
+def checkpoint_pvc(job: TianJiJob) -> Optional[dict]:
+    c = job.spec.checkpoint
+    if not c.size:
+        return None
+    spec: dict = {"accessModes": [c.access_mode], "resources": {"requests": {"storage": c.size}}}
+    if c.storage_class_name:
+        spec["storageClassName"] = c.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(job, checkpoint_claim_name(job.name), labels(job.name, "learner")), "spec": spec}
+
+
+def state_volume(job: TianJiJob, role: str) -> dict:
+    """TIANJI_STATE_DIR: the checkpoint claim for learners (a re-created learner resumes from
+    it), an emptyDir otherwise."""
+    claim = checkpoint_claim(job)
+    if role == "learner" and claim:
+        return {"name": "state", "persistentVolumeClaim": {"claimName": claim}}
+    return {"name": "state", "emptyDir": {}}
+
+
 def _resources(job: TianJiJob, role: str) -> dict:
     r = getattr(job.spec.resources, role)
     q = {"cpu": cpu_quantity(r.cpu), "memory": r.memory}
@@ -160,14 +198,89 @@ def _resources(job: TianJiJob, role: str) -> dict:
     return {"requests": dict(q), "limits": dict(q)}
 
 
+# ----------------------------------------------------------------- Pod Security
+def pod_security_context() -> dict:
+    """Pod Security "restricted": a non-root user, the runtime's default seccomp profile."""
+    return {"runAsNonRoot": True, "runAsUser": WORKER_UID, "runAsGroup": WORKER_UID, "fsGroup": WORKER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security_context(job: TianJiJob) -> dict:
+    """Pod Security "restricted" for the worker container: no privilege escalation, no
+    capabilities, a read-only root filesystem (scratch on an emptyDir at SCRATCH_DIR).
+    RDMA adds IPC_LOCK (pinned memory), which only a privileged namespace admits."""
+    caps: dict = {"drop": ["ALL"]}
+    if job.spec.network.rdma:
+        caps["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+            "capabilities": caps}
+
+
+# ----------------------------------------------------------------- pod overlays
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def role_overlays(job: TianJiJob, role: str, defaults: Optional[PodOverlay] = None) -> list[PodOverlay]:
+    """In order: the operator's cluster-wide defaults (chart values), spec.pods.all, spec.pods.<role>."""
+    return [o for o in (defaults, job.spec.pods.all, getattr(job.spec.pods, role)) if o is not None]
+
+
+def apply_overlay(spec: dict, container: dict, overlay: PodOverlay) -> None:
+    """Maps merge (the overlay's keys win), lists add up, scalars are replaced."""
+    o = overlay.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if "nodeSelector" in o:
+        spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **o["nodeSelector"]}
+    for t in o.get("tolerations", []):
+        if t not in spec.setdefault("tolerations", []):
+            spec["tolerations"].append(t)
+    for key in ("affinity", "priorityClassName", "serviceAccountName"):
+        if key in o:
+            spec[key] = o[key]
+    for name in o.get("imagePullSecrets", []):
+        if {"name": name} not in spec.setdefault("imagePullSecrets", []):
+            spec["imagePullSecrets"].append({"name": name})
+    for var in o.get("env", []):
+        env = container["env"]
+        env[:] = [e for e in env if e["name"] != var["name"]] + [var]
+    spec["volumes"] += o.get("volumes", [])
+    container["volumeMounts"] += o.get("volumeMounts", [])
+
+
+def scheduling(job: TianJiJob, role: str, spec: dict, container: dict,
+               defaults: Optional[PodOverlay] = None) -> None:
+    """Overlays, and the toleration of tainted GPU pools for roles that request GPUs."""
+    if getattr(job.spec.resources, role).gpu:
+        spec["tolerations"] = [dict(GPU_TOLERATION)]
+    for overlay in role_overlays(job, role, defaults):
+        apply_overlay(spec, container, overlay)
+
+
+# ----------------------------------------------------------------- ports
+def port_slots(job: TianJiJob) -> Optional[int]:
+    """Buffers per group under host networking (per-slot ports), else None (fixed ports)."""
+    return job.spec.topology.buffers if job.spec.network.host_network else None
+
+
+def pod_metrics_port(job: TianJiJob, role: str, group: int, index: str) -> int:
+    i = int(index) if index.isdigit() else 0
+    return metrics_port(job.spec.network.metrics_port, role, group, i, port_slots(job))
+
+
+def container_ports(job: TianJiJob, role: str, group: int, index: str) -> list[dict]:
+    """Named data ports of the role (tianji.control.addressing's layout) and `metrics`."""
+    i = int(index) if index.isdigit() else 0
+    ports = [{"name": ch, "containerPort": data_port(job.spec.network.base_port, ch, group, i, port_slots(job)),
+              "protocol": "TCP"} for ch in ROLE_PORTS[role]]
+    ports.append({"name": "metrics", "containerPort": pod_metrics_port(job, role, group, index), "protocol": "TCP"})
+    return ports
+
+
 def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
-             hostname: Optional[str] = None) -> dict:
+             hostname: Optional[str] = None, defaults: Optional[PodOverlay] = None) -> dict:
     net = job.spec.network
-    base = net.base_port
     launch = worker_launch(job, role, group, index, engine="pod", job_file=f"{CONFIG_DIR}/{JOB_FILE}",
-                           command=command, metrics_port=net.metrics_port)
-    ports = [{"name": ch, "containerPort": base + PORTS[ch], "protocol": "TCP"} for ch in ROLE_PORTS[role]]
-    ports.append({"name": "metrics", "containerPort": net.metrics_port, "protocol": "TCP"})
+                           command=command, metrics_port=pod_metrics_port(job, role, group, index))
+    ports = container_ports(job, role, group, index)
     container = {
         "name": CONTAINER,
         "image": job.spec.image,
@@ -186,20 +299,22 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
             {"name": "job", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "scratch", "mountPath": SCRATCH_DIR},
         ],
+        "securityContext": container_security_context(job),
     }
-    if net.rdma:
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     spec: dict = {
         "restartPolicy": "Always" if role == "actor" else "OnFailure",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
+        "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": [
             {"name": "job", "configMap": {"name": configmap_name(job.name),
                                           "items": [{"key": JOB_FILE, "path": JOB_FILE}]}},
-            {"name": "state", "emptyDir": {}},
+            state_volume(job, role),
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": "scratch", "emptyDir": {}},
         ],
     }
     if hostname:
@@ -208,21 +323,24 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
     if net.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    scheduling(job, role, spec, container, defaults)
     return spec
 
 
-def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str]) -> dict:
+def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str],
+             defaults: Optional[PodOverlay] = None) -> dict:
     """A learner or buffer pod: stable name = hostname, under the headless Service's subdomain."""
     name = pod_name(job.name, role, group, index)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(job, name, labels(job.name, role, group, index)),
-        "spec": pod_spec(job, role, group, str(index), command, hostname=name),
+        "spec": pod_spec(job, role, group, str(index), command, hostname=name, defaults=defaults),
     }
 
 
-def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[str]) -> dict:
+def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[str],
+                      defaults: Optional[PodOverlay] = None) -> dict:
     """One group's actors; each pod derives its index from its ordinal (`--index auto`)."""
     lab = labels(job.name, "actor", group)
     return {
@@ -234,19 +352,24 @@ def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[s
             "replicas": replicas,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector(job.name, "actor", group)},
-            "template": {"metadata": {"labels": dict(lab)}, "spec": pod_spec(job, "actor", group, "auto", command)},
+            "template": {"metadata": {"labels": dict(lab)}, "spec": pod_spec(job, "actor", group, "auto", command,
+                                                                                defaults=defaults)},
         },
     }
 
 
 def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int], *,
              scrapers: list[dict], command: list[str], generation: int = 0,
-             plan: Optional[dict] = None) -> list[dict]:
-    """Everything a job needs, in creation order (the ConfigMap first: pods mount it)."""
+             plan: Optional[dict] = None, defaults: Optional[PodOverlay] = None) -> list[dict]:
+    """Everything a job needs, in creation order (the ConfigMap first: pods mount it).
+    `defaults`: the cluster-wide pod overlay (chart values `workerDefaults`)."""
     t = resolved.spec.topology
     out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers)]
+    pvc = checkpoint_pvc(resolved)
+    if pvc is not None:
+        out.append(pvc)
     for g in range(t.groups):
-        out += [role_pod(resolved, "learner", g, i, command) for i in range(t.learners)]
-        out += [role_pod(resolved, "buffer", g, i, command) for i in range(t.buffers)]
-        out.append(actor_statefulset(resolved, g, actors.get(g, t.actors), command))
+        out += [role_pod(resolved, "learner", g, i, command, defaults) for i in range(t.learners)]
+        out += [role_pod(resolved, "buffer", g, i, command, defaults) for i in range(t.buffers)]
+        out.append(actor_statefulset(resolved, g, actors.get(g, t.actors), command, defaults))
     return out

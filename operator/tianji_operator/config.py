@@ -26,7 +26,11 @@ class OperatorConfig:
     TIANJI_PROMQL_NAMESPACE_LABEL (default `namespace`; empty: not filtered),
     TIANJI_METRICS_SCRAPERS (JSON list of NetworkPolicyPeer admitted to the
     metrics port), TIANJI_PROFILE (a `tianji profile` JSON used by the planner),
-    TIANJI_WORKER_COMMAND (JSON list, default ["tianji", "worker"]).
+    TIANJI_WORKER_COMMAND (JSON list, default ["tianji", "worker"]),
+    TIANJI_PROMETHEUS_ALLOWED (JSON list of base URLs a job's spec.autoscale.prometheusUrl
+    may lie under; empty: none, jobs count from their pods' reports),
+    TIANJI_WORKER_DEFAULTS (JSON: a pod overlay, spec.pods.all's fields, applied to every
+    worker pod beneath the job's own `spec.pods`; chart values `workerDefaults`).
     """
 
     monitor_interval: float = 10.0  # seconds between child/phase checks per job
@@ -39,6 +43,8 @@ class OperatorConfig:
     metrics_scrapers: list[dict] = field(default_factory=lambda: [dict(p) for p in DEFAULT_SCRAPERS])
     profile_path: Optional[str] = None
     worker_command: list[str] = field(default_factory=lambda: ["tianji", "worker"])
+    worker_defaults: Any = None  # tianji.control.spec.PodOverlay, or None
+    prometheus_allowed: list[str] = field(default_factory=list)
     clock: Callable[[], float] = time.time
     # Tests: a fixed kopf.ConnectionInfo instead of the in-cluster / kubeconfig login.
     connection: Any = None
@@ -58,10 +64,16 @@ class OperatorConfig:
             ("profile_path", "TIANJI_PROFILE", str),
             ("metrics_scrapers", "TIANJI_METRICS_SCRAPERS", json.loads),
             ("worker_command", "TIANJI_WORKER_COMMAND", json.loads),
+            ("worker_defaults", "TIANJI_WORKER_DEFAULTS", _pod_overlay),
+            ("prometheus_allowed", "TIANJI_PROMETHEUS_ALLOWED", json.loads),
         ):
             if key in env:
                 setattr(c, name, conv(env[key]))
         return c
+
+    def __post_init__(self) -> None:
+        if isinstance(self.worker_defaults, dict):
+            self.worker_defaults = _pod_overlay(self.worker_defaults)
 
     def load_profile(self):
         """The planner profile, or None for the planner's built-in estimates."""
@@ -71,3 +83,11 @@ class OperatorConfig:
 
         with open(self.profile_path) as f:
             return Profile.from_json(json.load(f))
+
+
+def _pod_overlay(value: Any) -> Any:
+    """TIANJI_WORKER_DEFAULTS (JSON text or a dict) as a PodOverlay; empty -> None."""
+    from tianji.control.spec import PodOverlay
+
+    data = json.loads(value) if isinstance(value, str) else value
+    return PodOverlay.model_validate(data) if data else None

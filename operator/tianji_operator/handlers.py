@@ -38,7 +38,7 @@ from tianji.control.report import Report, ReportError
 from tianji.control.addressing import actor_set_name
 from tianji.control.crd import GROUP, PLURAL, VERSION
 from tianji.control.plan import PlanError, resolve
-from tianji.control.spec import API_VERSION, KIND, SpecError, TianJiJob, parse_job
+from tianji.control.spec import API_VERSION, KIND, JobSpec, RunPolicy, SpecError, TianJiJob, deprecated_fields, parse_job
 
 from . import autoscaler as asc
 from . import builders as b
@@ -49,9 +49,10 @@ from .kube import ApiError, KubeClient
 from .metrics import OperatorMetrics
 
 FINALIZER = "tianji.dev/finalizer"
+RELEASED = "tianji.dev/released"  # set on a job: the operator lets go of it (no finalizer, no handling)
 # Spec fields that may change on a running job. Everything else is fixed at creation:
 # pods, their requests and the workers' view of the job would be half old, half new.
-MUTABLE = ("spec.topology.actors", "spec.autoscale.", "spec.cleanPodPolicy")
+MUTABLE = ("spec.topology.actors", "spec.autoscale.", "spec.runPolicy.")
 
 
 def is_mutable(path: str) -> bool:
@@ -65,6 +66,8 @@ class JobMemory:
     acc: Optional[Accounting] = None  # loaded from status.accounting on first use
     last_sample: Optional[float] = None  # autoscaler: last evaluation
     report_errors: list[str] = field(default_factory=list)
+    restarts: dict[str, int] = field(default_factory=dict)  # pod uid -> container restarts seen
+    warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
 
     def accounting(self, status: dict) -> Accounting:
         if self.acc is None:
@@ -161,6 +164,10 @@ def _applied(cm: dict) -> tuple[dict, TianJiJob]:
     """(applied spec as a plain dict, resolved job) stored on the job's ConfigMap."""
     ann = (cm.get("metadata") or {}).get("annotations") or {}
     applied = json.loads(ann.get(b.ANNOTATION_SPEC) or "{}")
+    try:  # written by an older operator: moved fields (cleanPodPolicy) in today's places
+        applied = json.loads(b.spec_json(JobSpec.model_validate(applied)))
+    except ValueError:
+        pass
     resolved = parse_job(yaml.safe_load(cm["data"][b.JOB_FILE]), f"ConfigMap {cm['metadata']['name']}")
     return applied, resolved
 
@@ -195,8 +202,9 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             fields["phase"] = st.FAILED
             fields["completionTime"] = st.iso(now)
             conds += [st.condition("Failed", True, reason, message, now=now, generation=gen),
-                      st.condition("Ready", False, reason, "no pods were created", now=now),
-                      st.condition("Progressing", False, reason, message, now=now)]
+                      st.condition("Succeeded", False, reason, message, now=now, generation=gen),
+                      st.condition("Ready", False, reason, "no pods were created", now=now, generation=gen),
+                      st.condition("Progressing", False, reason, message, now=now, generation=gen)]
         else:
             applied_gen = (cm["metadata"].get("annotations") or {}).get(b.ANNOTATION_GENERATION, "?")
             conds[0]["message"] = f"{message}; the job keeps running its applied spec (generation {applied_gen})"
@@ -234,7 +242,7 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         if changes:
             doc = resolved.to_manifest()
             doc["spec"]["autoscale"] = new_spec["autoscale"]
-            doc["spec"]["cleanPodPolicy"] = new_spec["cleanPodPolicy"]
+            doc["spec"]["runPolicy"] = new_spec["runPolicy"]
             if any(p == "spec.topology.actors" for p, _, _ in changes) and not job.spec.topology.auto:
                 doc["spec"]["topology"]["actors"] = job.spec.topology.actors
                 actors_changed = True
@@ -246,26 +254,41 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             return await refuse("PlanFailed", str(e))
         plan_json = plan_record = st.camel_keys(plan.to_json())
 
+    for note in deprecated_fields(body.get("spec")):
+        kopf.warn(body, reason="DeprecatedField", message=note)
     terminal = status.get("phase") in st.TERMINAL and cm is not None
     a = resolved.spec.autoscale
     topo = resolved.spec.topology
+    suspended = resolved.spec.run_policy.suspend
+    resuming = not suspended and status.get("phase") == st.SUSPENDED
     try:
         sets = await _statefulsets(op, ns, name, topo.groups)
         desired: dict[int, int] = {}
         for g in range(topo.groups):
             n = topo.actors
-            if a.enabled and sets[g] is not None and not actors_changed:
-                n = int(sets[g]["spec"].get("replicas") or 0)  # the autoscaler owns replicas
-            if a.enabled:
+            mode = a.effective_mode
+            if mode != "off" and sets[g] is not None and not actors_changed and not resuming:
+                n = int(sets[g]["spec"].get("replicas") or 0)  # the autoscaler / external scaler owns replicas
+            if mode == "planner":
                 n = min(max(n, a.min_actors), a.max_actors)
-            desired[g] = n
+            desired[g] = 0 if suspended else n
         objs = b.children(resolved, job.spec, desired, scrapers=op.config.metrics_scrapers,
-                          command=op.config.worker_command, generation=gen or 0, plan=plan_record)
+                          command=op.config.worker_command,
+                          defaults=op.config.worker_defaults, generation=gen or 0, plan=plan_record)
+        if suspended:  # no learner/buffer pods; actors at 0 replicas
+            objs = [o for o in objs if o["kind"] != "Pod"]
+            if not terminal:
+                await _delete_role_pods(op, ns, name)
         created = []
         if not terminal:
             for obj in objs:
                 _adopt(obj, body)
-                got, was_created = await op.kube.ensure(obj)
+                try:
+                    got, was_created = await op.kube.ensure(obj)
+                except ApiError as e:
+                    if not _refused_for_good(e):
+                        raise
+                    return await _creation_refused(op, body, resolved, obj, e, now, logger, handler)
                 if was_created:
                     created.append(f"{obj['kind']}/{obj['metadata']['name']}")
                 elif obj["kind"] == "StatefulSet":
@@ -286,9 +309,14 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         raise kopf.TemporaryError(str(e), delay=op.config.handler_backoff)
 
     planned = [st.condition("Planned", True, "Planned", _plan_summary_from(plan_record), now=now, generation=gen),
-               st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now)]
-    starting = [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now),
-                st.condition("Progressing", True, "Starting", "creating pods", now=now)]
+               st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now,
+                            generation=gen)]
+    starting = [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now, generation=gen),
+                st.condition("Progressing", True, "Starting", "creating pods", now=now, generation=gen)]
+    why = "runPolicy.suspend is true: pods deleted, checkpoints and counts kept"
+    suspended_conds = [st.condition("Suspended", True, "Suspended", why, now=now, generation=gen),
+                       st.condition("Ready", False, "Suspended", why, now=now, generation=gen),
+                       st.condition("Progressing", False, "Suspended", why, now=now, generation=gen)]
 
     def compute(fresh: dict) -> Optional[dict]:
         cur = fresh.get("status") or {}
@@ -299,9 +327,17 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             return fields  # a job that ran and ended keeps its final phase and conditions
         fields["observedGeneration"] = gen
         conds = list(planned)
-        if cur.get("phase") not in (st.PENDING, st.RUNNING):
+        if suspended:
+            fields["phase"] = st.SUSPENDED
+            conds += suspended_conds
+        elif cur.get("phase") not in (st.PENDING, st.RUNNING):
             fields["phase"] = st.PENDING
             conds += starting
+            if cur.get("phase") == st.SUSPENDED:
+                conds.append(st.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: "
+                                          "pods re-created", now=now, generation=gen))
+        if not suspended and (not cur.get("activeSince") or cur.get("phase") == st.SUSPENDED):
+            fields["activeSince"] = st.iso(now)  # runPolicy.activeDeadlineSeconds counts from here
         if "groups" not in cur or plan_json is not None:
             groups, actors = st.summarize(topo, [], {g: {"spec": {"replicas": n}} for g, n in desired.items()},
                                           b.LABEL_ROLE, b.LABEL_GROUP)
@@ -326,6 +362,205 @@ def _plan_summary_from(plan_json: Optional[dict]) -> str:
     return (f"{p['groups']} group(s) x ({p['actors']} actors, {p['buffers']} buffers, {p['learners']} learners); "
             f"{p['cpusUsed']:g} cores, {p['gpusUsed']} GPUs; predicted {p['producedFps']:.0f} frames/s produced, "
             f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")
+
+
+# ----------------------------------------------------------------- children kept whole
+# Children the monitor re-creates when deleted, besides pods and StatefulSets (which it sees
+# in its listing) and the ConfigMap (re-created from the job and status.plan).
+KEPT_WHOLE = ("Service", "NetworkPolicy", "PersistentVolumeClaim")
+
+
+async def _child_exists(op: Operator, kind: str, ns: Optional[str], name: str) -> bool:
+    # Literal kinds: tests/test_chart_rbac.py derives the RBAC rules from these calls.
+    if kind == "Service":
+        return await op.kube.get("Service", ns, name) is not None
+    if kind == "NetworkPolicy":
+        return await op.kube.get("NetworkPolicy", ns, name) is not None
+    if kind == "PersistentVolumeClaim":
+        return await op.kube.get("PersistentVolumeClaim", ns, name) is not None
+    raise ValueError(f"not a kept child: {kind}")
+
+
+def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
+    """The planned job rebuilt from the live spec and status.plan (as tianji.control.plan.resolve
+    builds it), for a ConfigMap that was deleted."""
+    try:
+        doc = parse_job(_manifest(body)).to_manifest()
+        doc["spec"]["topology"] = {"auto": False, **{k: int(v) for k, v in plan["topology"].items()}}
+        for role in ("actor", "buffer", "learner"):
+            rp = plan[role]
+            doc["spec"]["resources"][role] = {"cpu": rp["cpu"], "memory": rp["memory"], "gpu": rp["gpu"],
+                                              "threads": rp["threads"]}
+        return TianJiJob.model_validate(doc)
+    except (SpecError, KeyError, TypeError, ValueError):
+        return None
+
+
+async def _recreate_configmap(op: Operator, body: Any, plan: dict, logger: logging.Logger) -> Optional[dict]:
+    resolved = _resolved_from_plan(body, plan)
+    if resolved is None:
+        logger.warning("the job's ConfigMap is gone and cannot be rebuilt from its spec and status.plan")
+        return None
+    obj = b.configmap(resolved, parse_job(_manifest(body)).spec, body["metadata"].get("generation") or 0, plan)
+    got, created = await op.kube.ensure(_adopt(obj, body))
+    if created:
+        kopf.warn(body, reason="Recreated", message=f"ConfigMap/{obj['metadata']['name']} (from the spec and "
+                                                    "status.plan)")
+    return got
+
+
+async def _reconcile_manual_scaling(op: Operator, body: Any, resolved: TianJiJob, sets: dict,
+                                    logger: logging.Logger) -> None:
+    """autoscale.mode off: actor StatefulSets have spec.topology.actors replicas; a manual
+    `kubectl scale sts` is set back (Warning event ScaleReconciled). external: adopted
+    (never touched); planner: the autoscaler's next decision applies."""
+    if resolved.spec.autoscale.effective_mode != "off":
+        return
+    want = resolved.spec.topology.actors
+    try:
+        live = parse_job(_manifest(body)).spec
+    except SpecError:
+        return
+    if live.autoscale.effective_mode != "off" or (not live.topology.auto and live.topology.actors != want):
+        return  # an edit the update handler is applying right now
+    back = []
+    for g, s in sets.items():
+        have = int(((s or {}).get("spec") or {}).get("replicas") or 0) if s is not None else None
+        if have is not None and have != want:
+            await op.kube.patch("StatefulSet", body["metadata"].get("namespace"), actor_set_name(
+                body["metadata"]["name"], g), {"spec": {"replicas": want}})
+            back.append(f"group {g}: {have} -> {want}")
+    if back:
+        kopf.warn(body, reason="ScaleReconciled", message=("actor replicas set back to spec.topology.actors "
+                                                           "(autoscale.mode off; use mode external to let "
+                                                           "another scaler own them): " + ", ".join(back))[:900])
+
+
+# ----------------------------------------------------------------- refused creations, suspension
+def _refused_for_good(e: ApiError) -> bool:
+    """A create that retrying cannot fix: admission (Pod Security, policy webhooks) refused it
+    (403, but a quota may free up) or the object is invalid (422)."""
+    return e.status == 422 or (e.status == 403 and "exceeded quota" not in e.message)
+
+
+PRIVILEGED_HINT = ("host networking and RDMA (spec.network.hostNetwork, spec.network.rdma) need a namespace "
+                   "whose Pod Security level is privileged (label pod-security.kubernetes.io/enforce=privileged); "
+                   "see docs/kubernetes.md")
+
+
+async def _creation_refused(op: Operator, body: Any, resolved: TianJiJob, obj: dict, e: ApiError, now: float,
+                            logger: logging.Logger, handler: str) -> None:
+    """The job fails with the apiserver's words (status and a Warning Event) instead of
+    retrying a create that admission will refuse every time."""
+    security = "violates PodSecurity" in e.message
+    reason = "PodSecurityRejected" if security else "FailedCreate"
+    message = f"creating {obj['kind']} {obj['metadata']['name']} was refused: {e.status} {e.reason}: {e.message}"
+    net = resolved.spec.network
+    if security and (net.host_network or net.rdma):
+        message += f"; {PRIVILEGED_HINT}"
+    logger.warning("%s: %s", reason, message)
+    op.metrics.reconciles.labels(handler=handler, result=reason).inc()
+    ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    pods = await op.kube.list("Pod", ns, b.label_selector(name))
+    mem = op.memory(ns, name)
+    acc = mem.accounting(dict(body.get("status") or {}))
+    await _finish(op, body, resolved, pods, acc, st.FAILED, reason, message, now)
+
+
+async def _delete_role_pods(op: Operator, ns: Optional[str], name: str) -> list[str]:
+    """Delete the job's learner and buffer pods (suspension); the names deleted."""
+    gone = []
+    for p in await op.kube.list("Pod", ns, b.label_selector(name)):
+        if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) in ("learner", "buffer"):
+            if await op.kube.delete("Pod", ns, p["metadata"]["name"]):
+                gone.append(p["metadata"]["name"])
+    return gone
+
+
+def _live_spec(body: Any) -> Optional[JobSpec]:
+    """The job object's spec (ahead of the ConfigMap for mutable fields), None if invalid."""
+    try:
+        return parse_job(_manifest(body)).spec
+    except SpecError:
+        return None
+
+
+def _run_policy(body: Any, resolved: Optional[TianJiJob]) -> Optional[RunPolicy]:
+    """The live spec's run policy, else the applied one's (None: neither is readable)."""
+    live = _live_spec(body)
+    if live is not None:
+        return live.run_policy
+    return resolved.spec.run_policy if resolved is not None else None
+
+
+def _count_restarts(mem: JobMemory, pods: list[dict]) -> tuple[int, str]:
+    """Container restarts of the job's pods, also of pods since gone (by uid); and the last one."""
+    last, last_n = "", -1
+    for p in pods:
+        uid = p["metadata"].get("uid") or p["metadata"]["name"]
+        for c in (p.get("status") or {}).get("containerStatuses") or []:
+            n = int(c.get("restartCount") or 0)
+            mem.restarts[uid] = max(mem.restarts.get(uid, 0), n)
+            if n > last_n and n:
+                term = (c.get("lastState") or {}).get("terminated") or {}
+                detail = ", ".join(x for x in (term.get("reason"), f"exit code {term['exitCode']}"
+                                               if "exitCode" in term else None) if x)
+                last, last_n = f"pod {p['metadata']['name']} restarted {n} time(s)" + (
+                    f" ({detail})" if detail else ""), n
+    return sum(mem.restarts.values()), last
+
+
+async def _failed_creates(op: Operator, body: Any, groups: list[dict]) -> list[str]:
+    """The StatefulSet controller's FailedCreate events of groups short of actors (e.g. admission
+    refused the actor pods): what went wrong, once as a Warning event of the job too."""
+    ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    mem = op.memory(ns, name)
+    out = []
+    for e in groups:
+        if e["actors"]["ready"] >= e["actors"]["desired"]:
+            continue
+        sts = actor_set_name(name, e["group"])
+        events = await op.kube.list("Event", ns, field_selector=(
+            f"involvedObject.kind=StatefulSet,involvedObject.name={sts},reason=FailedCreate"))
+        if not events:
+            continue
+        last = max(events, key=lambda ev: (ev.get("lastTimestamp") or ev.get("eventTime") or "",
+                                          ev["metadata"].get("resourceVersion", "")))
+        message = f"StatefulSet {sts}: {last.get('message') or 'FailedCreate'}"
+        live = _live_spec(body)
+        if "violates PodSecurity" in message and live and (live.network.host_network or live.network.rdma):
+            message += f"; {PRIVILEGED_HINT}"
+        out.append(message)
+        key = f"failedcreate/{last['metadata'].get('uid') or last['metadata']['name']}"
+        if key not in mem.warned:
+            mem.warned.add(key)
+            kopf.warn(body, reason="FailedCreate", message=message[:900])
+    return out
+
+
+def _unschedulable(pods: list[dict]) -> list[tuple[str, str]]:
+    """(pod, scheduler message) of the pods the scheduler cannot place."""
+    out = []
+    for p in pods:
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                out.append((p["metadata"]["name"], c.get("message") or "unschedulable"))
+    return out
+
+
+async def _expire(op: Operator, body: Any, status: dict, now: float, logger: logging.Logger) -> bool:
+    """runPolicy.ttlSecondsAfterFinished: delete a job that ended long enough ago. True if deleted."""
+    rp = _run_policy(body, None)
+    done = st.parse_iso(status.get("completionTime"))
+    if rp is None or rp.ttl_seconds_after_finished is None or done is None or status.get("phase") not in st.TERMINAL:
+        return False
+    if now - done < rp.ttl_seconds_after_finished:
+        return False
+    ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    logger.info("%s ended %.0f s ago: ttlSecondsAfterFinished %d, deleting it", name, now - done,
+                rp.ttl_seconds_after_finished)
+    await op.kube.delete("TianJiJob", ns, name)
+    return True
 
 
 # ----------------------------------------------------------------- accounting
@@ -372,13 +607,17 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
     meta = body["metadata"]
     name, ns = meta["name"], meta.get("namespace")
     status = dict(body.get("status") or {})
+    now = op.now()
+    if await _expire(op, body, status, now, logger):
+        return
     if not status.get("plan"):
         return  # not reconciled yet (the children may be being created)
     cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
+    if cm is None and status.get("phase") not in st.TERMINAL:
+        cm = await _recreate_configmap(op, body, status["plan"], logger)
     if cm is None:
         return
     _, resolved = _applied(cm)
-    now = op.now()
     topo = resolved.spec.topology
     pods = await op.kube.list("Pod", ns, b.label_selector(name))
     mem = op.memory(ns, name)
@@ -389,6 +628,10 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         # Ended: no more phase changes, only the final counts of the pods still stopping.
         await update_status(op, ns, name, lambda fresh: _final_numbers(acc, fresh.get("status") or {}, now))
         return
+    rp = _run_policy(body, resolved)
+    if rp.suspend or status.get("phase") == st.SUSPENDED:
+        return  # reconcile deletes the pods on suspend and re-creates them on resume
+    gen = meta.get("generation")
 
     sets = await _statefulsets(op, ns, name, topo.groups)
     by_name = {p["metadata"]["name"]: p for p in pods}
@@ -416,18 +659,30 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         why = (p.get("status") or {}).get("reason") or (p.get("status") or {}).get("message") or "Failed"
         return await _finish(op, body, resolved, pods, acc, st.FAILED, "PodFailed",
                              f"pod {p['metadata']['name']} failed: {why}", now)
+    restarts, last_restart = _count_restarts(mem, pods)
+    if restarts > rp.backoff_limit:
+        return await _finish(op, body, resolved, pods, acc, st.FAILED, "BackoffLimitExceeded",
+                             f"{restarts} container restarts exceed runPolicy.backoffLimit ({rp.backoff_limit}); "
+                             f"last: {last_restart}", now)
+    since = st.parse_iso(status.get("activeSince"))
+    if rp.active_deadline_seconds is not None and since is not None and now - since >= rp.active_deadline_seconds:
+        return await _finish(op, body, resolved, pods, acc, st.FAILED, "DeadlineExceeded",
+                             f"active for {now - since:.0f} s: runPolicy.activeDeadlineSeconds is "
+                             f"{rp.active_deadline_seconds}", now)
 
     # Self-healing: a learner/buffer pod or a StatefulSet that is gone comes back.
     expected = b.children(resolved, resolved.spec, {g: topo.actors for g in range(topo.groups)},
-                          scrapers=op.config.metrics_scrapers, command=op.config.worker_command)
+                          scrapers=op.config.metrics_scrapers, command=op.config.worker_command,
+                          defaults=op.config.worker_defaults)
     recreated = []
     try:
         for obj in expected:
             kind, oname = obj["kind"], obj["metadata"]["name"]
             missing = (kind == "Pod" and oname not in by_name) or (
-                kind == "StatefulSet" and sets.get(int(obj["metadata"]["labels"][b.LABEL_GROUP])) is None)
+                kind == "StatefulSet" and sets.get(int(obj["metadata"]["labels"][b.LABEL_GROUP])) is None) or (
+                kind in KEPT_WHOLE and not await _child_exists(op, kind, ns, oname))
             if missing:
-                if kind == "StatefulSet" and resolved.spec.autoscale.enabled:
+                if kind == "StatefulSet" and resolved.spec.autoscale.effective_mode == "planner":
                     a = resolved.spec.autoscale
                     obj["spec"]["replicas"] = min(max(obj["spec"]["replicas"], a.min_actors), a.max_actors)
                 got, created = await op.kube.ensure(_adopt(obj, body))
@@ -440,24 +695,45 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         logger.warning("monitor: %s", e)
     if recreated:
         kopf.warn(body, reason="Recreated", message=", ".join(recreated)[:900])
+    await _reconcile_manual_scaling(op, body, resolved, sets, logger)
 
     groups, actors = st.summarize(topo, pods, sets, b.LABEL_ROLE, b.LABEL_GROUP)
     want_fixed = topo.groups * (topo.learners + topo.buffers)
     running = len(fixed_pods) == want_fixed and all(st.pod_phase(p) == "Running" for p in fixed_pods)
     ready = st.all_ready(groups) and running
-    conds = [st.condition("Ready", ready, "AllPodsReady" if ready else "PodsNotReady",
-                          f"actors {actors} ready" if ready else _not_ready(groups), now=now)]
-    if running:
-        conds.append(st.condition("Progressing", True, "Training", "learners and buffers are running", now=now))
+    stuck = _unschedulable(pods)
+    for pod_name, why in stuck:
+        if f"unschedulable/{pod_name}" not in mem.warned:
+            mem.warned.add(f"unschedulable/{pod_name}")
+            kopf.warn(body, reason="Unschedulable", message=f"pod {pod_name}: {why}"[:900])
+    refused = [] if ready else await _failed_creates(op, body, groups)
+    if ready:
+        conds = [st.condition("Ready", True, "AllPodsReady", f"actors {actors} ready", now=now, generation=gen)]
+    elif refused:
+        conds = [st.condition("Ready", False, "FailedCreate", "; ".join(refused)[:1000], now=now, generation=gen)]
+    elif stuck:
+        conds = [st.condition("Ready", False, "Unschedulable", "; ".join(f"pod {p}: {w}" for p, w in stuck)[:1000],
+                              now=now, generation=gen)]
     else:
-        conds.append(st.condition("Progressing", True, "Starting", "waiting for learner and buffer pods", now=now))
+        conds = [st.condition("Ready", False, "PodsNotReady", _not_ready(groups), now=now, generation=gen)]
+    if running:
+        conds.append(st.condition("Progressing", True, "Training", "learners and buffers are running", now=now,
+                                  generation=gen))
+    else:
+        conds.append(st.condition("Progressing", True, "Starting", "waiting for learner and buffer pods", now=now,
+                                  generation=gen))
 
     def compute(fresh: dict) -> Optional[dict]:
         cur = fresh.get("status") or {}
         if cur.get("phase") in st.TERMINAL:
             return None  # ended meanwhile (another tick): the next tick counts the final reports
+        if cur.get("phase") == st.SUSPENDED:
+            return None  # suspended meanwhile
         fields: dict[str, Any] = {"groups": groups, "actors": actors, "phase": st.RUNNING if running else st.PENDING,
-                                  "conditions": st.set_conditions(cur.get("conditions"), *conds)}
+                                  "conditions": st.set_conditions(cur.get("conditions"), *conds),
+                                  "restarts": restarts, **_scale_status(name, groups)}
+        if not cur.get("activeSince"):  # a job created by an older operator
+            fields["activeSince"] = st.iso(now)
         if running and not cur.get("startTime"):
             fields["startTime"] = st.iso(now)
         if cur.get("startTime") or running:
@@ -465,6 +741,12 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         return fields
 
     await update_status(op, ns, name, compute)
+
+
+def _scale_status(name: str, groups: list[dict]) -> dict:
+    """What the CRD's scale subresource reads (HPA, KEDA): actors per group, the actors' selector."""
+    per_group = min((e["actors"]["desired"] for e in groups), default=0)
+    return {"actorReplicas": per_group, "actorSelector": f"{b.LABEL_JOB}={name},{b.LABEL_ROLE}=actor"}
 
 
 def _not_ready(groups: list[dict]) -> str:
@@ -482,19 +764,15 @@ async def _finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict]
     already, nothing changes), then clean up. The pods' final reports arrive afterwards
     (termination messages) and are counted by the monitor and the pod event handler."""
     ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
-    policy = resolved.spec.clean_pod_policy
-    try:
-        policy = parse_job(_manifest(body)).spec.clean_pod_policy
-    except SpecError:
-        pass
+    policy = _run_policy(body, resolved).clean_pod_policy
     ended = phase == st.SUCCEEDED
-    conds = [st.condition("Progressing", False, "JobSucceeded" if ended else "JobFailed", message, now=now),
-             st.condition("Ready", False, reason, message, now=now),
-             st.condition("Succeeded", ended, reason if ended else "JobFailed", message, now=now,
-                          generation=body["metadata"].get("generation"))]
-    if not ended:
-        conds.append(st.condition("Failed", True, reason, message, now=now,
-                                  generation=body["metadata"].get("generation")))
+    gen = body["metadata"].get("generation")
+    conds = [st.condition("Progressing", False, "JobSucceeded" if ended else "JobFailed", message, now=now,
+                          generation=gen),
+             st.condition("Ready", False, reason, message, now=now, generation=gen),
+             st.condition("Succeeded", ended, reason if ended else "JobFailed", message, now=now, generation=gen),
+             st.condition("Failed", not ended, "JobSucceeded" if ended else reason, message, now=now,
+                          generation=gen)]
     won = False
 
     def compute(fresh: dict) -> Optional[dict]:
@@ -525,7 +803,7 @@ async def _finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict]
             except ApiError as e:
                 if e.status != 404:
                     raise
-    msg = f"{message}; cleanPodPolicy {policy}" + (f": deleted {len(cleaned)} pod(s), actors scaled to 0"
+    msg = f"{reason}: {message}; cleanPodPolicy {policy}" + (f": deleted {len(cleaned)} pod(s), actors scaled to 0"
                                                    if policy != "None" else "")
     if ended:
         kopf.info(body, reason="Succeeded", message=msg)
@@ -567,9 +845,17 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger)
     if cm is None:
         return
     _, resolved = _applied(cm)
+    url = spec.autoscale.prometheus_url
+    if url and not asc.prometheus_allowed(url, op.config.prometheus_allowed):
+        if f"prometheus/{url}" not in mem.warned:
+            mem.warned.add(f"prometheus/{url}")
+            kopf.warn(body, reason="PrometheusNotAllowed",
+                      message=f"spec.autoscale.prometheusUrl {url} is not in the operator's allow-list "
+                              "(chart operator.prometheusAllowList): counting from the pods' reports instead"[:900])
+        url = None
     try:
-        if spec.autoscale.prometheus_url:
-            obs = await asc.query_prometheus(op.http(), spec.autoscale.prometheus_url, asc.promql_queries(
+        if url:
+            obs = await asc.query_prometheus(op.http(), url, asc.promql_queries(
                 name, ns, op.config.promql_window, op.config.promql_job_label, op.config.promql_namespace_label))
         else:
             obs = asc.from_accounting(mem.acc) if mem.acc is not None else None
@@ -593,6 +879,7 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
     sets = await _statefulsets(op, ns, name, resolved.spec.topology.groups)
     current = {g: int((s.get("spec") or {}).get("replicas") or 0) for g, s in sets.items() if s is not None}
+    ready = {g: int((s.get("status") or {}).get("readyReplicas") or 0) for g, s in sets.items() if s is not None}
     decided: dict[str, Any] = {}
 
     def compute(fresh: dict) -> Optional[dict]:
@@ -601,10 +888,13 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
         if cur.get("phase") != st.RUNNING:
             return None  # ended (or restarted) since the tick began: never rescale a finished job
         auto = dict(cur.get("autoscale") or {})
-        if not spec.autoscale.enabled:
-            auto["lastEvaluation"] = {"time": st.iso(now), "decision": "disabled", **obs.record()}
+        mode = spec.autoscale.effective_mode
+        if mode != "planner":
+            auto["lastEvaluation"] = {"time": st.iso(now), "decision": "disabled" if mode == "off" else "external",
+                                      **obs.record()}
             return {"autoscale": auto}
-        decision = asc.decide(spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now)
+        decision = asc.decide(spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now,
+                              ready=ready)
         record = {"time": st.iso(now), "decision": decision.kind, "message": decision.message,
                   "actors": {str(g): n for g, n in sorted(decision.desired.items())}, **obs.record()}
         decided["decision"] = decision
@@ -613,6 +903,8 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
             return {"autoscale": auto}
         # Record the decision first (its time starts the cooldown), then act on it.
         auto.update({"lastRescaleTime": st.iso(now), "lastDecision": record})
+        if decision.kind in ("up", "down"):
+            auto[f"lastScale{decision.kind.capitalize()}Time"] = st.iso(now)
         reason = {"up": "ScaledUp", "down": "ScaledDown", "bounds": "Clamped"}[decision.kind]
         return {"autoscale": auto, "conditions": st.set_conditions(
             cur.get("conditions"), st.condition("Rescaled", True, reason, decision.message, now=now))}
@@ -663,7 +955,9 @@ def login(op: Operator, settings: kopf.OperatorSettings) -> Any:
 def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] = None,
              metrics: Optional[OperatorMetrics] = None) -> Operator:
     op = Operator(config or OperatorConfig.from_env(), metrics)
-    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+    # A job annotated RELEASED (helm uninstall's hook, docs/kubernetes.md) matches no handler:
+    # Kopf then removes its finalizer itself, and the job no longer blocks CRD/namespace deletion.
+    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry, annotations={RELEASED: kopf.ABSENT})
     backoff = op.config.handler_backoff
 
     @kopf.on.startup(registry=registry)

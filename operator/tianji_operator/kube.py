@@ -25,6 +25,8 @@ import aiohttp
 # kind → (group, version, plural)
 KINDS: dict[str, tuple[str, str, str]] = {
     "ConfigMap": ("", "v1", "configmaps"),
+    "Event": ("", "v1", "events"),  # read only: the StatefulSet controller's FailedCreate
+    "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
     "Service": ("", "v1", "services"),
     "Pod": ("", "v1", "pods"),
     "StatefulSet": ("apps", "v1", "statefulsets"),
@@ -166,8 +168,9 @@ class KubeClient:
                 return None
             raise
 
-    async def list(self, kind: str, namespace: str, label_selector: Optional[str] = None) -> list[dict]:
-        params = {"labelSelector": label_selector} if label_selector else None
+    async def list(self, kind: str, namespace: str, label_selector: Optional[str] = None,
+                   field_selector: Optional[str] = None) -> list[dict]:
+        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v} or None
         out = await self.request("GET", path_of(kind, namespace), params=params, verb="list", kind=kind)
         return list((out or {}).get("items") or [])
 

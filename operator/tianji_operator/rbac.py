@@ -10,21 +10,24 @@ from __future__ import annotations
 
 RULES: list[dict] = [
     # Kopf: watch the jobs, add/remove its finalizer and progress annotations; the operator
-    # reads a job afresh before each status write.
-    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs"], "verbs": ["get", "list", "watch", "patch"]},
+    # reads a job afresh before each status write and deletes it after runPolicy.ttlSecondsAfterFinished.
+    {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs"], "verbs": ["get", "list", "watch", "patch", "delete"]},
     {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs/status"], "verbs": ["patch"]},
     # Children carry ownerReferences with blockOwnerDeletion: true, which the
     # OwnerReferencesPermissionEnforcement admission plugin allows only to those who may
     # update the owner's finalizers.
     {"apiGroups": ["tianji.dev"], "resources": ["tianjijobs/finalizers"], "verbs": ["update"]},
     # Kopf: Events for kubectl describe (kopf.info/warn).
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # list: the StatefulSet controller's FailedCreate events for actor pods it cannot create.
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]},
     # Kopf: discovery of the CRD (it may be installed after the operator) and of namespaces.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     # The operator: children of each job.
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
+    # learners' checkpoints (spec.checkpoint.size)
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
     # pods: watched for the final reports in their termination messages.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "patch"]},

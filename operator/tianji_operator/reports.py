@@ -33,6 +33,15 @@ def terminated_reports(pod: dict, job: str) -> Iterator[Report | ReportError]:
                 yield ReportError(f"{pod['metadata']['name']}: termination message: {e}")
 
 
+def pod_port(pod: dict, name: str, default: int) -> int:
+    """A named container port of the pod (per pod under host networking), else `default`."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == name and p.get("containerPort"):
+                return int(p["containerPort"])
+    return default
+
+
 async def scrape_reports(session: aiohttp.ClientSession, pods: list[dict], port: int,
                          job: str) -> tuple[list[Report], list[str]]:
     """(reports, errors) from every running pod's /report; a pod that does not answer is
@@ -42,7 +51,7 @@ async def scrape_reports(session: aiohttp.ClientSession, pods: list[dict], port:
 
     async def one(pod: dict) -> Report | str:
         name = pod["metadata"]["name"]
-        url = f"http://{pod['status']['podIP']}:{port}/report"
+        url = f"http://{pod['status']['podIP']}:{pod_port(pod, 'metrics', port)}/report"
         try:
             async with session.get(url) as resp:
                 if resp.status != 200:

@@ -1,7 +1,7 @@
 """TianJiJob `.status`: phase, conditions, replicas per group — pure functions.
 
-    phase               Pending | Running | Succeeded | Failed
-    conditions[]        type (Planned, Ready, Progressing, Rescaled, Succeeded, Failed), status, reason,
+    phase               Pending | Running | Suspended | Succeeded | Failed
+    conditions[]        type (Planned, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed), status, reason,
                         message, lastTransitionTime (changes only when status flips), observedGeneration
     observedGeneration  the metadata.generation the operator last reconciled
     plan                the planner's output (topology, per-role requests, predictions)
@@ -12,6 +12,8 @@
                         tianji.control.accounting's view (summary.json's numbers, camelCase)
     accounting          the accounting's state (an operator restart continues from it)
     autoscale           lastRescaleTime, lastDecision, lastEvaluation
+    restarts            container restarts of the job's pods (runPolicy.backoffLimit)
+    activeSince         creation or last resume (runPolicy.activeDeadlineSeconds counts from it)
     startTime, completionTime
 """
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 import datetime
 from typing import Any, Iterable, Optional
 
-CONDITION_TYPES = ("Planned", "Ready", "Progressing", "Rescaled", "Succeeded", "Failed")
+CONDITION_TYPES = ("Planned", "Ready", "Progressing", "Rescaled", "Suspended", "Succeeded", "Failed")
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+SUSPENDED = "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)
 
 

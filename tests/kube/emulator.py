@@ -95,13 +95,14 @@ from kmock._internal import apps, enums, parsing, rendering
 
 from tianji.control.crd import apply_defaults
 
-from . import apierrors, core_validation, structural
+from . import apierrors, core_validation, pod_security, structural
 
 CORE = {
     "v1/namespaces": ("Namespace", False, set()),
     "v1/pods": ("Pod", True, {"status"}),
     "v1/services": ("Service", True, {"status"}),
     "v1/configmaps": ("ConfigMap", True, set()),
+    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, {"status"}),
     "v1/events": ("Event", True, set()),
     "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, set()),
@@ -308,6 +309,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _changed: Optional[asyncio.Event] = attrs.field(default=None, init=False)
     # CRD resources: openAPIV3Schema for pruning, defaulting and validation on writes.
     _schemas: dict = attrs.field(factory=dict, init=False)
+    _scale_paths: dict = attrs.field(factory=dict, init=False)  # CRD resource -> its scale subresource paths
     _custom: set = attrs.field(factory=set, init=False)  # resources served for a CRD
     # What admission did to writes, for assertions (see operator_harness.operator_write_problems).
     pruned: list = attrs.field(factory=list, init=False)
@@ -392,6 +394,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self.declare(key, spec["names"]["kind"], spec["scope"] == "Namespaced", subs,
                          spec["names"].get("shortNames", ()))
             self._custom.add(kmock.resource(key))
+            if "scale" in v.get("subresources", {}):
+                self._scale_paths[kmock.resource(key)] = v["subresources"]["scale"]
             if validate:
                 self._schemas[kmock.resource(key)] = v["schema"]["openAPIV3Schema"]
 
@@ -446,16 +450,36 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _admit(self, res, obj: dict, old: Optional[dict], namespace: Optional[str], w: Write) -> dict:
         """What the API server does to a write between reading the body and storing it, in its
         order: decode (pruning, quantities), keep to the subresource, default, validate."""
+        if w.subresource == "scale" and old is not None and res in self._scale_paths:
+            obj = self._custom_scale(res, obj, old)
+            w = dataclasses.replace(w, subresource=None)
         self._decode(res, obj, namespace, w)
         obj = self._scope(res, obj, old, w)
         schema = self._schemas.get(res)
         if schema is not None:
             obj = apply_defaults(obj, schema)
-            self._check(res, obj, namespace, w, structural.validation_errors(obj, schema))
+            errors = structural.validation_errors(obj, schema)
+            if old is not None and w.subresource is None:
+                errors += structural.transition_errors(obj, old, schema)
+            self._check(res, obj, namespace, w, errors)
         elif w.subresource is None:
             self._check(res, obj, namespace, w, core_validation.validation_errors(self._kind(res), obj))
             self._warn_pod_ports(res, obj, old, w)
         return obj
+
+    def _custom_scale(self, res, new: dict, old: dict) -> dict:
+        """/scale of a custom resource: `spec.replicas` of the Scale goes to specReplicasPath."""
+        merged = copy.deepcopy(old)
+        node = merged
+        *parents, leaf = self._scale_paths[res]["specReplicasPath"].lstrip(".").split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                            message=f"{self._scale_paths[res]['specReplicasPath']} is not an object "
+                                                    "path of this object")
+        node[leaf] = (new.get("spec") or {}).get("replicas")
+        return merged
 
     def _decode(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
         """Decoding the body: a custom resource loses what its schema does not declare; a
@@ -530,6 +554,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
                                     err.reason or "", err.message or "", tuple(c["field"] for c in causes), w.agent))
         return err
 
+    def _pod_security(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
+        """Pod Security admission (enforce mode) on pod creation: 403 Forbidden with its message.
+        Workload objects (StatefulSets) are admitted; their pods are refused when created."""
+        if self._kind(res) != "Pod" or namespace is None or w.as_controller:
+            return
+        level = pod_security.enforced_level(self.obj("v1/namespaces", None, namespace))
+        problems = pod_security.violations(obj.get("spec") or {}, level)
+        if problems:
+            name = _name_of(obj)
+            raise self._refuse(res, obj, namespace, w, kmock.KubernetesError(
+                status=403, reason="Forbidden", message=pod_security.forbidden_message(name, level, problems),
+                details={"name": name, "kind": "pods"}))
+
     def _kind(self, res) -> str:
         return self.resources[res].kind or res.plural
 
@@ -538,6 +575,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if not isinstance(body, dict):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="body must be an object")
         obj = self._admit(res, copy.deepcopy(body), None, namespace, w)
+        self._pod_security(res, obj, namespace, w)
         meta = obj.setdefault("metadata", {})
         if namespace is not None:
             if meta.get("namespace") not in (None, namespace):

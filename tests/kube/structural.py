@@ -168,6 +168,26 @@ FORMATS.checks("date-time")(lambda v: not isinstance(v, str) or is_date_time(v))
 FORMATS.checks("date")(lambda v: not isinstance(v, str) or is_date(v))
 
 
+IMMUTABLE_RULE = "self == oldSelf"
+
+
+def transition_errors(new: Any, old: Any, schema: dict, path: str = "") -> list[FieldError]:
+    """CEL transition rules on an update. Only `self == oldSelf` (immutable fields) is
+    evaluated; the apiserver skips a rule when the field is absent on either side."""
+    out: list[FieldError] = []
+    for v in schema.get("x-kubernetes-validations") or []:
+        if v.get("rule") != IMMUTABLE_RULE:
+            raise NotImplementedError(f"{path}: the emulator evaluates only {IMMUTABLE_RULE!r}, not {v.get('rule')!r}")
+        if new != old:
+            out.append(FieldError("FieldValueInvalid", path.lstrip("."),
+                                  f"Invalid value: \"{schema.get('type', 'object')}\": {v.get('message') or 'failed rule: ' + IMMUTABLE_RULE}"))
+    if isinstance(new, dict) and isinstance(old, dict):
+        for k, sub in (schema.get("properties") or {}).items():
+            if k in new and k in old:
+                out += transition_errors(new[k], old[k], sub, f"{path}.{k}")
+    return out
+
+
 def validation_errors(obj: dict, schema: dict) -> list[FieldError]:
     """The schema's verdict on `obj`, as the apiserver words it, in field-path order."""
     validator = jsonschema.Draft4Validator(openapi_to_jsonschema(schema), format_checker=FORMATS)

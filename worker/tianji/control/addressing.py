@@ -9,6 +9,20 @@ Ports (offsets from `spec.network.basePort`):
   buffer  : fragments PULL (+0), credits PULL (+1)
   learner : batches PULL (+2), params PUB (+3); learner 0 of group 0 also hosts the
             torch.distributed rendezvous (+4) when a job has several learners
+
+Host networking (`spec.network.hostNetwork`): pods bind on the node's IP, so two
+pods on one node must not share a port. Each (group, index) slot then gets its own
+block of PORT_BLOCK data ports, `basePort + PORT_BLOCK * (group * buffers + index)`
++ the offset above (buffer i and learner i of a group share a slot: their offsets
+differ), and each pod its own metrics port, `metricsPort + METRICS_BLOCK * slot +
+{learner 0, buffer 1, actor 2}` (actors of a group share one: the scheduler keeps
+pods with the same host port on different nodes). The workers learn `buffers` from
+TIANJI_HOST_PORT_SLOTS (set by tianji.control.launch); without it the ports are fixed.
+
+A StatefulSet pod's index (`--index auto`) comes from TIANJI_INDEX (the downward
+API's `apps.kubernetes.io/pod-index` label, Kubernetes >= 1.28) or, on older
+clusters, the ordinal at the end of TIANJI_POD_NAME (metadata.name), never from
+HOSTNAME: under host networking that is the node's name.
 """
 from __future__ import annotations
 
@@ -23,6 +37,39 @@ PORTS = {"fragments": 0, "credits": 1, "batches": 2, "params": 3}
 OWNER = {"fragments": "buffer", "credits": "buffer", "batches": "learner", "params": "learner"}
 DIST_PORT_OFFSET = 4
 LAST_PORT_OFFSET = max(*PORTS.values(), DIST_PORT_OFFSET)  # basePort..basePort+LAST_PORT_OFFSET are taken
+PORT_BLOCK = LAST_PORT_OFFSET + 1  # data ports per slot under host networking
+METRICS_BLOCK = 3
+METRICS_OFFSET = {"learner": 0, "buffer": 1, "actor": 2}
+ENV_HOST_PORT_SLOTS = "TIANJI_HOST_PORT_SLOTS"
+ENV_INDEX = "TIANJI_INDEX"
+ENV_POD_NAME = "TIANJI_POD_NAME"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+
+
+def data_port(base: int, channel: str, group: int, index: int, slots: Optional[int] = None) -> int:
+    """The port of `channel` on its owner (group, index); `slots` (buffers per group) under
+    host networking, None for the fixed ports of a pod network."""
+    if slots is None:
+        return base + PORTS[channel]
+    return base + PORT_BLOCK * (group * slots + index) + PORTS[channel]
+
+
+def dist_port(base: int) -> int:
+    """torch.distributed rendezvous on learner 0 of group 0 (slot 0 in either layout)."""
+    return base + DIST_PORT_OFFSET
+
+
+def metrics_port(metrics: int, role: str, group: int, index: int, slots: Optional[int] = None) -> int:
+    """A pod's metrics port: fixed on a pod network, one per (slot, role) under host networking."""
+    if slots is None:
+        return metrics
+    return metrics + METRICS_BLOCK * (group * slots + (0 if role == "actor" else index)) + METRICS_OFFSET[role]
+
+
+def host_port_ranges(base: int, metrics: int, groups: int, slots: int) -> tuple[range, range]:
+    """(data ports, metrics ports) a host-network job takes on the nodes."""
+    n = groups * slots
+    return range(base, base + PORT_BLOCK * n), range(metrics, metrics + METRICS_BLOCK * n)
 
 
 def pod_name(job: str, role: str, group: int, index: int) -> str:
@@ -59,12 +106,15 @@ class Addresses:
     run_dir: Optional[Path] = None
     namespace: Optional[str] = None
     bind_host: str = "*"  # pods: TIANJI_POD_IP, so that pods sharing a network never collide
+    port_slots: Optional[int] = None  # host networking: buffers per group (TIANJI_HOST_PORT_SLOTS)
 
     @classmethod
     def from_env(cls, job: str, base_port: int, run_dir: Optional[str]) -> "Addresses":
         if run_dir:
             return cls(job, base_port, Path(run_dir))
-        return cls(job, base_port, None, os.environ.get("TIANJI_NAMESPACE"), os.environ.get("TIANJI_POD_IP") or "*")
+        slots = os.environ.get(ENV_HOST_PORT_SLOTS)
+        return cls(job, base_port, None, os.environ.get("TIANJI_NAMESPACE"), os.environ.get("TIANJI_POD_IP") or "*",
+                   int(slots) if slots else None)
 
     def _check(self, channel: str) -> str:
         if channel not in PORTS:
@@ -78,7 +128,7 @@ class Addresses:
         if self.run_dir is not None:
             return f"ipc://{self.ipc_path(channel, group, index)}"
         self._check(channel)
-        return f"tcp://{self.bind_host}:{self.base_port + PORTS[channel]}"
+        return f"tcp://{self.bind_host}:{data_port(self.base_port, channel, group, index, self.port_slots)}"
 
     def connect(self, channel: str, group: int, index: int) -> str:
         owner = self._check(channel)
@@ -87,7 +137,7 @@ class Addresses:
         host = f"{pod_name(self.job, owner, group, index)}.{service_name(self.job)}"
         if self.namespace:
             host += f".{self.namespace}.svc"
-        return f"tcp://{host}:{self.base_port + PORTS[channel]}"
+        return f"tcp://{host}:{data_port(self.base_port, channel, group, index, self.port_slots)}"
 
 
 def sock_dir(run_dir: Optional[Path]) -> Path:
@@ -112,13 +162,21 @@ def dist_init_method(addrs: "Addresses") -> str:
     host = f"{pod_name(addrs.job, 'learner', 0, 0)}.{service_name(addrs.job)}"
     if addrs.namespace:
         host += f".{addrs.namespace}.svc"
-    return f"tcp://{host}:{addrs.base_port + DIST_PORT_OFFSET}"
+    return f"tcp://{host}:{dist_port(addrs.base_port)}"
 
 
-def index_from_hostname(hostname: Optional[str] = None) -> int:
-    """A StatefulSet pod's ordinal: `cartpole-actor-0-3` → 3."""
-    hostname = hostname or os.environ.get("HOSTNAME", "")
-    tail = hostname.rsplit("-", 1)[-1]
-    if not tail.isdigit():
-        raise ValueError(f"cannot derive an index from hostname {hostname!r}; pass --index")
+def auto_index(env: Optional[dict] = None) -> int:
+    """A StatefulSet pod's ordinal (`--index auto`): TIANJI_INDEX (the pod-index label), else
+    the ordinal ending TIANJI_POD_NAME (`cartpole-actor-0-3` -> 3). Never HOSTNAME."""
+    env = os.environ if env is None else env
+    given = (env.get(ENV_INDEX) or "").strip()
+    if given:
+        if not given.isdigit():
+            raise ValueError(f"{ENV_INDEX}={given!r} is not an index")
+        return int(given)
+    name = env.get(ENV_POD_NAME) or ""
+    tail = name.rsplit("-", 1)[-1]
+    if not name or not tail.isdigit():
+        raise ValueError(f"--index auto needs {ENV_INDEX} (downward API label {POD_INDEX_LABEL}) or "
+                         f"{ENV_POD_NAME} (metadata.name) ending in the ordinal; got {name!r}; pass --index")
     return int(tail)

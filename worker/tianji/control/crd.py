@@ -35,13 +35,13 @@ from typing import Any
 import yaml
 
 from tianji.control.accounting import STATUS_RATE_KEYS
-from tianji.control.spec import API_VERSION, JOB_NAME_PATTERN, KIND, JobSpec
+from tianji.control.spec import API_VERSION, JOB_NAME_PATTERN, KIND, JobSpec, immutable
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "tianjijobs"
 SINGULAR = "tianjijob"
 SHORT_NAMES = ["tjj"]
-CATEGORIES = ["tianji"]
+CATEGORIES = ["tianji", "all"]  # `kubectl get all` lists jobs too
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 # Printer columns read these status fields (written by the operator, see docs/operator.md).
@@ -56,8 +56,25 @@ PRINTER_COLUMNS = [
     {"name": "Mean return", "type": "number", "jsonPath": ".status.meanReturn",
      "description": "mean of the last 100 finished episodes (summary.json mean_return)"},
     {"name": "Policy version", "type": "integer", "jsonPath": ".status.policyVersion"},
+    {"name": "Start", "type": "date", "jsonPath": ".status.startTime",
+     "description": "when every learner and buffer first ran"},
+    {"name": "End", "type": "date", "jsonPath": ".status.completionTime"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide
+    {"name": "Groups", "type": "integer", "jsonPath": ".status.plan.groups", "priority": 1},
+    {"name": "Learners", "type": "integer", "jsonPath": ".status.plan.learners", "priority": 1,
+     "description": "learners per group"},
+    {"name": "Policy lag", "type": "number", "jsonPath": ".status.policyLag.mean", "priority": 1,
+     "description": "mean lag of consumed samples, in learner versions"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Failed\")].reason",
+     "priority": 1},
 ]
+
+# HPA/KEDA scale actors per group through /scale: spec.topology.actors (an explicit topology;
+# with `topology: auto` the apiserver cannot read replicas), status written by the operator.
+SCALE = {"specReplicasPath": ".spec.topology.actors", "statusReplicasPath": ".status.actorReplicas",
+         "labelSelectorPath": ".status.actorSelector"}
 
 _DROP = {"title", "additionalProperties", "discriminator"}
 
@@ -97,6 +114,9 @@ def _convert(node: dict, defs: dict, path: str, defaults: bool = True) -> dict:
         return _merge_union(node, defs, path)
 
     for key, value in node.items():
+        if key == "additionalProperties" and isinstance(value, dict) and "properties" not in node:
+            out[key] = _convert(value, defs, f"{path}{{}}", defaults)  # a map: dict[str, X]
+            continue
         if key in _DROP or key in ("properties", "items", "$defs"):
             continue
         if key == "exclusiveMinimum":
@@ -115,7 +135,8 @@ def _convert(node: dict, defs: dict, path: str, defaults: bool = True) -> dict:
         out["type"] = "object"
         out["properties"] = {k: _convert(v, defs, f"{path}.{k}", defaults) for k, v in node["properties"].items()}
     if "items" in node:
-        out["items"] = _convert(node["items"], defs, f"{path}[]", defaults)
+        out["items"] = (dict(node["items"]) if node["items"].get("x-kubernetes-preserve-unknown-fields")
+                        else _convert(node["items"], defs, f"{path}[]", defaults))
     if "type" not in out:
         raise CRDGenerationError(f"{path}: no type in {node}")
     return _ordered(out)
@@ -150,7 +171,8 @@ def _merge_union(node: dict, defs: dict, path: str) -> dict:
         "type": "object",
         "description": desc,
         "required": [disc],
-        "properties": {disc: {"type": "string", "enum": tags, "description": "algorithm variant"}, **props},
+        "properties": {disc: {"type": "string", "enum": tags, "description": "algorithm variant",
+                              "x-kubernetes-validations": [immutable(f"algorithm.{disc}")]}, **props},
     }
 
 
@@ -257,7 +279,7 @@ def status_schema() -> dict:
         "type": "object",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string", "description": "Planned, Ready, Progressing, Rescaled, Succeeded or Failed"},
+            "type": {"type": "string", "description": "Planned, Ready, Progressing, Rescaled, Suspended, Succeeded or Failed"},
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string"},
             "message": {"type": "string"},
@@ -272,7 +294,7 @@ def status_schema() -> dict:
         "description": "Written by the operator (see docs/operator.md). The training numbers are "
                        "tianji.control.accounting's view, the same as a local run's summary.json.",
         "properties": {
-            "phase": {"type": "string", "enum": ["Pending", "Running", "Succeeded", "Failed"]},
+            "phase": {"type": "string", "enum": ["Pending", "Running", "Suspended", "Succeeded", "Failed"]},
             "observedGeneration": {"type": "integer"},
             "conditions": {"type": "array", "items": cond},
             "actors": {"type": "string", "description": "actor pods ready/desired over all groups"},
@@ -294,6 +316,11 @@ def status_schema() -> dict:
                            "description": "when the numbers above were last counted"},
             "accounting": {**opaque, "description": "the counting state (restored after an operator restart)"},
             "autoscale": {**opaque, "description": "lastRescaleTime, lastDecision, lastEvaluation"},
+            "actorReplicas": {**count, "description": "actors per group (the scale subresource's replicas)"},
+            "actorSelector": {"type": "string", "description": "label selector of the actor pods (scale subresource)"},
+            "restarts": {**count, "description": "container restarts of the job's pods (runPolicy.backoffLimit)"},
+            "activeSince": {"type": "string", "format": "date-time",
+                            "description": "creation or last resume: runPolicy.activeDeadlineSeconds counts from here"},
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
         },
@@ -326,7 +353,7 @@ def crd_dict() -> dict:
                 "name": VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {"status": {}, "scale": SCALE},
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": schema},
             }],

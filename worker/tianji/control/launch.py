@@ -15,7 +15,16 @@ process is always `tianji worker ARGS` with this environment:
     TIANJI_NAMESPACE    downward API metadata.namespace: peers' DNS names
     TIANJI_POD_IP       downward API status.podIP: data ports and /metrics bind here,
                         not on every interface (host networking shares the node's)
+    TIANJI_POD_NAME     downward API metadata.name
+    TIANJI_INDEX        `--index auto` (actors): downward API label apps.kubernetes.io/pod-index
+                        (the StatefulSet ordinal; never HOSTNAME, the node's name under
+                        host networking); older clusters: the ordinal of TIANJI_POD_NAME
+    TIANJI_HOST_PORT_SLOTS  host networking: buffers per group, for the per-slot port
+                        layout of tianji.control.addressing (pods sharing a node)
     TIANJI_STATE_DIR    checkpoints (a volume)
+    HOME, TMPDIR        SCRATCH_DIR (an emptyDir): the root filesystem is read-only
+                        (Pod Security "restricted"), so caches (torch, triton, ALE) and
+                        temporary files go there
     TIANJI_TERMINATION_LOG  where the worker writes its final report as it exits; the
                         kubelet copies it into the pod status (terminationMessagePath),
                         so counts made after the last scrape are not lost
@@ -34,6 +43,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
+from tianji.control.addressing import ENV_HOST_PORT_SLOTS, ENV_INDEX, ENV_POD_NAME, POD_INDEX_LABEL
+
 MALLOC_TUNABLES = ("glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=33554432:"
                    "glibc.malloc.top_pad=67108864")
 
@@ -41,6 +52,7 @@ WORKER_COMMAND = ["tianji", "worker"]  # the worker image's entry point
 CONFIG_DIR = "/etc/tianji"  # pods: the job's ConfigMap is mounted here
 JOB_FILE = "job.yaml"
 STATE_DIR = "/var/lib/tianji"
+SCRATCH_DIR = "/tmp"  # pods: a writable emptyDir under a read-only root filesystem
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 TERMINATION_MESSAGE_MAX = 4096  # bytes the kubelet keeps of it
 
@@ -94,8 +106,14 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
         if report:
             args += ["--report", report]
     elif engine == "pod":
-        field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP"}
+        field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP",
+                     ENV_POD_NAME: "metadata.name"}
+        if str(index) == "auto":
+            field_env[ENV_INDEX] = f"metadata.labels['{POD_INDEX_LABEL}']"
+        if job.spec.network.host_network:
+            env[ENV_HOST_PORT_SLOTS] = str(job.spec.topology.buffers)
         env[ENV_STATE_DIR] = STATE_DIR
+        env["HOME"] = env["TMPDIR"] = SCRATCH_DIR
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
     else:
         raise ValueError(f"unknown engine {engine!r}")

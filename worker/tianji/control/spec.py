@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from tianji.control.addressing import LAST_PORT_OFFSET
+from tianji.control.addressing import LAST_PORT_OFFSET, host_port_ranges
 
 API_VERSION = "tianji.dev/v1alpha1"
 KIND = "TianJiJob"
@@ -68,6 +68,13 @@ def quantity_value(q: str) -> Decimal:
         return number.scaleb(exponent)
     except ArithmeticError:  # e.g. 1e99999999: a ValueError, so that pydantic reports it
         raise ValueError(f"{q!r} is out of range") from None
+
+
+def immutable(field: str) -> dict:
+    """A CEL transition rule for the CRD (Kubernetes >= 1.25): the apiserver refuses the change.
+    The operator refuses every other immutable change itself (ImmutableFieldChanged)."""
+    return {"rule": "self == oldSelf",
+            "message": f"{field} is immutable: delete and re-create the job to change it"}
 
 
 class _Model(BaseModel):
@@ -126,7 +133,8 @@ Algorithm = Annotated[Union[PPOConfig, DQNConfig], Field(discriminator="name")]
 
 # ----------------------------------------------------------------- env, model
 class EnvConfig(_Model):
-    id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5")
+    id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5",
+                    json_schema_extra={"x-kubernetes-validations": [immutable("env.id")]})
     num_envs: int = Field(8, ge=1, le=4096, description="vectorised envs per actor")
     fragment_length: int = Field(32, ge=1, le=10_000, description="steps per env in one fragment")
     seed: int = Field(1, ge=0)
@@ -202,6 +210,32 @@ class StopConfig(_Model):
 class CheckpointConfig(_Model):
     interval_seconds: float = Field(60.0, gt=0)
     keep: int = Field(3, ge=1, le=100)
+    # Kubernetes only: where learners keep checkpoints (default: an emptyDir, lost with the pod).
+    persistent_volume_claim: Optional[str] = Field(
+        None, min_length=1, max_length=253, json_schema_extra={"pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+        description="an existing PersistentVolumeClaim for the learners' checkpoints")
+    size: Optional[str] = Field(None, json_schema_extra={"pattern": QUANTITY_PATTERN},
+                                description="the operator creates a claim <job>-checkpoints of this size")
+    storage_class_name: Optional[str] = Field(None, min_length=1, description="its storage class (default: the "
+                                                                              "cluster's default class)")
+    access_mode: Literal["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"] = Field(
+        "ReadWriteOnce", description="ReadWriteMany when learners may run on several nodes")
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and quantity_value(v) <= 0:
+            raise ValueError(f"{v!r}: a claim needs a positive size")
+        return v
+
+    @model_validator(mode="after")
+    def _one_volume(self) -> "CheckpointConfig":
+        if self.persistent_volume_claim and (self.size or self.storage_class_name):
+            raise ValueError("persistentVolumeClaim names an existing claim: size and storageClassName are for "
+                             "the claim the operator creates; set one or the other")
+        if self.storage_class_name and not self.size:
+            raise ValueError("storageClassName needs size (the claim the operator creates)")
+        return self
 
 
 class RoleResources(_Model):
@@ -240,7 +274,8 @@ class Network(_Model):
     base_port: int = Field(5550, ge=1024, le=65535 - LAST_PORT_OFFSET,
                            description=f"the data ports are basePort..basePort+{LAST_PORT_OFFSET}")
     metrics_port: int = Field(9090, ge=1024, le=65535,
-                              description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}")
+                              description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}; with "
+                                          "hostNetwork every pod gets its own ports (docs/kubernetes.md)")
 
     @field_validator("rdma")
     @classmethod
@@ -268,13 +303,28 @@ class Network(_Model):
 
 
 class Autoscale(_Model):
-    enabled: bool = False
-    prometheus_url: Optional[str] = None
+    enabled: bool = Field(False, description="shorthand for mode: planner (when mode is unset)")
+    mode: Optional[Literal["planner", "external", "off"]] = Field(
+        None, description="planner: the operator rescales actors from throughput; external: HPA/KEDA/a person "
+                          "set actors (the scale subresource or the StatefulSets) and the operator adopts them; "
+                          "off: topology.actors. Unset: planner if enabled, else off")
+    prometheus_url: Optional[str] = Field(None, description="must match the operator's allow-list "
+                                                            "(chart operator.prometheusAllowList)")
     min_actors: int = Field(1, ge=1)
     max_actors: int = Field(64, ge=1)
     band: float = Field(0.15, ge=0, lt=1, description="hysteresis band on production/consumption")
-    cooldown_seconds: float = Field(60.0, ge=0)
+    cooldown_seconds: float = Field(60.0, ge=0, description="default of both cooldowns below")
+    scale_up_cooldown_seconds: Optional[float] = Field(None, ge=0, description="after any change, before adding")
+    scale_down_cooldown_seconds: Optional[float] = Field(None, ge=0, description="after any change, before removing")
     interval_seconds: float = Field(15.0, gt=0)
+
+    @property
+    def effective_mode(self) -> str:
+        return self.mode or ("planner" if self.enabled else "off")
+
+    def cooldown(self, direction: str) -> float:
+        own = self.scale_up_cooldown_seconds if direction == "up" else self.scale_down_cooldown_seconds
+        return self.cooldown_seconds if own is None else own
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscale":
@@ -283,7 +333,149 @@ class Autoscale(_Model):
         return self
 
 
+# ----------------------------------------------------------------- pod overlay (Kubernetes only)
+_FREE = {"x-kubernetes-preserve-unknown-fields": True}
+# What the operator itself puts in every pod: an overlay may not redefine it.
+RESERVED_VOLUMES = ("job", "state", "dshm", "scratch")
+RESERVED_MOUNT_PATHS = ("/etc/tianji", "/var/lib/tianji", "/dev/shm", "/tmp")
+_ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+class Toleration(_Model):
+    key: Optional[str] = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: Optional[str] = None
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+    toleration_seconds: Optional[int] = None
+
+
+class EnvVar(_Model):
+    name: str = Field(..., min_length=1, json_schema_extra={"pattern": _ENV_NAME})
+    value: Optional[str] = None
+    value_from: Optional[dict[str, Any]] = Field(None, json_schema_extra=_FREE,
+                                                 description="a Kubernetes EnvVarSource")
+
+    @field_validator("name")
+    @classmethod
+    def _not_ours(cls, v: str) -> str:
+        if not re.fullmatch(_ENV_NAME, v):
+            raise ValueError(f"{v!r} is not an environment variable name")
+        if v.startswith("TIANJI_"):
+            raise ValueError(f"{v}: TIANJI_* variables are set by the operator (tianji.control.launch)")
+        return v
+
+
+class VolumeMount(_Model):
+    name: str = Field(..., min_length=1)
+    mount_path: str = Field(..., min_length=1)
+    read_only: bool = False
+    sub_path: Optional[str] = None
+
+
+class PodOverlay(_Model):
+    """Added to the pods of a role (or of all roles): scheduling and extra volumes/env."""
+
+    node_selector: Optional[dict[str, str]] = None
+    tolerations: Optional[list[Toleration]] = None
+    affinity: Optional[dict[str, Any]] = Field(None, json_schema_extra=_FREE, description="a Kubernetes Affinity")
+    priority_class_name: Optional[str] = None
+    image_pull_secrets: Optional[list[str]] = Field(None, description="names of Secrets")
+    service_account_name: Optional[str] = None
+    env: Optional[list[EnvVar]] = None
+    volumes: Optional[list[dict[str, Any]]] = Field(
+        None, json_schema_extra={"items": {"type": "object", **_FREE}}, description="Kubernetes Volumes")
+    volume_mounts: Optional[list[VolumeMount]] = None
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, v: Optional[list[dict]]) -> Optional[list[dict]]:
+        for vol in v or []:
+            name = vol.get("name") if isinstance(vol, dict) else None
+            if not isinstance(name, str) or not name:
+                raise ValueError("every volume needs a name")
+            if name in RESERVED_VOLUMES:
+                raise ValueError(f"volume name {name!r} is the operator's ({', '.join(RESERVED_VOLUMES)})")
+        return v
+
+    @field_validator("volume_mounts")
+    @classmethod
+    def _mounts(cls, v: Optional[list[VolumeMount]]) -> Optional[list[VolumeMount]]:
+        for m in v or []:
+            if m.mount_path.rstrip("/") in RESERVED_MOUNT_PATHS:
+                raise ValueError(f"mountPath {m.mount_path!r} is the operator's ({', '.join(RESERVED_MOUNT_PATHS)})")
+        return v
+
+
+class Pods(_Model):
+    """Pod overlays: `all` first, then the role's (maps merge, lists add up, scalars: the role's)."""
+
+    all: PodOverlay = Field(default_factory=PodOverlay)
+    actor: PodOverlay = Field(default_factory=PodOverlay)
+    buffer: PodOverlay = Field(default_factory=PodOverlay)
+    learner: PodOverlay = Field(default_factory=PodOverlay)
+
+
+class RunPolicy(_Model):
+    """How the job runs on Kubernetes: retries, time limits, clean-up, queueing (Kubeflow's RunPolicy)."""
+
+    backoff_limit: int = Field(
+        6, ge=0, le=1000,
+        description="container restarts (all pods of the job together) before the job fails with "
+                    "reason BackoffLimitExceeded")
+    active_deadline_seconds: Optional[int] = Field(
+        None, ge=1, description="the job fails (DeadlineExceeded) when it has been active this long, counted "
+                                "from its creation or its last resume")
+    ttl_seconds_after_finished: Optional[int] = Field(
+        None, ge=0, description="delete the TianJiJob (and with it its children) this long after it ended")
+    clean_pod_policy: Literal["Running", "All", "None"] = Field(
+        "Running", description="at the end: Running deletes learner/buffer pods still running and scales "
+                               "actors to 0; All deletes finished ones too; None keeps them")
+    suspend: bool = Field(
+        False, description="true deletes the pods (checkpoints and counts are kept); false again resumes "
+                           "(Kubernetes Job / Kueue semantics)")
+
+
+# Fields that moved: old name -> (new section, new name). Accepted on read (older manifests,
+# ConfigMaps written by an older operator, objects stored under an older CRD: Helm does not
+# upgrade CRDs) and moved; `deprecated_fields` names them for a warning.
+MOVED_FIELDS = {"cleanPodPolicy": ("runPolicy", "cleanPodPolicy")}
+
+
+def deprecated_fields(spec: Any) -> list[str]:
+    """Deprecation notes for the moved fields a raw spec dict uses."""
+    if not isinstance(spec, dict):
+        return []
+    return [f"spec.{old} is deprecated: use spec.{new[0]}.{new[1]}" for old, new in MOVED_FIELDS.items()
+            if old in spec]
+
+
 class JobSpec(_Model):
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_fields(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        v = dict(v)
+        for old, (section, new) in MOVED_FIELDS.items():
+            snake = re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), old)
+            for key in (old, snake):
+                if key not in v:
+                    continue
+                value = v.pop(key)
+                sec_key = section if section in v else re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(),
+                                                              section)
+                sec = v.get(sec_key)
+                if isinstance(sec, BaseModel):
+                    sec = sec.model_dump(by_alias=True, exclude_unset=True)
+                sec = dict(sec or {})
+                have = sec.get(new, sec.get(re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), new)))
+                if have is not None and have != value:
+                    raise ValueError(f"{old} ({value!r}) and {section}.{new} ({have!r}) disagree: "
+                                     f"{old} is deprecated, set {section}.{new} only")
+                sec.setdefault(new, value)
+                v[sec_key] = sec
+        return v
+
     algorithm: Algorithm = Field(default_factory=PPOConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -294,9 +486,11 @@ class JobSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     network: Network = Field(default_factory=Network)
     autoscale: Autoscale = Field(default_factory=Autoscale)
-    image: str = Field("tianji-worker:0.1.0", min_length=1, json_schema_extra={"pattern": IMAGE_PATTERN},
+    image: str = Field("tianji-worker:0.1.0", min_length=1,
+                       json_schema_extra={"pattern": IMAGE_PATTERN, "x-kubernetes-validations": [immutable("image")]},
                        description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0")
-    clean_pod_policy: Literal["Running", "All", "None"] = "Running"
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    pods: Pods = Field(default_factory=Pods)
 
     @field_validator("image")
     @classmethod
@@ -320,6 +514,24 @@ class JobSpec(_Model):
                 )
         if isinstance(a, DQNConfig) and a.batch_size > a.replay_capacity:
             raise ValueError("algorithm.batchSize > algorithm.replayCapacity")
+        return self
+
+    @model_validator(mode="after")
+    def _host_ports(self) -> "JobSpec":
+        """Host networking gives every (group, index) slot its own ports (addressing.py): the
+        data and metrics ranges must fit below 65536 and never overlap."""
+        net, t = self.network, self.topology
+        if not net.host_network or t.auto:
+            return self
+        data, metrics = host_port_ranges(net.base_port, net.metrics_port, t.groups, t.buffers)
+        for what, r in (("data", data), ("metrics", metrics)):
+            if r.stop - 1 > 65535:
+                raise ValueError(f"network: with hostNetwork, {t.groups} group(s) x {t.buffers} buffer(s) take "
+                                 f"{what} ports {r.start}-{r.stop - 1}, beyond 65535: lower "
+                                 f"network.{'basePort' if what == 'data' else 'metricsPort'}")
+        if data.start < metrics.stop and metrics.start < data.stop:
+            raise ValueError(f"network: with hostNetwork, data ports {data.start}-{data.stop - 1} and metrics "
+                             f"ports {metrics.start}-{metrics.stop - 1} overlap: move network.metricsPort")
         return self
 
     # Derived defaults that depend on the algorithm.

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from tianji.control.addressing import Addresses, index_from_hostname
+from tianji.control.addressing import Addresses, auto_index
 from tianji.control.launch import ENV_PARENT_PID, ENV_POD_IP, ENV_STATE_DIR, torch_threads
 from tianji.control.spec import load_job
 
@@ -35,7 +35,7 @@ def run_worker(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {a.role}-{a.group}-{a.index} %(levelname)s %(message)s")
     job = load_job(a.job)
-    index = index_from_hostname() if a.index == "auto" else int(a.index)
+    index = auto_index() if a.index == "auto" else int(a.index)
     threads = torch_threads(job, a.role)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     import torch
