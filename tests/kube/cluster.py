@@ -55,6 +55,8 @@ class PodCluster:
             if self.want_prometheus:
                 self.prometheus = await self._stack.enter_async_context(
                     PrometheusServer(self.kube, self.root / "prometheus"))
+                # As the chart's operator.prometheusAllowList would: only this Prometheus may be asked.
+                self.operator_config.setdefault("prometheus_allowed", [self.prometheus.url])
             self.operator = await self._stack.enter_async_context(RunningOperator(self.kube, **self.operator_config))
         except BaseException:
             await self._close()

@@ -60,6 +60,7 @@ import os
 import random
 import re
 import shlex
+import sys
 import shutil
 import signal
 import time
@@ -80,6 +81,24 @@ CONFIGMAPS = "v1/configmaps"
 TERMINATION_MESSAGE_MAX = 4096  # bytes the kubelet keeps of a termination message
 BACKOFF_RESET_S = 600.0  # a container that ran this long restarts without back-off
 IMAGE_ENV_KEYS = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL")
+
+STAGE = "/mnt/.tianji-kubelet-stage"  # a pod's mount sources, seen before any of its mounts hide them
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _under(path: str, top: str) -> bool:
+    return Path(path) == Path(top) or Path(top) in Path(path).parents
+
+
+def _image_paths(env: dict[str, str], workdir: str) -> list[str]:
+    """Host paths a pod's process runs from, outermost first (nested ones need no own mount)."""
+    want = {str(REPO), str(Path(sys.prefix).resolve()), workdir,
+            *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)}
+    out: list[str] = []
+    for p in sorted(want, key=lambda x: len(Path(x).parts)):
+        if Path(p).exists() and not any(_under(p, q) for q in out):
+            out.append(p)
+    return out
 
 
 def unavailable_reason() -> Optional[str]:
@@ -617,14 +636,30 @@ class PodWorker:
         tpath = self.container.get("terminationMessagePath", "/dev/termination-log")
         if tpath:
             binds.append((termination, tpath, False))
-        for src, dst, ro in binds:
-            Kubelet.ensure_mount_point(dst, directory=src.is_dir())
-            script.append(f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}")
-            if ro:
-                script.append(f"mount -o remount,bind,ro {shlex.quote(dst)}")
-        script.append(f"echo {shlex.quote(self.hostname[:64])} > /proc/sys/kernel/hostname")
+        # Every source is first bound into a private staging tmpfs, then the targets are mounted
+        # from there, parents first: a mount over a directory that holds other sources (an
+        # emptyDir at /tmp, where the test's files live) cannot hide them.
+        Kubelet.ensure_mount_point(STAGE, directory=True)
+        script.append(f"mount -t tmpfs tianji-stage {STAGE}")
+        for i, (src, dst, ro) in enumerate(binds):
+            stage = f"{STAGE}/{i}"
+            script.append(f"mkdir {stage}" if src.is_dir() else f"touch {stage}")
+            script.append(f"mount --bind {shlex.quote(str(src))} {stage}")
         workdir = self.container.get("workingDir") or str(self.dir / "rootfs")
         Path(workdir).mkdir(parents=True, exist_ok=True)
+        # The "image" is this machine: keep what the process runs from (the checkout, the venv,
+        # PYTHONPATH, its working dir) visible where a volume is mounted over an ancestor of it.
+        hidden = [k for k in _image_paths(env, workdir) if any(_under(k, dst) for _, dst, _ in binds)]
+        for j, keep in enumerate(hidden):
+            script.append(f"mkdir {STAGE}/keep{j} && mount --bind {shlex.quote(keep)} {STAGE}/keep{j}")
+        for i, (src, dst, ro) in sorted(enumerate(binds), key=lambda b: len(Path(b[1][1]).parts)):
+            Kubelet.ensure_mount_point(dst, directory=src.is_dir())
+            script.append(f"mount --bind {STAGE}/{i} {shlex.quote(dst)}")
+            if ro:
+                script.append(f"mount -o remount,bind,ro {shlex.quote(dst)}")
+        for j, keep in enumerate(hidden):
+            script.append(f"mkdir -p {shlex.quote(keep)} && mount --bind {STAGE}/keep{j} {shlex.quote(keep)}")
+        script.append(f"echo {shlex.quote(self.hostname[:64])} > /proc/sys/kernel/hostname")
         script.append(f"cd {shlex.quote(workdir)}")
         script.append('exec "$@"')
         return ["unshare", "--mount", "--uts", "--propagation", "private", "--",
