@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import tianji.control
+import tianji_operator
 from helpers import operator_image_requirements
 
 TRAINING_STACK = ("torch", "gymnasium", "ale_py")
@@ -19,8 +20,8 @@ TRAINING_STACK = ("torch", "gymnasium", "ale_py")
 FORBIDDEN = TRAINING_STACK + (() if "numpy" in operator_image_requirements() else ("numpy",))
 
 CONTROL = sorted(m.name for m in pkgutil.iter_modules(tianji.control.__path__, "tianji.control."))
-OPERATOR = ["tianji_operator", "tianji_operator.handlers", "tianji_operator.builders", "tianji_operator.autoscaler",
-            "tianji_operator.reports"]
+OPERATOR = sorted(m.name for m in pkgutil.iter_modules(tianji_operator.__path__, "tianji_operator.")
+                  if m.name != "tianji_operator.__main__") + ["tianji_operator"]
 
 REPORT = "import importlib, json, sys; importlib.import_module(sys.argv[1]); " \
          "print(json.dumps([m for m in sys.argv[2:] if m in sys.modules]))"

@@ -13,7 +13,7 @@ import yaml
 
 from helpers import free_port
 from kube.operator_harness import NAMESPACE, eventually, job_manifest, start_cluster
-from tianji_operator import handlers, rbac
+from tianji_operator import context, rbac
 from tianji_operator import status as st
 from tianji_operator.config import DEFAULT_SCRAPERS, OperatorConfig
 from tianji_operator.kube import path_of
@@ -93,10 +93,10 @@ def test_conditions_keep_their_transition_time_until_they_flip():
 
 
 def test_which_fields_may_change_on_a_created_job():
-    assert handlers.is_mutable("spec.topology.actors") and handlers.is_mutable("spec.autoscale.maxActors")
-    assert handlers.is_mutable("spec.runPolicy.cleanPodPolicy") and handlers.is_mutable("spec.runPolicy.suspend")
+    assert context.is_mutable("spec.topology.actors") and context.is_mutable("spec.autoscale.maxActors")
+    assert context.is_mutable("spec.runPolicy.cleanPodPolicy") and context.is_mutable("spec.runPolicy.suspend")
     for path in ("spec.topology.groups", "spec.env.numEnvs", "spec.image", "spec.autoscaleX", "spec.resources.cpus"):
-        assert not handlers.is_mutable(path)
+        assert not context.is_mutable(path)
     assert st.diff_paths({"a": {"b": 1, "c": [1]}}, {"a": {"b": 2, "c": [1], "d": 3}}) == [
         ("spec.a.b", 1, 2), ("spec.a.d", None, 3)]
 

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from tianji_operator import status as st
-from tianji_operator.handlers import StatusConflict, update_status
+from tianji_operator.context import StatusConflict, update_status
 
 
 class RacingKube:

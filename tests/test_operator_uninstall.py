@@ -7,7 +7,7 @@ import pytest
 
 from kube.operator_harness import NAMESPACE, RunningOperator, children, eventually, job, job_manifest
 from test_operator_reconcile import assert_rbac_covers, created
-from tianji_operator.handlers import FINALIZER, RELEASED
+from tianji_operator.context import FINALIZER, RELEASED
 from tianji_operator.kube import KubeClient
 from tianji_operator.release import build_parser, release_jobs
 

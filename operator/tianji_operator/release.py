@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Callable, Optional
 
-from .handlers import FINALIZER, RELEASED
+from .context import FINALIZER, RELEASED
 from .kube import ApiError, KubeClient
 
 log = logging.getLogger("tianji.operator.release")

@@ -1,0 +1,184 @@
+"""What every TianJiJob handler shares: the operator's context (`Operator`: API client,
+metrics, per-job memory), reading a job's applied spec, and status writes that never use
+a stale copy.
+
+`update_status` reads the job, computes the fields from THAT read, and writes them with a
+JSON patch that tests its resourceVersion; on a conflict it reads and computes again.
+Handlers and timers run concurrently: nothing is ever written from an older copy.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import aiohttp
+import kopf
+import yaml
+
+from tianji.control.accounting import Accounting
+
+from tianji.control.report import Report, ReportError
+from tianji.control.addressing import actor_set_name
+from tianji.control.spec import API_VERSION, KIND, JobSpec, RunPolicy, SpecError, TianJiJob, parse_job
+
+from . import builders as b
+from .config import OperatorConfig
+from .kube import ApiError, KubeClient
+from .metrics import OperatorMetrics
+
+FINALIZER = "tianji.dev/finalizer"
+RELEASED = "tianji.dev/released"  # set on a job: the operator lets go of it (no finalizer, no handling)
+# Spec fields that may change on a running job. Everything else is fixed at creation:
+# pods, their requests and the workers' view of the job would be half old, half new.
+MUTABLE = ("spec.topology.actors", "spec.autoscale.", "spec.runPolicy.")
+
+
+def is_mutable(path: str) -> bool:
+    return any(path == m or (m.endswith(".") and path.startswith(m)) for m in MUTABLE)
+
+
+@dataclass
+class JobMemory:
+    """What the operator keeps of one job between ticks (rebuilt from status after a restart)."""
+
+    acc: Optional[Accounting] = None  # loaded from status.accounting on first use
+    last_sample: Optional[float] = None  # autoscaler: last evaluation
+    report_errors: list[str] = field(default_factory=list)
+    restarts: dict[str, int] = field(default_factory=dict)  # pod uid -> container restarts seen
+    warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
+
+    def accounting(self, status: dict) -> Accounting:
+        if self.acc is None:
+            try:
+                self.acc = Accounting(status.get("accounting") or None)
+            except ReportError:  # unreadable (hand-edited?): count anew rather than stop
+                self.acc = Accounting()
+        return self.acc
+
+    def take(self, rep: "Report | ReportError") -> None:
+        acc = self.acc if self.acc is not None else Accounting()
+        self.acc = acc
+        if isinstance(rep, ReportError):
+            acc.rejected += 1
+            self.report_errors = (self.report_errors + [str(rep)])[-5:]
+            return
+        try:
+            acc.take(rep)
+        except ReportError as e:
+            acc.rejected += 1
+            self.report_errors = (self.report_errors + [str(e)])[-5:]
+
+
+class Operator:
+    """What the handlers share. One per registered operator (tests run several in sequence)."""
+
+    def __init__(self, config: OperatorConfig, metrics: Optional[OperatorMetrics] = None):
+        self.config = config
+        self.metrics = metrics or OperatorMetrics()
+        self.connection: Any = config.connection
+        self.kube = KubeClient(self._connection, on_request=self.metrics.api_request)
+        self.jobs: dict[tuple[str, str], JobMemory] = {}
+        self._http: Optional[aiohttp.ClientSession] = None
+        self.closed = False
+        self.profile = config.load_profile()
+
+    def _connection(self) -> Any:
+        return self.connection
+
+    def http(self) -> aiohttp.ClientSession:
+        if self.closed:
+            raise ApiError(0, "Closed", "the operator is stopping")
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.http_timeout))
+        return self._http
+
+    def memory(self, namespace: Optional[str], name: str) -> JobMemory:
+        return self.jobs.setdefault((namespace or "", name), JobMemory())
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.kube.close()
+        if self._http is not None:
+            await self._http.close()
+
+    def now(self) -> float:
+        return self.config.clock()
+
+
+# ----------------------------------------------------------------- helpers
+def manifest_of(body: Any) -> dict:
+    meta = body["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+            "spec": dict(body.get("spec") or {})}
+
+
+class StatusConflict(Exception):
+    """The job changed between reading it and writing its status."""
+
+
+async def update_status(op: "Operator", ns: Optional[str], name: str,
+                        compute: Callable[[dict], Optional[dict]], attempts: int = 5) -> Optional[dict]:
+    """Read the job, compute status fields from THAT read, and write those that changed,
+    only if the job is still at the resourceVersion read (a JSON-patch test); on a
+    conflict, read and compute again. `compute(body)` returns the fields, or None to
+    write nothing. Returns the body the write was computed from (None: the job is gone)."""
+    for _ in range(attempts):
+        body = await op.kube.get("TianJiJob", ns, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        fields = compute(body)
+        current = body.get("status") or {}
+        changed = {k: v for k, v in (fields or {}).items() if current.get(k) != v}
+        if not changed:
+            return body
+        if await op.kube.patch_status("TianJiJob", ns, name, body["metadata"]["resourceVersion"], changed,
+                                      has_status=bool(current)):
+            return body
+    raise StatusConflict(f"{name}: status still conflicting after {attempts} fresh reads")
+
+
+def read_applied(cm: dict) -> tuple[dict, TianJiJob]:
+    """(applied spec as a plain dict, resolved job) stored on the job's ConfigMap."""
+    ann = (cm.get("metadata") or {}).get("annotations") or {}
+    applied = json.loads(ann.get(b.ANNOTATION_SPEC) or "{}")
+    try:  # written by an older operator: moved fields (cleanPodPolicy) in today's places
+        applied = json.loads(b.spec_json(JobSpec.model_validate(applied)))
+    except ValueError:
+        pass
+    resolved = parse_job(yaml.safe_load(cm["data"][b.JOB_FILE]), f"ConfigMap {cm['metadata']['name']}")
+    return applied, resolved
+
+
+async def actor_sets(op: Operator, ns: str, name: str, groups: int) -> dict[int, Optional[dict]]:
+    return {g: await op.kube.get("StatefulSet", ns, actor_set_name(name, g)) for g in range(groups)}
+
+
+def adopt(obj: dict, body: Any) -> dict:
+    kopf.adopt(obj, owner=body, nested=("spec.template",) if obj["kind"] == "StatefulSet" else None)
+    return obj
+
+
+def spec_error_message(err: SpecError, source: str = "TianJiJob") -> str:
+    """One line naming each offending field path, e.g. `spec.topology: buffers (2) > actors (1) ...`."""
+    lines = [ln[len(source) + 2:] if ln.startswith(source + ": ") else ln for ln in str(err).splitlines()]
+    return "; ".join(lines)
+
+
+def current_spec(body: Any) -> Optional[JobSpec]:
+    """The job object's spec (ahead of the ConfigMap for mutable fields), None if invalid."""
+    try:
+        return parse_job(manifest_of(body)).spec
+    except SpecError:
+        return None
+
+
+def run_policy_of(body: Any, resolved: Optional[TianJiJob]) -> Optional[RunPolicy]:
+    """The live spec's run policy, else the applied one's (None: neither is readable)."""
+    live = current_spec(body)
+    if live is not None:
+        return live.run_policy
+    return resolved.spec.run_policy if resolved is not None else None
+
+

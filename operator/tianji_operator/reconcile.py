@@ -1,0 +1,201 @@
+"""Reconciliation (create, resume, update): level-based and idempotent.
+
+Validate the spec (pydantic) → compare with the applied spec stored on the ConfigMap
+(immutable changes are refused as a whole) → plan once (tianji.control.plan.resolve) →
+create whatever child is missing (fixed names; 409 means "already there") → status.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Optional
+
+import kopf
+
+
+from tianji.control.plan import PlanError, resolve
+from tianji.control.spec import SpecError, TianJiJob, deprecated_fields, parse_job
+
+from . import builders as b
+from . import status as st
+from .children import creation_refused, delete_role_pods, refused_for_good
+from .context import Operator, actor_sets, adopt, is_mutable, manifest_of, read_applied, spec_error_message, update_status
+from .kube import ApiError
+
+# ----------------------------------------------------------------- reconcile
+async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger, handler: str) -> None:
+    meta = body["metadata"]
+    name, ns, gen = meta["name"], meta.get("namespace"), meta.get("generation")
+    status = dict(body.get("status") or {})
+    now = op.now()
+    cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
+
+    async def refuse(reason: str, message: str) -> None:
+        conds = [st.condition("Planned", False, reason, message, now=now, generation=gen)]
+        fields: dict[str, Any] = {"observedGeneration": gen}
+        if cm is None:  # never ran: the job fails; nothing is created
+            fields["phase"] = st.FAILED
+            fields["completionTime"] = st.iso(now)
+            conds += [st.condition("Failed", True, reason, message, now=now, generation=gen),
+                      st.condition("Succeeded", False, reason, message, now=now, generation=gen),
+                      st.condition("Ready", False, reason, "no pods were created", now=now, generation=gen),
+                      st.condition("Progressing", False, reason, message, now=now, generation=gen)]
+        else:
+            applied_gen = (cm["metadata"].get("annotations") or {}).get(b.ANNOTATION_GENERATION, "?")
+            conds[0]["message"] = f"{message}; the job keeps running its applied spec (generation {applied_gen})"
+
+        def compute(fresh: dict) -> Optional[dict]:
+            cur = fresh.get("status") or {}
+            if cur.get("phase") in st.TERMINAL and cm is not None:
+                return None  # a job that ran and ended keeps its final conditions
+            return {**fields, "conditions": st.set_conditions(cur.get("conditions"), *conds)}
+
+        await update_status(op, ns, name, compute)
+        kopf.warn(body, reason=reason, message=message[:900])
+        op.metrics.reconciles.labels(handler=handler, result=reason).inc()
+        logger.warning("%s: %s", reason, message)
+
+    try:
+        job = parse_job(manifest_of(body), "TianJiJob")
+    except SpecError as e:
+        return await refuse("InvalidSpec", spec_error_message(e))
+
+    new_spec = json.loads(b.spec_json(job.spec))
+    plan_json: Optional[dict] = None  # a new plan, made now
+    plan_record: Optional[dict] = None  # the plan in force (new, or from the ConfigMap)
+    actors_changed = False
+    if cm is not None:
+        applied, resolved = read_applied(cm)
+        plan_record = json.loads(cm["metadata"].get("annotations", {}).get(b.ANNOTATION_PLAN) or "null")
+        changes = st.diff_paths(applied, new_spec)
+        fixed = [c for c in changes if not is_mutable(c[0])]
+        if fixed:
+            listing = "; ".join(f"{p}: {json.dumps(o)} -> {json.dumps(n)}" for p, o, n in fixed[:8])
+            return await refuse("ImmutableFieldChanged",
+                                f"{listing}{' ...' if len(fixed) > 8 else ''} cannot change on a created job "
+                                "(delete and re-create it); no change was applied")
+        if changes:
+            doc = resolved.to_manifest()
+            doc["spec"]["autoscale"] = new_spec["autoscale"]
+            doc["spec"]["runPolicy"] = new_spec["runPolicy"]
+            if any(p == "spec.topology.actors" for p, _, _ in changes) and not job.spec.topology.auto:
+                doc["spec"]["topology"]["actors"] = job.spec.topology.actors
+                actors_changed = True
+            resolved = TianJiJob.model_validate(doc)
+    else:
+        try:
+            resolved, plan = resolve(job, op.profile)
+        except (PlanError, SpecError, ValueError) as e:
+            return await refuse("PlanFailed", str(e))
+        plan_json = plan_record = st.camel_keys(plan.to_json())
+
+    for note in deprecated_fields(body.get("spec")):
+        kopf.warn(body, reason="DeprecatedField", message=note)
+    terminal = status.get("phase") in st.TERMINAL and cm is not None
+    a = resolved.spec.autoscale
+    topo = resolved.spec.topology
+    suspended = resolved.spec.run_policy.suspend
+    resuming = not suspended and status.get("phase") == st.SUSPENDED
+    try:
+        sets = await actor_sets(op, ns, name, topo.groups)
+        desired: dict[int, int] = {}
+        for g in range(topo.groups):
+            n = topo.actors
+            mode = a.effective_mode
+            if mode != "off" and sets[g] is not None and not actors_changed and not resuming:
+                n = int(sets[g]["spec"].get("replicas") or 0)  # the autoscaler / external scaler owns replicas
+            if mode == "planner":
+                n = min(max(n, a.min_actors), a.max_actors)
+            desired[g] = 0 if suspended else n
+        objs = b.children(resolved, job.spec, desired, scrapers=op.config.metrics_scrapers,
+                          command=op.config.worker_command,
+                          defaults=op.config.worker_defaults, generation=gen or 0, plan=plan_record)
+        if suspended:  # no learner/buffer pods; actors at 0 replicas
+            objs = [o for o in objs if o["kind"] != "Pod"]
+            if not terminal:
+                await delete_role_pods(op, ns, name)
+        created = []
+        if not terminal:
+            for obj in objs:
+                adopt(obj, body)
+                try:
+                    got, was_created = await op.kube.ensure(obj)
+                except ApiError as e:
+                    if not refused_for_good(e):
+                        raise
+                    return await creation_refused(op, body, resolved, obj, e, now, logger, handler)
+                if was_created:
+                    created.append(f"{obj['kind']}/{obj['metadata']['name']}")
+                elif obj["kind"] == "StatefulSet":
+                    g = int(obj["metadata"]["labels"][b.LABEL_GROUP])
+                    if (got.get("spec") or {}).get("replicas") != desired[g]:
+                        await op.kube.patch("StatefulSet", ns, obj["metadata"]["name"],
+                                            {"spec": {"replicas": desired[g]}})
+        if cm is not None:  # the ConfigMap records what is applied: written last
+            want = objs[0]
+            if (want["data"] != cm.get("data")
+                    or want["metadata"]["annotations"][b.ANNOTATION_SPEC]
+                    != cm["metadata"].get("annotations", {}).get(b.ANNOTATION_SPEC)):
+                await op.kube.patch("ConfigMap", ns, want["metadata"]["name"], {
+                    "data": want["data"], "metadata": {"annotations": want["metadata"]["annotations"]}})
+    except ApiError as e:
+        op.metrics.errors.labels(where="api").inc()
+        kopf.warn(body, reason="ApiError", message=str(e)[:500])
+        raise kopf.TemporaryError(str(e), delay=op.config.handler_backoff)
+
+    planned = [st.condition("Planned", True, "Planned", _plan_summary_from(plan_record), now=now, generation=gen),
+               st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now,
+                            generation=gen)]
+    starting = [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now, generation=gen),
+                st.condition("Progressing", True, "Starting", "creating pods", now=now, generation=gen)]
+    why = "runPolicy.suspend is true: pods deleted, checkpoints and counts kept"
+    suspended_conds = [st.condition("Suspended", True, "Suspended", why, now=now, generation=gen),
+                       st.condition("Ready", False, "Suspended", why, now=now, generation=gen),
+                       st.condition("Progressing", False, "Suspended", why, now=now, generation=gen)]
+
+    def compute(fresh: dict) -> Optional[dict]:
+        cur = fresh.get("status") or {}
+        fields: dict[str, Any] = {}
+        if plan_record is not None and (plan_json is not None or not cur.get("plan")):
+            fields["plan"] = plan_record  # also after a restart that interrupted the first status write
+        if cur.get("phase") in st.TERMINAL and cm is not None:
+            return fields  # a job that ran and ended keeps its final phase and conditions
+        fields["observedGeneration"] = gen
+        conds = list(planned)
+        if suspended:
+            fields["phase"] = st.SUSPENDED
+            conds += suspended_conds
+        elif cur.get("phase") not in (st.PENDING, st.RUNNING):
+            fields["phase"] = st.PENDING
+            conds += starting
+            if cur.get("phase") == st.SUSPENDED:
+                conds.append(st.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: "
+                                          "pods re-created", now=now, generation=gen))
+        if not suspended and (not cur.get("activeSince") or cur.get("phase") == st.SUSPENDED):
+            fields["activeSince"] = st.iso(now)  # runPolicy.activeDeadlineSeconds counts from here
+        if "groups" not in cur or plan_json is not None:
+            groups, actors = st.summarize(topo, [], {g: {"spec": {"replicas": n}} for g, n in desired.items()},
+                                          b.LABEL_ROLE, b.LABEL_GROUP)
+            fields["groups"], fields["actors"] = groups, actors
+        fields["conditions"] = st.set_conditions(cur.get("conditions"), *conds)
+        return fields
+
+    await update_status(op, ns, name, compute)
+    op.metrics.reconciles.labels(handler=handler, result="ok").inc()
+    if plan_json is not None:
+        kopf.info(body, reason="Planned", message=_plan_summary_from(plan_json))
+    if created and cm is not None:
+        kopf.info(body, reason="Recreated", message=", ".join(created)[:900])
+    elif cm is not None and handler == "update":
+        kopf.info(body, reason="Updated", message="applied the changed mutable fields")
+
+
+def _plan_summary_from(plan_json: Optional[dict]) -> str:
+    if not plan_json:
+        return "planned"
+    p = plan_json
+    return (f"{p['groups']} group(s) x ({p['actors']} actors, {p['buffers']} buffers, {p['learners']} learners); "
+            f"{p['cpusUsed']:g} cores, {p['gpusUsed']} GPUs; predicted {p['producedFps']:.0f} frames/s produced, "
+            f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")
+
+
