@@ -103,7 +103,7 @@ def _kopf_needs() -> set[tuple[str, str, str]]:
     needs |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
     needs |= {("", "namespaces", v) for v in ("list", "watch")}
     # Event handlers on other resources (e.g. the job's pods) watch them too.
-    for group, _version, plural in re.findall(r'@kopf\.on\.event\("([^"]*)", "([^"]*)", "([^"]*)"', src):
+    for group, _version, plural in re.findall(r'@kopf\.(?:on\.event|index)\("([^"]*)", "([^"]*)", "([^"]*)"', src):
         needs |= {(group, plural, v) for v in ("list", "watch")}
     return needs
 

@@ -115,8 +115,8 @@ async def test_restarting_the_operator_creates_no_duplicates(kube):
     async with RunningOperator(kube) as second:
         await eventually(lambda: second.metrics.value("tianji_operator_reconciles_total", handler="resume",
                                                       result="ok") == 1, what="the resume handler")
-        await eventually(lambda: second.metrics.value("tianji_operator_api_requests_total", verb="list",
-                                                      kind="Pod", code="200") >= 2, what="two monitor ticks")
+        await eventually(lambda: second.metrics.value("tianji_operator_timer_runs_total", timer="monitor") >= 2,
+                         what="two monitor ticks")
     after = {k: o["metadata"]["uid"] for k, o in children(kube).items()}
     assert after == before
     assert first.metrics.value("tianji_operator_reconciles_total", handler="create", result="ok") == 1

@@ -123,8 +123,7 @@ async def test_suspend_deletes_the_pods_and_resume_brings_them_back(env):
     await eventually(lambda: pods(kube) == set() and replicas(kube) == 0, what="pods deleted")
     await eventually(lambda: status(kube).get("phase") == "Suspended", what="phase Suspended")
     clock.advance(60)
-    await eventually(lambda: op.metrics.value("tianji_operator_api_requests_total", verb="list", kind="Pod",
-                                              code="200") >= 3, what="monitor ticks")
+    await eventually(lambda: op.metrics.value("tianji_operator_timer_runs_total", timer="monitor") >= 3, what="monitor ticks")
     assert pods(kube) == set() and status(kube)["phase"] == "Suspended"  # no self-healing while suspended
     assert children(kube)["ConfigMap", "cartpole-job"]["metadata"]["uid"] == cm_uid
 
@@ -157,8 +156,8 @@ async def test_a_restart_never_rewrites_a_terminal_condition(kube):
     async with RunningOperator(kube, clock=clock) as second:
         await eventually(lambda: second.metrics.value("tianji_operator_reconciles_total", handler="resume",
                                                       result="ok") == 1, what="the resume handler")
-        await eventually(lambda: second.metrics.value("tianji_operator_api_requests_total", verb="list",
-                                                      kind="Pod", code="200") >= 2, what="monitor ticks")
+        await eventually(lambda: second.metrics.value("tianji_operator_timer_runs_total", timer="monitor") >= 2,
+                         what="monitor ticks")
     assert status(kube)["phase"] == "Failed" and status(kube)["completionTime"] == done
     assert [c for c in status(kube)["conditions"] if c["type"] in ("Succeeded", "Failed", "Progressing",
                                                                    "Ready")] == final
@@ -177,8 +176,7 @@ async def test_unschedulable_pods_show_in_status_and_events(env):
     ev = await eventually(lambda: events(kube, "Unschedulable"), what="an Unschedulable event")
     assert why in ev[0]["message"] and ev[0]["type"] == "Warning"
     clock.advance(30)
-    await eventually(lambda: op.metrics.value("tianji_operator_api_requests_total", verb="list", kind="Pod",
-                                              code="200") >= 4, what="more monitor ticks")
+    await eventually(lambda: op.metrics.value("tianji_operator_timer_runs_total", timer="monitor") >= 4, what="more monitor ticks")
     assert len(events(kube, "Unschedulable")) == 1  # one Event per pod, not one per tick
 
 

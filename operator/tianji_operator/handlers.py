@@ -10,6 +10,7 @@ state, fresh-read status writes).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from typing import Any, Optional
 
@@ -101,13 +102,23 @@ def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] =
     def on_pod(event: dict, logger: logging.Logger, **_: Any) -> None:
         on_pod_event(op, event, logger)
 
+    # Every job's pods, kept current by the watch (Kopf fills it before any handler runs):
+    # the monitor reads it instead of listing the pods on every tick.
+    @kopf.index("", "v1", "pods", labels={b.LABEL_JOB: kopf.PRESENT}, registry=registry, id="job_pods")
+    def job_pods(body: Any, namespace: Optional[str], labels: Any, **_: Any) -> dict:
+        return {(namespace or "", labels[b.LABEL_JOB]): copy.deepcopy(dict(body))}
+
     @kopf.timer(**res, interval=op.config.monitor_interval, id="monitor")
-    async def on_monitor(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
-        await _guarded(op, "monitor", monitor(op, body, patch, logger), temporary=False)
+    async def on_monitor(body: Any, patch: Any, logger: logging.Logger, job_pods: kopf.Index, **_: Any) -> None:
+        meta = body["metadata"]
+        pods = list(job_pods.get((meta.get("namespace") or "", meta["name"]), []))
+        await _guarded(op, "monitor", monitor(op, body, patch, logger, pods), temporary=False)
+        op.metrics.timer_runs.labels(timer="monitor").inc()
 
     @kopf.timer(**res, interval=op.config.autoscale_tick, id="autoscale")
     async def on_autoscale(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
         await _guarded(op, "autoscale", autoscale(op, body, patch, logger), temporary=False)
+        op.metrics.timer_runs.labels(timer="autoscale").inc()
 
     return op
 

@@ -4,6 +4,7 @@
     tianji_operator_errors_total{where}                  API, planner, Prometheus, scrape errors
     tianji_operator_rescale_decisions_total{decision}    up, down, unchanged, cooldown, bounds
     tianji_operator_api_requests_total{verb, kind, code} calls to the Kubernetes API
+    tianji_operator_timer_runs_total{timer}              monitor/autoscale ticks, one per job per tick
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class OperatorMetrics:
                               ["where"], registry=self.registry)
         self.rescales = Counter("tianji_operator_rescale_decisions", "Autoscaler decisions, by outcome",
                                 ["decision"], registry=self.registry)
+        self.timer_runs = Counter("tianji_operator_timer_runs", "Timer ticks, one per job per tick",
+                                  ["timer"], registry=self.registry)
         self.api_requests = Counter("tianji_operator_api_requests", "Kubernetes API calls made by the operator",
                                     ["verb", "kind", "code"], registry=self.registry)
 

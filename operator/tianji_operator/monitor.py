@@ -96,7 +96,8 @@ async def _expire(op: Operator, body: Any, status: dict, now: float, logger: log
 
 
 # ----------------------------------------------------------------- monitor
-async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -> None:
+async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, pods: list[dict]) -> None:
+    """One tick for one job; `pods`: the job's pods as the watch last saw them (an index)."""
     meta = body["metadata"]
     name, ns = meta["name"], meta.get("namespace")
     status = dict(body.get("status") or {})
@@ -112,7 +113,6 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger) -
         return
     _, resolved = read_applied(cm)
     topo = resolved.spec.topology
-    pods = await op.kube.list("Pod", ns, b.label_selector(name))
     mem = op.memory(ns, name)
     mem.accounting(status)
     acc = await count_reports(op, mem, name, pods, resolved.spec.network.metrics_port)
