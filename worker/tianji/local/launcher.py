@@ -29,10 +29,11 @@ from typing import IO, Optional
 
 import zmq
 
-from tianji.control.accounting import Accounting, ReportError, StopRule, parse_report
+from tianji.control.accounting import Accounting, StopRule, parse_report
 from tianji.control.launch import worker_launch
 from tianji.control.plan import resolve
 from tianji.control.spec import TianJiJob, dump_job, load_job
+from tianji.envs import check_env_spec
 from tianji.observability.exporter import JobExporter
 from tianji.observability.progress import Progress
 from tianji.runtime.wire import WireError, decode
@@ -45,7 +46,8 @@ HEARTBEAT_TIMEOUT_S = 30.0
 STOP_GRACE_S = 15.0
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
-MAX_RESTARTS = 10
+MAX_RESTARTS = 10  # consecutive failures; a worker that ran HEALTHY_S before failing starts a fresh budget
+HEALTHY_S = 60.0
 ROLE_ORDER = ("learner", "buffer", "actor")
 
 
@@ -57,6 +59,8 @@ class Child:
     proc: Optional[subprocess.Popen] = None
     log: Optional[IO] = None
     restarts: int = 0
+    failures: int = 0  # consecutive: reset by a healthy interval (HEALTHY_S)
+    pids: set = field(default_factory=set)  # every incarnation's pid: reports from anyone else are refused
     started_at: float = 0.0
     last_report: Optional[float] = None
     restart_at: Optional[float] = None
@@ -85,6 +89,7 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
         job, _ = resolve(load_job(rd / "job.yaml", overrides))
     else:
         job, _ = resolve(load_job(job_path, overrides))
+        check_env_spec(job.spec.env, str(job_path))  # before any process starts (needs Gymnasium: not in control)
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
             raise RunDirError(f"{rd} already holds a run; continue it with `tianji run --resume {rd}` "
@@ -110,11 +115,15 @@ class Launcher:
         sock = run_dir / "sock"
         self.own_sock_dir = len(str(sock)) > 70  # unix socket paths are limited to 107 bytes
         self.sock_dir = Path(tempfile.mkdtemp(prefix="tianji-")) if self.own_sock_dir else sock
+        if not self.own_sock_dir and sock.exists():  # left by a launcher that was SIGKILLed: stale sockets
+            shutil.rmtree(sock, ignore_errors=True)
         self.sock_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.sock_dir, 0o700)  # whatever the umask: only this user may connect
         self.report_addr = f"ipc://{self.sock_dir}/launcher-report"
         t = job.spec.topology
         self.children = [Child(r, g, i) for r in ROLE_ORDER for g in range(t.groups)
                          for i in range(getattr(t, r + "s"))]
+        self._by_key = {(c.role, c.group, c.index): c for c in self.children}
         self.dist_init = None
         if t.groups * t.learners > 1:  # data-parallel learners rendezvous on a free local port
             with socket.socket() as so:
@@ -152,6 +161,7 @@ class Launcher:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
         # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
         c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        c.pids.add(c.proc.pid)
         c.started_at = time.monotonic()
         c.last_report = None
         c.restart_at = None
@@ -172,10 +182,13 @@ class Launcher:
                 c.proc.wait()
                 code = "no heartbeat"
             c.exits.append(code)
-            if c.restarts >= MAX_RESTARTS:
-                self.error = f"{c.name} failed {c.restarts + 1} times (last: {code}); see {c.log.name}"
+            if now - c.started_at >= HEALTHY_S:  # a slow trickle of faults never ends a run
+                c.failures = 0
+            if c.failures >= MAX_RESTARTS:
+                self.error = f"{c.name} failed {c.failures + 1} times in a row (last: {code}); see {c.log.name}"
                 return
-            delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** c.restarts)
+            delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** c.failures)
+            c.failures += 1
             c.restarts += 1
             c.restart_at = now + delay
             print(f"tianji: {c.name} exited ({code}); restart {c.restarts} in {delay:.1f}s", file=sys.stderr)
@@ -210,8 +223,11 @@ class Launcher:
                 if msg.kind != "report":
                     raise WireError("report", f"{msg.kind!r} on the report socket")
                 rep = parse_report(msg.meta, job=self.job.name)
+                child = self._by_key.get(rep.key)
+                if child is None or rep.pid not in child.pids:  # only our own workers count
+                    raise WireError("report", f"report from pid {rep.pid} as {rep.key}")
                 self.acc.take(rep)
-            except (WireError, ReportError):
+            except Exception:  # noqa: BLE001 - (WireError, ReportError, anything): a counted reject
                 self.acc.rejected += 1
                 continue
             if rep.episodes_total and self.target_reached_at is None and self.stop_rule.target_reached(self.acc):

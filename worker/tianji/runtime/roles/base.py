@@ -56,9 +56,13 @@ class Role:
         self.exit_code = 0
 
     # ------------------------------------------------------------ sockets
-    def socket(self, kind: int, addr: str, bind: bool, hwm: int = 8) -> zmq.Socket:
+    def socket(self, kind: int, addr: str, bind: bool, hwm: int = 8, max_msg: Optional[int] = None) -> zmq.Socket:
+        """`max_msg`: ZeroMQ drops (and disconnects) a peer whose message part is larger, before
+        allocating it; what passes is still checked by decode's own (counted) size limits."""
         s = self.ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
+        if max_msg is not None:
+            s.setsockopt(zmq.MAXMSGSIZE, int(max_msg))
         if kind in (zmq.PUSH, zmq.PUB):
             s.setsockopt(zmq.SNDHWM, hwm)
         else:
@@ -68,7 +72,7 @@ class Role:
         if bind:
             if addr.startswith("ipc://"):
                 path = addr[len("ipc://"):]
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
                 if os.path.exists(path):  # left by a previous incarnation of this role
                     os.unlink(path)
             s.bind(addr)
@@ -89,21 +93,36 @@ class Role:
             self.metrics.inc("bytes_sent_total", sum(len(f) for f in frames))
         return True
 
-    def receive(self, sock: zmq.Socket, kinds: Iterable[str]) -> Optional[Message]:
-        """One validated message, or None if nothing is queued or the message was rejected."""
+    def receive(self, sock: zmq.Socket, kinds: Iterable[str], limits: Optional[Limits] = None) -> Optional[Message]:
+        """One validated message, or None if nothing is queued or the message was rejected.
+        Any exception while decoding is a reject (reason "decode"), never a crash."""
         try:
             frames = sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
             return None
         try:
-            msg = decode(frames, job=self.job.name, limits=self.limits)
+            msg = decode(frames, job=self.job.name, limits=limits or self.limits)
             if msg.kind not in kinds:
                 raise WireError("kind", f"{msg.kind!r} not expected here")
         except WireError as e:
             self.reject(e.reason, str(e))
             return None
+        except Exception as e:  # noqa: BLE001 - whatever a peer sends must not end this process
+            self.reject("decode", f"{type(e).__name__}: {e}")
+            return None
         self.metrics.inc("bytes_received_total", msg.nbytes)
         return msg
+
+    def handle(self, handler, msg: Message) -> None:
+        """Run a message handler: a WireError is a reject with its reason, any other exception a
+        reject with reason "handler" (logged with its traceback), never a crash."""
+        try:
+            handler(msg)
+        except WireError as e:
+            self.reject(e.reason, str(e))
+        except Exception as e:  # noqa: BLE001
+            log.exception("%s: handling a %s message failed", self.sender, msg.kind)
+            self.reject("handler", f"{type(e).__name__}: {e}")
 
     def reject(self, reason: str, detail: str = "") -> None:
         self.metrics.inc("messages_rejected_total", reason=reason)
