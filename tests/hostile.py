@@ -10,6 +10,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from helpers import as_job_client
 from tianji.runtime.wire import encode
 
 JOB = "cartpole-ppo"
@@ -114,6 +115,7 @@ def sockets(ctx: zmq.Context, sock_dir) -> dict[str, zmq.Socket]:
                        ("batches", "learner-0-0-batches")):
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 2000)
+        as_job_client(s, sock_dir.parent)  # an insider: validation, not ZAP, must stop these
         s.connect(f"ipc://{sock_dir}/{path}")
         out[name] = s
     return out

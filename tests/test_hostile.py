@@ -12,7 +12,7 @@ import torch
 import zmq
 
 import hostile
-from helpers import EXAMPLES, last_record, wait_for
+from helpers import EXAMPLES, as_job_client, last_record, wait_for
 from tianji.runtime import checkpoint
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
@@ -67,7 +67,7 @@ def test_each_hostile_class_is_a_counted_reject_and_nothing_restarts(running_tia
     # a 12 MB message is refused by ZeroMQ itself (MAXMSGSIZE) before it is allocated: not counted
     big = [hostile.msgpack.packb(hostile.header("fragment", arr=[["obs", "uint8", [12 << 20]]])), b"\0" * (12 << 20)]
     ctx = zmq.Context()
-    s = ctx.socket(zmq.PUSH)
+    s = as_job_client(ctx.socket(zmq.PUSH), run.run_dir)
     s.connect(f"ipc://{run.run_dir}/sock/buffer-0-0-fragments")
     s.send_multipart(big)
     s.close(linger=2000)

@@ -12,7 +12,7 @@ from tianji.algos.ppo import PPOLearner
 from tianji.control.addressing import Addresses
 from tianji.control.spec import load_job
 from tianji.envs import EnvInfo
-from tianji.runtime import checkpoint
+from tianji.runtime import checkpoint, security
 from tianji.runtime.roles.learner import Learner
 from tianji.runtime.wire import decode
 
@@ -78,13 +78,16 @@ def test_dqn_update_on_non_finite_returns_changes_nothing():
     assert same(before, snapshot(model))
 
 
-def test_learner_never_publishes_or_checkpoints_non_finite_weights_and_restores_the_last_good(tmp_path):
+def test_learner_never_publishes_or_checkpoints_non_finite_weights_and_restores_the_last_good(tmp_path, monkeypatch):
     job = load_job(EXAMPLES / "cartpole-ppo.yaml")
+    keys = security.write_keys(tmp_path / "curve.json")
+    monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / "curve.json"))
     learner = Learner(job, 0, 0, Addresses(job.name, run_dir=tmp_path), run_dir=str(tmp_path))
     sub = learner.ctx.socket(zmq.SUB)
     try:
         learner.setup()
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        security.Curve(None, keys).client(sub)
         sub.connect(learner.addrs.connect("params", 0, 0))
         good = snapshot(learner.model)
         learner.save_checkpoint()

@@ -51,6 +51,9 @@ ENV_SOCK_DIR = "TIANJI_SOCK_DIR"
 ENV_PARENT_PID = "TIANJI_PARENT_PID"
 ENV_DIST_INIT = "TIANJI_DIST_INIT"
 ENV_TERMINATION_LOG = "TIANJI_TERMINATION_LOG"
+ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # the job's CurveZMQ key pair (runtime/security.py)
+CURVE_DIR = "/etc/tianji-curve"  # pods: the job's key Secret is mounted here
+CURVE_FILE = "curve.json"
 
 
 def torch_threads(job, role: str) -> int:
@@ -77,7 +80,7 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
                   job_file: str, command: Optional[list[str]] = None, run_dir: Optional[str] = None,
                   report: Optional[str] = None, metrics_port: Optional[int] = None,
                   sock_dir: Optional[str] = None, parent_pid: Optional[int] = None,
-                  dist_init: Optional[str] = None) -> WorkerLaunch:
+                  dist_init: Optional[str] = None, curve_keys: Optional[str] = None) -> WorkerLaunch:
     """The one way a role process is described. `index` is an int, or "auto" (a StatefulSet
     pod's ordinal, from its hostname)."""
     args = ["--role", role, "--group", str(group), "--index", str(index), "--job", job_file]
@@ -93,10 +96,14 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
             env[ENV_PARENT_PID] = str(parent_pid)
         if report:
             args += ["--report", report]
+        if curve_keys:
+            env[ENV_CURVE_KEYS] = curve_keys
     elif engine == "pod":
         field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP"}
         env[ENV_STATE_DIR] = STATE_DIR
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
+        if job.spec.network.encryption == "curve":
+            env[ENV_CURVE_KEYS] = f"{CURVE_DIR}/{CURVE_FILE}"
     else:
         raise ValueError(f"unknown engine {engine!r}")
     if metrics_port:

@@ -242,6 +242,9 @@ class Network(_Model):
                                 description="RDMA device resource name, e.g. rdma/hca_shared_devices_a")
     base_port: int = Field(5550, ge=1024, le=65535 - LAST_PORT_OFFSET,
                            description=f"the data ports are basePort..basePort+{LAST_PORT_OFFSET}")
+    encryption: Literal["curve", "none"] = Field(
+        "curve", description="curve: every socket of the job authenticated and encrypted with the job's own "
+        "CurveZMQ key pair; none: plaintext, and anyone who can reach a socket can talk to it")
     metrics_port: int = Field(9090, ge=1024, le=65535,
                               description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}")
 

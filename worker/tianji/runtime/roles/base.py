@@ -22,6 +22,7 @@ from tianji.control.addressing import Addresses
 from tianji.control.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 from tianji.observability.metrics import RoleMetrics
 from tianji.control.spec import TianJiJob
+from tianji.runtime import security
 from tianji.runtime.wire import Limits, Message, WireError, decode, encode
 
 log = logging.getLogger("tianji")
@@ -38,6 +39,9 @@ class Role:
         self.group, self.index, self.addrs, self.run_dir = group, index, addrs, run_dir
         self.sender = f"{self.name}-{group}-{index}"
         self.ctx = zmq.Context()
+        # CurveZMQ with the job's key pair (runtime/security.py); refuses to start without keys
+        # when the spec asks for encryption.
+        self.curve = security.from_env(self.ctx, required=job.spec.network.encryption == "curve")
         self.metrics = RoleMetrics(job.name, self.name, group, index)
         self.stopping = False
         self.seq = 0
@@ -63,6 +67,8 @@ class Role:
         s.setsockopt(zmq.LINGER, 0)
         if max_msg is not None:
             s.setsockopt(zmq.MAXMSGSIZE, int(max_msg))
+        if self.curve is not None:
+            (self.curve.server if bind else self.curve.client)(s)
         if kind in (zmq.PUSH, zmq.PUB):
             s.setsockopt(zmq.SNDHWM, hwm)
         else:
@@ -202,5 +208,7 @@ class Role:
                 self.maybe_report(force=True, final=True)
                 if self._report_sock is not None:  # the final report may still be queued: give it 1 s
                     self._report_sock.close(linger=1000)
+                if self.curve is not None:
+                    self.curve.close()
                 self.ctx.destroy(linger=0)
         return self.exit_code

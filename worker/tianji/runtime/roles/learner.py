@@ -106,8 +106,11 @@ class Learner(Role):
     def _resume(self) -> None:
         if self.ckpt_dir is None:
             return
+        checkpoint.remove_temp_files(self.ckpt_dir)
         found = checkpoint.load_latest(self.ckpt_dir)
         if found is None:
+            if checkpoint.list_checkpoints(self.ckpt_dir):
+                log.error("%s: no usable checkpoint, starting from scratch", self.sender)
             return
         path, st = found
         self.model.load_state_dict(st["model"])  # copies onto the model's device
@@ -129,7 +132,12 @@ class Learner(Role):
                  "counters": {"samples_consumed": self.consumed, "train_steps": self.train_steps},
                  "torch_rng": torch.get_rng_state(), "job": self.job.name, "algorithm": self.algo_name,
                  "manifest": dump_job(self.job)}
-        path = checkpoint.save(self.ckpt_dir, self.version, state, self.spec.checkpoint.keep)
+        try:
+            path = checkpoint.save(self.ckpt_dir, self.version, state, self.spec.checkpoint.keep)
+        except OSError as e:  # a full disk: keep training, keep the previous checkpoints, try again later
+            log.error("%s: checkpoint at version %d failed (%s); will retry", self.sender, self.version, e)
+            self.last_ckpt_t = time.monotonic()
+            return
         self.last_ckpt = path.name
         self.last_ckpt_t = time.monotonic()
 
