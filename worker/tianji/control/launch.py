@@ -52,7 +52,7 @@ ENV_PARENT_PID = "TIANJI_PARENT_PID"
 ENV_DIST_INIT = "TIANJI_DIST_INIT"
 ENV_TERMINATION_LOG = "TIANJI_TERMINATION_LOG"
 ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # the job's CurveZMQ key pair (runtime/security.py)
-CURVE_DIR = "/etc/tianji-curve"  # pods: the job's key Secret is mounted here
+CURVE_DIR = "/etc/tianji-curve"  # pods: where the job's key Secret is to be mounted (see security.py)
 CURVE_FILE = "curve.json"
 
 
@@ -102,8 +102,8 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
         field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP"}
         env[ENV_STATE_DIR] = STATE_DIR
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
-        if job.spec.network.encryption == "curve":
-            env[ENV_CURVE_KEYS] = f"{CURVE_DIR}/{CURVE_FILE}"
+        # CurveZMQ on pods needs the job's key Secret mounted at CURVE_DIR (not created by the
+        # operator yet): until then pods rely on the job's NetworkPolicy and run without it.
     else:
         raise ValueError(f"unknown engine {engine!r}")
     if metrics_port:

@@ -39,9 +39,14 @@ class Role:
         self.group, self.index, self.addrs, self.run_dir = group, index, addrs, run_dir
         self.sender = f"{self.name}-{group}-{index}"
         self.ctx = zmq.Context()
-        # CurveZMQ with the job's key pair (runtime/security.py); refuses to start without keys
-        # when the spec asks for encryption.
-        self.curve = security.from_env(self.ctx, required=job.spec.network.encryption == "curve")
+        # CurveZMQ with the job's key pair (runtime/security.py). `tianji run` always provides the
+        # keys, so a local worker without them refuses to start; pods get them once the operator
+        # mounts the job's key Secret (until then: a warning, and the job's NetworkPolicy).
+        want = job.spec.network.encryption == "curve"
+        self.curve = security.from_env(self.ctx, required=want and addrs.run_dir is not None)  # local: ipc
+        if want and self.curve is None:
+            log.warning("%s: spec.network.encryption is curve but no keys are mounted; sockets are NOT "
+                        "authenticated (only the NetworkPolicy restricts peers)", self.sender)
         self.metrics = RoleMetrics(job.name, self.name, group, index)
         self.stopping = False
         self.seq = 0
