@@ -21,7 +21,9 @@ import yaml
 
 from tianji.control.addressing import PORTS, actor_set_name, pod_name, service_name
 from tianji.control.spec import JobSpec, TianJiJob
-from tianji.control.launch import CONFIG_DIR, JOB_FILE, STATE_DIR, TERMINATION_LOG, worker_launch
+from tianji.control.curvekeys import keypair
+from tianji.control.launch import (CONFIG_DIR, CURVE_FILE, JOB_FILE, STATE_DIR, TERMINATION_LOG, curve_secret_name,
+                                   worker_launch)
 
 LABEL_JOB = "tianji.dev/job"
 LABEL_ROLE = "tianji.dev/role"
@@ -186,6 +188,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
             {"name": "job", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *launch.volume_mounts,
         ],
     }
     if net.rdma:
@@ -200,6 +203,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
                                           "items": [{"key": JOB_FILE, "path": JOB_FILE}]}},
             {"name": "state", "emptyDir": {}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            *launch.volumes,
         ],
     }
     if hostname:
@@ -209,6 +213,18 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     return spec
+
+
+def curve_secret(job: TianJiJob) -> list[dict]:
+    """The job's CurveZMQ key pair as a Secret (a fresh pair each call: `ensure` creates it once,
+    and an existing one is never replaced), mounted only into this job's pods (worker_launch);
+    none with `network.encryption: none`."""
+    if job.spec.network.encryption != "curve":
+        return []
+    public, secret = keypair()
+    return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+             "metadata": _meta(job, curve_secret_name(job.name), labels(job.name)),
+             "stringData": {CURVE_FILE: json.dumps({"public": public, "secret": secret})}}]
 
 
 def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str]) -> dict:
@@ -244,7 +260,8 @@ def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int],
              plan: Optional[dict] = None) -> list[dict]:
     """Everything a job needs, in creation order (the ConfigMap first: pods mount it)."""
     t = resolved.spec.topology
-    out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers)]
+    out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers),
+           *curve_secret(resolved)]
     for g in range(t.groups):
         out += [role_pod(resolved, "learner", g, i, command) for i in range(t.learners)]
         out += [role_pod(resolved, "buffer", g, i, command) for i in range(t.buffers)]

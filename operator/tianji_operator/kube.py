@@ -25,6 +25,7 @@ import aiohttp
 # kind → (group, version, plural)
 KINDS: dict[str, tuple[str, str, str]] = {
     "ConfigMap": ("", "v1", "configmaps"),
+    "Secret": ("", "v1", "secrets"),
     "Service": ("", "v1", "services"),
     "Pod": ("", "v1", "pods"),
     "StatefulSet": ("apps", "v1", "statefulsets"),

@@ -25,6 +25,8 @@ RULES: list[dict] = [
     # The operator: children of each job.
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
+    # secrets: the job's CurveZMQ key pair (builders.curve_secret), created once.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # pods: watched for the final reports in their termination messages.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "patch"]},

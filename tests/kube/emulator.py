@@ -93,6 +93,7 @@ CORE = {
     "v1/pods": ("Pod", True, {"status"}),
     "v1/services": ("Service", True, {"status"}),
     "v1/configmaps": ("ConfigMap", True, set()),
+    "v1/secrets": ("Secret", True, set()),
     "v1/events": ("Event", True, set()),
     "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, set()),

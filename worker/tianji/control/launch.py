@@ -52,7 +52,7 @@ ENV_PARENT_PID = "TIANJI_PARENT_PID"
 ENV_DIST_INIT = "TIANJI_DIST_INIT"
 ENV_TERMINATION_LOG = "TIANJI_TERMINATION_LOG"
 ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # the job's CurveZMQ key pair (runtime/security.py)
-CURVE_DIR = "/etc/tianji-curve"  # pods: where the job's key Secret is to be mounted (see security.py)
+CURVE_DIR = "/etc/tianji-curve"  # pods: the job's key Secret is mounted here (see runtime/security.py)
 CURVE_FILE = "curve.json"
 
 
@@ -70,6 +70,8 @@ class WorkerLaunch:
     args: list[str]
     env: dict[str, str]
     field_env: dict[str, str] = field(default_factory=dict)  # name -> fieldPath (pods only)
+    volumes: list = field(default_factory=list)  # pods only: what the container mounts, besides the job's own
+    volume_mounts: list = field(default_factory=list)
 
     @property
     def argv(self) -> list[str]:
@@ -87,6 +89,8 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
     env = {"OMP_NUM_THREADS": str(torch_threads(job, role)), "GLIBC_TUNABLES": MALLOC_TUNABLES,
            "PYTHONUNBUFFERED": "1"}
     field_env: dict[str, str] = {}
+    volumes: list = []
+    mounts: list = []
     if engine == "local":
         if run_dir is None or sock_dir is None:
             raise ValueError("a local worker needs run_dir and sock_dir")
@@ -102,12 +106,21 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
         field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP"}
         env[ENV_STATE_DIR] = STATE_DIR
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
-        # CurveZMQ on pods needs the job's key Secret mounted at CURVE_DIR (not created by the
-        # operator yet): until then pods rely on the job's NetworkPolicy and run without it.
+        if job.spec.network.encryption == "curve":  # the job's key Secret (operator: builders.curve_secret)
+            env[ENV_CURVE_KEYS] = f"{CURVE_DIR}/{CURVE_FILE}"
+            volumes.append({"name": "curve", "secret": {"secretName": curve_secret_name(job.name),
+                                                        "defaultMode": 0o400,
+                                                        "items": [{"key": CURVE_FILE, "path": CURVE_FILE}]}})
+            mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
     else:
         raise ValueError(f"unknown engine {engine!r}")
     if metrics_port:
         args += ["--metrics-port", str(metrics_port)]
     if dist_init:
         env[ENV_DIST_INIT] = dist_init
-    return WorkerLaunch(list(command or WORKER_COMMAND), args, env, field_env)
+    return WorkerLaunch(list(command or WORKER_COMMAND), args, env, field_env, volumes, mounts)
+
+
+def curve_secret_name(job: str) -> str:
+    """The Secret holding a job's CurveZMQ key pair (mounted only into that job's pods)."""
+    return f"{job}-curve"

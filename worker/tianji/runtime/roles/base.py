@@ -40,8 +40,8 @@ class Role:
         self.sender = f"{self.name}-{group}-{index}"
         self.ctx = zmq.Context()
         # CurveZMQ with the job's key pair (runtime/security.py). `tianji run` always provides the
-        # keys, so a local worker without them refuses to start; pods get them once the operator
-        # mounts the job's key Secret (until then: a warning, and the job's NetworkPolicy).
+        # keys, so a local worker without them refuses to start; pods read the job's key Secret
+        # (operator: builders.curve_secret); a pod without it warns and relies on the NetworkPolicy.
         want = job.spec.network.encryption == "curve"
         self.curve = security.from_env(self.ctx, required=want and addrs.run_dir is not None)  # local: ipc
         if want and self.curve is None:
