@@ -1,6 +1,10 @@
 """TianJi's wire vs raw pyzmq, PUSH/PULL, ipc:// and tcp://127.0.0.1, 4 KB ... 2 MB.
 
-    python bench/transport.py [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3]
+    python bench/transport.py [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3] [--encryption curve]
+
+`--encryption curve` runs every transfer (raw and wire alike) over CurveZMQ with a job key
+pair and a ZAP handler, as a job with `spec.network.encryption: curve` does; compare its
+MB/s and CPU µs per message with a run under `--encryption none` (the default here).
 
 For every message size and transport, side by side in one run:
 
@@ -79,10 +83,17 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+CURVE_KEYS = None  # set by --encryption curve (before the senders fork)
+
+
 def _sender(addr: str, mode: str, size: int, n: int, done, cpu_q) -> None:
     ctx = zmq.Context()
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.SNDHWM, HWM)
+    if CURVE_KEYS is not None:
+        from tianji.runtime.security import Curve
+
+        Curve(ctx, CURVE_KEYS).client(s)
     s.connect(addr)
     arr = np.frombuffer(np.random.bytes(size), dtype=np.uint8)
     c0 = _cpu()
@@ -118,8 +129,14 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
     """Payload MB/s of one transfer of n messages (timed from the first one received), and the
     CPU µs per message of the sending and of the receiving process."""
     ctx = zmq.Context()
+    curve = None
     r = ctx.socket(zmq.PULL)
     r.setsockopt(zmq.RCVHWM, HWM)
+    if CURVE_KEYS is not None:
+        from tianji.runtime.security import Curve
+
+        curve = Curve(ctx, CURVE_KEYS)
+        curve.server(r)
     r.setsockopt(zmq.LINGER, 0)
     r.setsockopt(zmq.RCVTIMEO, int(RECV_TIMEOUT_S * 1000))
     r.bind(addr_base)
@@ -164,6 +181,8 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
             p.kill()
             p.join()
         r.close()
+        if curve is not None:
+            curve.close()
         ctx.term()
     return (n - 1) * size / dt / 1e6, send_cpu / n * 1e6, recv_cpu / n * 1e6
 
@@ -209,12 +228,19 @@ def main(argv=None) -> int:
     ap.add_argument("--wire", help="path of an alternative wire.py to benchmark instead of tianji.runtime.wire")
     ap.add_argument("--tuned-malloc", action="store_true",
                     help=f"run with GLIBC_TUNABLES={TUNED_MALLOC} (no heap trimming, large buffers from the heap)")
+    ap.add_argument("--encryption", choices=("none", "curve"), default="none",
+                    help="curve: every transfer over CurveZMQ with a ZAP handler, as spec.network.encryption: curve")
     a = ap.parse_args(argv)
     if a.tuned_malloc and os.environ.get("GLIBC_TUNABLES") != TUNED_MALLOC:
         os.environ["GLIBC_TUNABLES"] = TUNED_MALLOC  # read by glibc at process start: re-exec
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])])
     if a.wire:
         _use_wire_module(a.wire)
+    if a.encryption == "curve":
+        global CURVE_KEYS
+        from tianji.runtime.security import new_keys
+
+        CURVE_KEYS = new_keys()
     sizes = [int(x) for x in a.sizes.split(",") if x]
     tmp = tempfile.mkdtemp(prefix="tianji-bench-")
     bases = {"ipc": f"ipc://{tmp}/t", "tcp": "tcp://127.0.0.1:*"}
@@ -247,7 +273,7 @@ def main(argv=None) -> int:
     big = [x["ratio"] for x in rows if x["bytes"] >= 64 << 10]
     big_cpu = [x["cpu_ratio"] for x in rows if x["bytes"] >= 64 << 10]
     out = {
-        "bench": "transport", "wire": a.wire or "tianji.runtime.wire", "unit": "MB/s of payload (1e6 B/s)", "reps": a.reps,
+        "bench": "transport", "wire": a.wire or "tianji.runtime.wire", "encryption": a.encryption, "unit": "MB/s of payload (1e6 B/s)", "reps": a.reps,
         "results": rows,
         "min_ratio_at_ge_64KB": min(big) if big else None,
         "target_ratio_at_ge_64KB": 0.9,

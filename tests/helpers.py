@@ -70,6 +70,16 @@ def worker_pids(run_dir: Path) -> list[int]:
     return out
 
 
+def as_job_client(sock, run_dir: Path):
+    """Give a test's socket the job's CurveZMQ keys (`<run dir>/curve.json`), as a job process has:
+    what it then sends is judged by the receiver's own validation, not refused by ZAP."""
+    from tianji.runtime.security import Curve, read_keys
+
+    wait_for(lambda: (Path(run_dir) / "curve.json").exists(), 60, "the job's keys")
+    Curve(None, read_keys(Path(run_dir) / "curve.json")).client(sock)
+    return sock
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

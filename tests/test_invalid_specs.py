@@ -134,3 +134,116 @@ def test_tianji_run_refuses_unreadable_input_in_one_line(tmp_path, make):
     (tmp_path / "jobs").mkdir()
     args, says = make(tmp_path)
     assert says in refuse_locally(tmp_path, *args)
+
+
+# ----------------------------------------------------------------- hostile manifests (issue 11)
+PPO_TEXT = (EXAMPLES / "cartpole-ppo.yaml").read_text()
+
+
+def _write(tmp_path, text: str):
+    (tmp_path / "job.yaml").write_text(text)
+    return [str(tmp_path / "job.yaml")]
+
+
+def _top_level_typo(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("spec:", "sepc:", 1)), "sepc: Extra inputs are not permitted"
+
+
+def _metadata_unknown_key(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("  name: cartpole-ppo", "  name: cartpole-ppo\n  nmae: x")), \
+        "metadata.nmae: Extra inputs are not permitted"
+
+
+def _annotation_not_a_string(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("  name: cartpole-ppo", "  name: cartpole-ppo\n  annotations: {a: {b: 1}}")), \
+        "metadata.annotations.a: Input should be a valid string"
+
+
+def _duplicate_key(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("    lr: 1.0e-3", "    lr: 1.0e-3\n    lr: 5")), "duplicate key 'lr'"
+
+
+def _billion_laughs(tmp_path):
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    text = PPO_TEXT.replace("  name: cartpole-ppo", "  name: cartpole-ppo\n  annotations:\n" +
+                            "\n".join("    " + line for line in lines))
+    return _write(tmp_path, text), "aliases (*name) are not allowed"
+
+
+def _deep_nesting(tmp_path):
+    return _write(tmp_path, "spec: " + "[" * 10000 + "]" * 10000 + "\n"), "nested deeper than"
+
+
+def _huge_file(tmp_path):
+    return _write(tmp_path, PPO_TEXT + "#" * (2 << 20) + "\n"), "larger than 1024 KiB"
+
+
+def _mean_return_nan(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("meanReturn: 475", "meanReturn: .nan")), "non-finite number '.nan'"
+
+
+def _seed_1e30(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("seed: 1", "seed: 1.0e+30")), "spec.env.seed: "
+
+
+def _seed_past_31_bits(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("seed: 1", f"seed: {2**40}")), "spec.env.seed: Input should be less"
+
+
+def _unknown_env(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("CartPole-v1", "NoSuchEnv-v9")), \
+        "spec.env.id: 'NoSuchEnv-v9' is not a registered Gymnasium environment"
+
+
+def _continuous_env(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("CartPole-v1", "Pendulum-v1")), \
+        "spec.env.id: 'Pendulum-v1' cannot be used: PPO and DQN here need a discrete action space"
+
+
+def _set_alias(tmp_path):
+    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.model.hidden=[&a 64, *a]"], "aliases (*name)"
+
+
+def _set_nan(tmp_path):
+    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.stop.meanReturn=.inf"], "non-finite number '.inf'"
+
+
+def _set_duplicate(tmp_path):
+    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.model={hidden: [8], hidden: [9]}"], "duplicate key"
+
+
+@pytest.mark.parametrize("make", [_top_level_typo, _metadata_unknown_key, _annotation_not_a_string, _duplicate_key,
+                                  _billion_laughs, _deep_nesting, _huge_file, _mean_return_nan, _seed_1e30,
+                                  _seed_past_31_bits, _unknown_env, _continuous_env, _set_alias, _set_nan,
+                                  _set_duplicate], ids=lambda f: f.__name__.strip("_"))
+def test_tianji_run_refuses_hostile_manifests_quickly_in_one_line(tmp_path, make):
+    import time
+
+    args, says = make(tmp_path)
+    t0 = time.monotonic()
+    message = refuse_locally(tmp_path, *args)
+    assert time.monotonic() - t0 < 5 + 3  # < 5 s on an idle machine; some slack for interpreter start-up
+    assert says in message, message
+    if not args[0].startswith(str(EXAMPLES)):
+        assert message.startswith(args[0] + ": "), message  # names the file
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_max_seconds_must_be_positive(tmp_path, value):
+    run_dir = tmp_path / "run"
+    r = run_tianji("run", str(EXAMPLES / "cartpole-ppo.yaml"), "--run-dir", str(run_dir), "--quiet",
+                   "--max-seconds", value, timeout=60)
+    assert r.returncode == 2 and "--max-seconds must be a positive" in r.stderr, r.stderr
+    assert not run_dir.exists()
+
+
+def test_metadata_labels_and_annotations_are_string_maps():
+    from tianji.control.spec import SpecError, parse_job
+
+    job = job_manifest("cartpole", {})
+    job["metadata"].update(labels={"team": "rl"}, annotations={"note": "x"})
+    assert parse_job(job).metadata.labels == {"team": "rl"}
+    job["metadata"]["labels"] = {"team": ["rl"]}
+    with pytest.raises(SpecError, match="metadata.labels.team"):
+        parse_job(job)

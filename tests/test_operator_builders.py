@@ -56,7 +56,7 @@ def test_every_child_validates_strictly(variant):
 def test_names_kinds_and_owner_references():
     _, _, _, objs = _children(VARIANTS["groups"])
     assert set(objs) == {
-        ("ConfigMap", "cp-job"), ("Service", "cp"), ("NetworkPolicy", "cp"),
+        ("ConfigMap", "cp-job"), ("Service", "cp"), ("NetworkPolicy", "cp"), ("Secret", "cp-curve"),
         ("Pod", "cp-learner-0-0"), ("Pod", "cp-buffer-0-0"), ("Pod", "cp-buffer-0-1"), ("StatefulSet", "cp-actor-0"),
         ("Pod", "cp-learner-1-0"), ("Pod", "cp-buffer-1-0"), ("Pod", "cp-buffer-1-1"), ("StatefulSet", "cp-actor-1"),
     }
@@ -400,3 +400,23 @@ def test_learners_checkpoint_onto_a_named_claim():
 def test_checkpoint_volume_settings_are_checked(ckpt, where):
     with pytest.raises(SpecError, match=where):
         _job({"checkpoint": ckpt})
+
+
+def test_the_curve_secret_is_mounted_only_into_the_jobs_pods_and_holds_a_working_key_pair():
+    import json
+
+    import zmq
+
+    _, _, _, objs = _children(VARIANTS["groups"])
+    secret = objs[("Secret", "cp-curve")]
+    keys = json.loads(secret["stringData"]["curve.json"])
+    assert zmq.curve_public(keys["secret"].encode()) == keys["public"].encode()
+    for (kind, _), obj in objs.items():
+        if kind not in ("Pod", "StatefulSet"):
+            continue
+        pod = obj["spec"] if kind == "Pod" else obj["spec"]["template"]["spec"]
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["curve"]["secret"]["secretName"] == "cp-curve" and vols["curve"]["secret"]["defaultMode"] == 0o400
+        c = pod["containers"][0]
+        assert {"name": "curve", "mountPath": "/etc/tianji-curve", "readOnly": True} in c["volumeMounts"]
+        assert {"name": "TIANJI_CURVE_KEYS", "value": "/etc/tianji-curve/curve.json"} in c["env"]

@@ -74,3 +74,18 @@ def test_gae_cuts_at_done_and_bootstraps_last_value():
     adv = gae(r, v, last, d, d, gamma=0.5, lam=1.0)
     # t=2: 1 + 0.5*10 = 6; t=1 terminal: 1; t=0: 1 + 0.5*1 = 1.5 (value 0 at t=1)
     np.testing.assert_allclose(adv[:, 0].numpy(), [1.5, 1.0, 6.0])
+
+
+def test_rollout_queue_is_capped_in_bytes_too():
+    from tianji.runtime.storage import RolloutQueue, fragment_nbytes
+
+    def frag(n):
+        return {"obs": np.zeros((4, n, 4), np.float32), "valid": np.ones((4, n), bool),
+                "last_obs": np.zeros((n, 4), np.float32), "version": 0}
+
+    one = fragment_nbytes(frag(2))
+    q = RolloutQueue(1000, max_bytes=3 * one)
+    dropped = sum(q.put(frag(2)) for _ in range(10))
+    assert len(q) == 3 and q.nbytes == 3 * one and dropped == 7 * 8
+    q.pop_batch(2)
+    assert q.nbytes == one

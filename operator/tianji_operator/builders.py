@@ -21,8 +21,10 @@ from typing import Optional
 import yaml
 
 from tianji.control.addressing import PORTS, actor_set_name, data_port, metrics_port, pod_name, service_name
+from tianji.control.curvekeys import keypair
+from tianji.control.launch import (CONFIG_DIR, CURVE_FILE, JOB_FILE, SCRATCH_DIR, STATE_DIR, TERMINATION_LOG,
+                                   curve_secret_name, worker_launch)
 from tianji.control.spec import JobSpec, PodOverlay, TianJiJob
-from tianji.control.launch import CONFIG_DIR, JOB_FILE, SCRATCH_DIR, STATE_DIR, TERMINATION_LOG, worker_launch
 
 LABEL_JOB = "tianji.dev/job"
 LABEL_ROLE = "tianji.dev/role"
@@ -300,6 +302,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "scratch", "mountPath": SCRATCH_DIR},
+            *launch.volume_mounts,
         ],
         "securityContext": container_security_context(job),
     }
@@ -315,6 +318,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
             state_volume(job, role),
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             {"name": "scratch", "emptyDir": {}},
+            *launch.volumes,
         ],
     }
     if hostname:
@@ -325,6 +329,18 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     scheduling(job, role, spec, container, defaults)
     return spec
+
+
+def curve_secret(job: TianJiJob) -> list[dict]:
+    """The job's CurveZMQ key pair as a Secret (a fresh pair each call: `ensure` creates it once,
+    and an existing one is never replaced), mounted only into this job's pods (worker_launch);
+    none with `network.encryption: none`."""
+    if job.spec.network.encryption != "curve":
+        return []
+    public, secret = keypair()
+    return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+             "metadata": _meta(job, curve_secret_name(job.name), labels(job.name)),
+             "stringData": {CURVE_FILE: json.dumps({"public": public, "secret": secret})}}]
 
 
 def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str],
@@ -364,7 +380,8 @@ def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int],
     """Everything a job needs, in creation order (the ConfigMap first: pods mount it).
     `defaults`: the cluster-wide pod overlay (chart values `workerDefaults`)."""
     t = resolved.spec.topology
-    out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers)]
+    out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers),
+           *curve_secret(resolved)]
     pvc = checkpoint_pvc(resolved)
     if pvc is not None:
         out.append(pvc)

@@ -76,6 +76,7 @@ operator writes were pruned or refused); canned metric sources: `fakes.py`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import copy
 import dataclasses
@@ -103,6 +104,7 @@ CORE = {
     "v1/services": ("Service", True, {"status"}),
     "v1/configmaps": ("ConfigMap", True, set()),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, {"status"}),
+    "v1/secrets": ("Secret", True, set()),
     "v1/events": ("Event", True, set()),
     "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, set()),
@@ -454,6 +456,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             obj = self._custom_scale(res, obj, old)
             w = dataclasses.replace(w, subresource=None)
         self._decode(res, obj, namespace, w)
+        if res == kmock.resource("v1/secrets") and "stringData" in obj:  # write-only: merged into data
+            obj["data"] = {**(obj.get("data") or {}), **{k: base64.b64encode(str(v).encode()).decode()
+                                                         for k, v in (obj.pop("stringData") or {}).items()}}
         obj = self._scope(res, obj, old, w)
         schema = self._schemas.get(res)
         if schema is not None:

@@ -14,8 +14,8 @@
   `resourceFieldRef`; `configMapKeyRef`), HOSTNAME and a UTS namespace with the
   pod's hostname (`spec.hostname`, else the pod name);
 * volumes mounted at their `mountPath` in the process's own mount namespace
-  (`unshare --mount --uts`, then `mount --bind`): configMap (items → files,
-  or every key), emptyDir (medium Memory: under the host's /dev/shm), hostPath;
+  (`unshare --mount --uts`, then `mount --bind`): configMap and secret (items →
+  files, or every key; modes), emptyDir (medium Memory: under the host's /dev/shm), hostPath;
   `readOnly` and `subPath` are honoured. Mount points are created on the host;
 * `terminationMessagePath` (policy File): a file per container incarnation,
   bind-mounted there; when the process exits its first 4096 bytes become
@@ -40,7 +40,7 @@
 
 Not emulated: multiple containers per pod (only the first runs; init containers,
 sidecars and ephemeral containers are ignored), image pulls, liveness and startup
-probes, exec probes, secrets, projected and downwardAPI volumes, envFrom,
+probes, exec probes, projected and downwardAPI volumes, envFrom,
 service-link variables, ConfigMap updates reaching a running pod, resource
 limits (cgroups), networkpolicies.
 
@@ -51,6 +51,7 @@ on disk under `root` after the pod is gone, for tests to read.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import json
@@ -77,6 +78,7 @@ log = logging.getLogger("tests.kubelet")
 
 PODS = "v1/pods"
 SERVICES = "v1/services"
+SECRETS = "v1/secrets"
 CONFIGMAPS = "v1/configmaps"
 TERMINATION_MESSAGE_MAX = 4096  # bytes the kubelet keeps of a termination message
 BACKOFF_RESET_S = 600.0  # a container that ran this long restarts without back-off
@@ -536,6 +538,24 @@ class PodWorker:
                 path = target / it["path"]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(data[it["key"]])
+                os.chmod(path, int(it.get("mode", src.get("defaultMode", 0o644))))
+            return target
+        if "secret" in vol:
+            src = vol["secret"]
+            secret = self.kube.obj(SECRETS, self.namespace, src["secretName"])
+            if secret is None:
+                raise PodStartError("ContainerCreating", f'MountVolume.SetUp failed for volume "{name}": '
+                                    f'secret "{src["secretName"]}" not found')
+            data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+            target = self.dir / "volumes" / "secret" / name
+            target.mkdir(parents=True, exist_ok=True)
+            for it in src.get("items") or [{"key": k, "path": k} for k in sorted(data)]:
+                if it["key"] not in data:
+                    raise PodStartError("CreateContainerConfigError",
+                                        f'secret "{src["secretName"]}" has no key "{it["key"]}"')
+                path = target / it["path"]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data[it["key"]])
                 os.chmod(path, int(it.get("mode", src.get("defaultMode", 0o644))))
             return target
         if "emptyDir" in vol:

@@ -63,7 +63,7 @@ class DQNLearner:
         ret, disc = to_tensor(b["returns"], dev, np.float32), to_tensor(b["discounts"], dev, np.float32)
         total = obs.shape[0]
         bs = c.batch_size
-        loss_sum, q_sum, steps = 0.0, 0.0, 0
+        loss_sum, q_sum, steps, skipped = 0.0, 0.0, 0, 0
         for s in range(0, total - bs + 1, bs):
             sl = slice(s, s + bs)
             with torch.no_grad():
@@ -72,7 +72,9 @@ class DQNLearner:
                 y = ret[sl] + disc[sl] * q_next_t.gather(1, a_star).squeeze(1)
             q = self.model(obs[sl]).gather(1, act[sl, None]).squeeze(1)
             loss = F.smooth_l1_loss(q, y)
-            apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads)
+            if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads):
+                skipped += 1
+                continue
             self.steps += 1
             steps += 1
             if self.steps % c.target_update_interval == 0:
@@ -80,7 +82,7 @@ class DQNLearner:
             loss_sum += loss.item()
             q_sum += q.detach().mean().item()
         return {"loss": loss_sum / max(steps, 1), "q_mean": q_sum / max(steps, 1),
-                "train_steps": steps, "samples": steps * bs}
+                "train_steps": steps, "samples": steps * bs, "skipped_steps": skipped}
 
     def state(self) -> dict:
         return {"optimizer": self.opt.state_dict(), "target": self.target.state_dict(), "steps": self.steps}

@@ -90,7 +90,7 @@ class PPOLearner:
         for g in self.opt.param_groups:
             g["lr"] = self._lr()
         stats = {"pg_loss": 0.0, "v_loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "approx_kl": 0.0}
-        steps = 0
+        steps = skipped = 0
         # A fixed number of minibatch steps per epoch (batchSize // minibatchSize), whatever the count of
         # valid samples: data-parallel learners must take the same number of synchronised steps.
         mbs = min(c.minibatch_size, max(n, 1))
@@ -111,7 +111,9 @@ class PPOLearner:
                 vl = 0.5 * (v - mb_ret[i]).pow(2).mean()
                 ent = -(logp_all.exp() * logp_all).sum(-1).mean()
                 loss = pg + c.vf_coef * vl - c.ent_coef * ent
-                apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads)
+                if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads):
+                    skipped += 1
+                    continue
                 steps += 1
                 with torch.no_grad():
                     stats["pg_loss"] += pg.item()
@@ -123,7 +125,7 @@ class PPOLearner:
         # same on every data-parallel learner or their parameters drift apart.
         self.samples_seen += c.batch_size * self.world
         out = {k: v / max(steps, 1) for k, v in stats.items()}
-        out.update(train_steps=steps, samples=n)
+        out.update(train_steps=steps, samples=n, skipped_steps=skipped)
         return out
 
     def state(self) -> dict:

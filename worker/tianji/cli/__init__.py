@@ -18,6 +18,10 @@ def _run(a: argparse.Namespace) -> int:
     if bool(a.job) == bool(a.resume):
         print("tianji run: give a JOB.yaml or --resume RUN_DIR (not both)", file=sys.stderr)
         return 2
+    if a.max_seconds is not None and not (a.max_seconds > 0 and a.max_seconds != float("inf")):
+        print(f"tianji run: --max-seconds must be a positive number of seconds, got {a.max_seconds:g}",
+              file=sys.stderr)
+        return 2
     try:
         return run_job(a.job, overrides=a.set, run_dir=a.run_dir, max_seconds=a.max_seconds,
                        progress=not a.quiet, resume=a.resume, metrics_port=a.metrics_port)

@@ -63,6 +63,9 @@ ENV_SOCK_DIR = "TIANJI_SOCK_DIR"
 ENV_PARENT_PID = "TIANJI_PARENT_PID"
 ENV_DIST_INIT = "TIANJI_DIST_INIT"
 ENV_TERMINATION_LOG = "TIANJI_TERMINATION_LOG"
+ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # the job's CurveZMQ key pair (runtime/security.py)
+CURVE_DIR = "/etc/tianji-curve"  # pods: the job's key Secret is mounted here (see runtime/security.py)
+CURVE_FILE = "curve.json"
 
 
 def torch_threads(job, role: str) -> int:
@@ -79,6 +82,8 @@ class WorkerLaunch:
     args: list[str]
     env: dict[str, str]
     field_env: dict[str, str] = field(default_factory=dict)  # name -> fieldPath (pods only)
+    volumes: list = field(default_factory=list)  # pods only: what the container mounts, besides the job's own
+    volume_mounts: list = field(default_factory=list)
 
     @property
     def argv(self) -> list[str]:
@@ -89,13 +94,15 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
                   job_file: str, command: Optional[list[str]] = None, run_dir: Optional[str] = None,
                   report: Optional[str] = None, metrics_port: Optional[int] = None,
                   sock_dir: Optional[str] = None, parent_pid: Optional[int] = None,
-                  dist_init: Optional[str] = None) -> WorkerLaunch:
+                  dist_init: Optional[str] = None, curve_keys: Optional[str] = None) -> WorkerLaunch:
     """The one way a role process is described. `index` is an int, or "auto" (a StatefulSet
     pod's ordinal, from its hostname)."""
     args = ["--role", role, "--group", str(group), "--index", str(index), "--job", job_file]
     env = {"OMP_NUM_THREADS": str(torch_threads(job, role)), "GLIBC_TUNABLES": MALLOC_TUNABLES,
            "PYTHONUNBUFFERED": "1"}
     field_env: dict[str, str] = {}
+    volumes: list = []
+    mounts: list = []
     if engine == "local":
         if run_dir is None or sock_dir is None:
             raise ValueError("a local worker needs run_dir and sock_dir")
@@ -105,6 +112,8 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
             env[ENV_PARENT_PID] = str(parent_pid)
         if report:
             args += ["--report", report]
+        if curve_keys:
+            env[ENV_CURVE_KEYS] = curve_keys
     elif engine == "pod":
         field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP",
                      ENV_POD_NAME: "metadata.name"}
@@ -115,10 +124,21 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
         env[ENV_STATE_DIR] = STATE_DIR
         env["HOME"] = env["TMPDIR"] = SCRATCH_DIR
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
+        if job.spec.network.encryption == "curve":  # the job's key Secret (operator: builders.curve_secret)
+            env[ENV_CURVE_KEYS] = f"{CURVE_DIR}/{CURVE_FILE}"
+            volumes.append({"name": "curve", "secret": {"secretName": curve_secret_name(job.name),
+                                                        "defaultMode": 0o400,
+                                                        "items": [{"key": CURVE_FILE, "path": CURVE_FILE}]}})
+            mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
     else:
         raise ValueError(f"unknown engine {engine!r}")
     if metrics_port:
         args += ["--metrics-port", str(metrics_port)]
     if dist_init:
         env[ENV_DIST_INIT] = dist_init
-    return WorkerLaunch(list(command or WORKER_COMMAND), args, env, field_env)
+    return WorkerLaunch(list(command or WORKER_COMMAND), args, env, field_env, volumes, mounts)
+
+
+def curve_secret_name(job: str) -> str:
+    """The Secret holding a job's CurveZMQ key pair (mounted only into that job's pods)."""
+    return f"{job}-curve"

@@ -78,8 +78,10 @@ def immutable(field: str) -> dict:
 
 
 class _Model(BaseModel):
+    # allow_inf_nan=False: `meanReturn: .nan` (or any NaN/inf) is an error, not a stop rule that never fires.
     model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_assignment=True
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_assignment=True,
+        allow_inf_nan=False,
     )
 
 
@@ -137,7 +139,8 @@ class EnvConfig(_Model):
                     json_schema_extra={"x-kubernetes-validations": [immutable("env.id")]})
     num_envs: int = Field(8, ge=1, le=4096, description="vectorised envs per actor")
     fragment_length: int = Field(32, ge=1, le=10_000, description="steps per env in one fragment")
-    seed: int = Field(1, ge=0)
+    seed: int = Field(1, ge=0, le=2**31 - 1 - 10**7,
+                      description="base seed; actors, buffers and learners derive theirs from it (below 2**31)")
     frame_stack: int = Field(4, ge=1, le=16, description="Atari only")
     episodic_life: bool = Field(False, description="Atari only")
     clip_rewards: bool = Field(True, description="Atari only: learn from sign(reward)")
@@ -273,6 +276,9 @@ class Network(_Model):
                                 description="RDMA device resource name, e.g. rdma/hca_shared_devices_a")
     base_port: int = Field(5550, ge=1024, le=65535 - LAST_PORT_OFFSET,
                            description=f"the data ports are basePort..basePort+{LAST_PORT_OFFSET}")
+    encryption: Literal["curve", "none"] = Field(
+        "curve", description="curve: every socket of the job authenticated and encrypted with the job's own "
+        "CurveZMQ key pair; none: plaintext, and anyone who can reach a socket can talk to it")
     metrics_port: int = Field(9090, ge=1024, le=65535,
                               description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}; with "
                                           "hostNetwork every pod gets its own ports (docs/kubernetes.md)")
@@ -336,8 +342,8 @@ class Autoscale(_Model):
 # ----------------------------------------------------------------- pod overlay (Kubernetes only)
 _FREE = {"x-kubernetes-preserve-unknown-fields": True}
 # What the operator itself puts in every pod: an overlay may not redefine it.
-RESERVED_VOLUMES = ("job", "state", "dshm", "scratch")
-RESERVED_MOUNT_PATHS = ("/etc/tianji", "/var/lib/tianji", "/dev/shm", "/tmp")
+RESERVED_VOLUMES = ("job", "state", "dshm", "scratch", "curve")
+RESERVED_MOUNT_PATHS = ("/etc/tianji", "/var/lib/tianji", "/dev/shm", "/tmp", "/etc/tianji-curve")
 _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 
@@ -552,9 +558,16 @@ JOB_NAME_PATTERN = r"[a-z]([-a-z0-9]*[a-z0-9])?"
 
 
 class Metadata(_Model):
-    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
     name: str = Field(..., min_length=1, max_length=40)
-    namespace: Optional[str] = None
+    namespace: Optional[str] = Field(None, max_length=63)
+    labels: Optional[dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]]] = None
+    annotations: Optional[dict[Annotated[str, Field(max_length=317)], str]] = None
+
+    @model_validator(mode="after")
+    def _annotations_size(self) -> "Metadata":
+        if self.annotations and sum(len(k) + len(v) for k, v in self.annotations.items()) > 256 * 1024:
+            raise ValueError("annotations: more than 256 KiB in all (the Kubernetes limit)")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -567,7 +580,6 @@ class Metadata(_Model):
 
 
 class TianJiJob(_Model):
-    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
     api_version: Literal["tianji.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
     kind: Literal["TianJiJob"] = KIND
     metadata: Metadata
@@ -612,13 +624,78 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else str(problem)
 
 
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_DEPTH = 32
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses what a job manifest never needs and an attacker would use:
+    aliases (billion laughs), duplicate keys (the last one silently winning), nesting deeper
+    than MAX_DEPTH (PyYAML recurses), and non-finite floats (`.nan`, `.inf`)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            ev = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a job manifest",
+                                              ev.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                dup = key in seen
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a scalar",
+                                                        key_node.start_mark) from None
+            if dup:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_float(self, node):
+        v = super().construct_yaml_float(node)
+        if v != v or v in (float("inf"), float("-inf")):
+            raise yaml.constructor.ConstructorError(None, None, f"non-finite number {node.value!r}",
+                                                    node.start_mark)
+        return v
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
+
+
+def safe_yaml(text: str) -> Any:
+    """One YAML document with the strict loader (aliases, duplicate keys, deep nesting and
+    non-finite floats refused); raises yaml.YAMLError."""
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _parse_scalar(key: str, text: str) -> Any:
     if text == "":
         return ""
     try:
-        return yaml.safe_load(text)
+        return safe_yaml(text)
     except yaml.YAMLError as e:
         raise SpecError(f"--set {key}: value {text!r} is not valid YAML: {_yaml_problem(e)}") from None
+    except RecursionError:
+        raise SpecError(f"--set {key}: value nested too deeply") from None
 
 
 def apply_override(doc: dict, assignment: str) -> None:
@@ -656,7 +733,11 @@ def parse_job(doc: Any, source: str = "<manifest>") -> TianJiJob:
 def _read_yaml(path: Path) -> Any:
     """The one YAML document in `path`; every way this fails is a one-line SpecError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise SpecError(f"{path}: larger than {MAX_MANIFEST_BYTES // 1024} KiB; is it a job manifest?")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -666,9 +747,11 @@ def _read_yaml(path: Path) -> Any:
     except OSError as e:
         raise SpecError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_yaml(text)
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply") from None
     if doc is None:
         raise SpecError(f"{path}: empty; expected a TianJiJob manifest")
     return doc

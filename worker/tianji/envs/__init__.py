@@ -49,7 +49,9 @@ def env_info(env: gym.vector.VectorEnv) -> EnvInfo:
     obs = env.single_observation_space
     act = env.single_action_space
     if not isinstance(act, gym.spaces.Discrete):
-        raise ValueError(f"only discrete action spaces are supported, got {act}")
+        raise ValueError(f"PPO and DQN here need a discrete action space, got {act}")
+    if not isinstance(obs, gym.spaces.Box):
+        raise ValueError(f"observations must be a Box space, got {obs}")
     return EnvInfo(tuple(int(d) for d in obs.shape), np.dtype(obs.dtype).name, int(act.n))
 
 
@@ -59,3 +61,27 @@ def probe_env(cfg: EnvConfig) -> EnvInfo:
         return env_info(env)
     finally:
         env.close()
+
+
+def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
+    """Resolve `env.id` and check its spaces before anything starts (`tianji run`): an unknown id,
+    a continuous action space (PPO and DQN here act in Discrete spaces) or an observation space
+    without a fixed shape is a SpecError naming the file and the field. The operator cannot do
+    this (it has no Gymnasium); its workers fail the same way at start."""
+    from tianji.control.spec import SpecError
+
+    try:
+        spec = None if is_atari(cfg.id) else gym.spec(cfg.id)
+    except Exception as e:  # noqa: BLE001 - gymnasium's NameNotFound, VersionNotFound, ...
+        raise SpecError(f"{source}: spec.env.id: {cfg.id!r} is not a registered Gymnasium environment "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    del spec
+    try:
+        info = probe_env(cfg)
+    except Exception as e:  # noqa: BLE001
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SpecError(f"{source}: spec.env.id: {cfg.id!r} cannot be used: {text}") from None
+    if not info.obs_shape or np.dtype(info.obs_dtype).name not in ("uint8", "float32", "float64"):
+        raise SpecError(f"{source}: spec.env.id: {cfg.id!r} observations {info.obs_dtype}{list(info.obs_shape)} "
+                        "are not a fixed-shape uint8/float array")
+    return info

@@ -30,11 +30,11 @@ from typing import IO, Optional
 import zmq
 
 from tianji.control.accounting import Accounting, StopRule
-
-from tianji.control.report import ReportError, parse_report
+from tianji.control.report import parse_report
 from tianji.control.launch import worker_launch
 from tianji.control.plan import resolve
 from tianji.control.spec import TianJiJob, dump_job, load_job
+from tianji.envs import check_env_spec
 from tianji.observability.exporter import JobExporter
 from tianji.observability.progress import Progress
 from tianji.runtime.wire import WireError, decode
@@ -47,7 +47,9 @@ HEARTBEAT_TIMEOUT_S = 30.0
 STOP_GRACE_S = 15.0
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
-MAX_RESTARTS = 10
+SUMMARY_RETRY_S = 10.0
+MAX_RESTARTS = 10  # consecutive failures; a worker that ran HEALTHY_S before failing starts a fresh budget
+HEALTHY_S = 60.0
 ROLE_ORDER = ("learner", "buffer", "actor")
 
 
@@ -59,6 +61,8 @@ class Child:
     proc: Optional[subprocess.Popen] = None
     log: Optional[IO] = None
     restarts: int = 0
+    failures: int = 0  # consecutive: reset by a healthy interval (HEALTHY_S)
+    pids: set = field(default_factory=set)  # every incarnation's pid: reports from anyone else are refused
     started_at: float = 0.0
     last_report: Optional[float] = None
     restart_at: Optional[float] = None
@@ -87,6 +91,7 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
         job, _ = resolve(load_job(rd / "job.yaml", overrides))
     else:
         job, _ = resolve(load_job(job_path, overrides))
+        check_env_spec(job.spec.env, str(job_path))  # before any process starts (needs Gymnasium: not in control)
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
             raise RunDirError(f"{rd} already holds a run; continue it with `tianji run --resume {rd}` "
@@ -112,11 +117,23 @@ class Launcher:
         sock = run_dir / "sock"
         self.own_sock_dir = len(str(sock)) > 70  # unix socket paths are limited to 107 bytes
         self.sock_dir = Path(tempfile.mkdtemp(prefix="tianji-")) if self.own_sock_dir else sock
+        if not self.own_sock_dir and sock.exists():  # left by a launcher that was SIGKILLed: stale sockets
+            shutil.rmtree(sock, ignore_errors=True)
         self.sock_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.sock_dir, 0o700)  # whatever the umask: only this user may connect
         self.report_addr = f"ipc://{self.sock_dir}/launcher-report"
+        self.curve_file: Optional[Path] = None
+        if job.spec.network.encryption == "curve":  # the job's key pair, 0600, made once per run dir
+            from tianji.runtime import security
+
+            self.curve_file = run_dir / "curve.json"
+            if not self.curve_file.exists():
+                security.write_keys(self.curve_file)
+            self.curve_keys = security.read_keys(self.curve_file)
         t = job.spec.topology
         self.children = [Child(r, g, i) for r in ROLE_ORDER for g in range(t.groups)
                          for i in range(getattr(t, r + "s"))]
+        self._by_key = {(c.role, c.group, c.index): c for c in self.children}
         self.dist_init = None
         if t.groups * t.learners > 1:  # data-parallel learners rendezvous on a free local port
             with socket.socket() as so:
@@ -124,8 +141,12 @@ class Launcher:
                 self.dist_init = f"tcp://127.0.0.1:{so.getsockname()[1]}"
         self.acc = Accounting()
         self.resumed_from: Optional[dict] = None
+        self.t_offset = 0.0  # a resumed run's clock continues the previous launches'
+        self.warnings: list[str] = []
+        self.learner_reported = False
         if resume:
             self._continue_counts()
+            self._check_checkpoints()
         self.started = time.monotonic()
         self.target_reached_at: Optional[float] = None
         self.interrupted = False
@@ -139,14 +160,37 @@ class Launcher:
             self.acc = Accounting(json.loads(state.read_text()))
         if prev.exists():
             s = json.loads(prev.read_text())
-            self.resumed_from = {k: s.get(k) for k in ("env_frames", "episodes", "policy_version", "exit_reason")}
+            self.resumed_from = {k: s.get(k) for k in ("env_frames", "episodes", "policy_version", "exit_reason",
+                                                       "wall_seconds")}
+        last = _last_record(self.run_dir / "metrics.jsonl")
+        if last is not None:  # covers a launcher that was SIGKILLed before writing its summary
+            self.t_offset = float(last.get("t", 0.0))
+            self.resumed_from = self.resumed_from or {}
+            self.resumed_from.setdefault("policy_version", last.get("policy_version"))
+            self.resumed_from.setdefault("env_frames", last.get("env_frames"))
+        elif self.resumed_from and self.resumed_from.get("wall_seconds"):
+            self.t_offset = float(self.resumed_from["wall_seconds"])
+
+    def _check_checkpoints(self) -> None:
+        """Say so, on the console and in summary.json, when a learner will start from scratch."""
+        from tianji.runtime import checkpoint  # torch: only when resuming
+
+        t = self.job.spec.topology
+        for g in range(t.groups):
+            for i in range(t.learners):
+                d = checkpoint.checkpoint_dir(self.run_dir, g, i)
+                if checkpoint.load_latest(d) is None:
+                    msg = f"learner-{g}-{i}: no usable checkpoint, starting from scratch"
+                    self.warnings.append(msg)
+                    print(f"tianji: {msg}", file=sys.stderr)
 
     # ---------------------------------------------------------------- processes
     def _spawn(self, c: Child) -> None:
         launch = worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
                                command=[sys.executable, "-m", "tianji.cli", "worker"], run_dir=str(self.run_dir),
                                report=self.report_addr, sock_dir=str(self.sock_dir), parent_pid=os.getpid(),
-                               dist_init=self.dist_init)
+                               dist_init=self.dist_init,
+                               curve_keys=str(self.curve_file) if self.curve_file else None)
         env = {**os.environ, **launch.env}
         if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
             env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
@@ -154,6 +198,7 @@ class Launcher:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
         # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
         c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        c.pids.add(c.proc.pid)
         c.started_at = time.monotonic()
         c.last_report = None
         c.restart_at = None
@@ -174,10 +219,13 @@ class Launcher:
                 c.proc.wait()
                 code = "no heartbeat"
             c.exits.append(code)
-            if c.restarts >= MAX_RESTARTS:
-                self.error = f"{c.name} failed {c.restarts + 1} times (last: {code}); see {c.log.name}"
+            if now - c.started_at >= HEALTHY_S:  # a slow trickle of faults never ends a run
+                c.failures = 0
+            if c.failures >= MAX_RESTARTS:
+                self.error = f"{c.name} failed {c.failures + 1} times in a row (last: {code}); see {c.log.name}"
                 return
-            delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** c.restarts)
+            delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** c.failures)
+            c.failures += 1
             c.restarts += 1
             c.restart_at = now + delay
             print(f"tianji: {c.name} exited ({code}); restart {c.restarts} in {delay:.1f}s", file=sys.stderr)
@@ -212,8 +260,13 @@ class Launcher:
                 if msg.kind != "report":
                     raise WireError("report", f"{msg.kind!r} on the report socket")
                 rep = parse_report(msg.meta, job=self.job.name)
+                child = self._by_key.get(rep.key)
+                if child is None or rep.pid not in child.pids:  # only our own workers count
+                    raise WireError("report", f"report from pid {rep.pid} as {rep.key}")
                 self.acc.take(rep)
-            except (WireError, ReportError):
+                if rep.key[0] == "learner":
+                    self.learner_reported = True
+            except Exception:  # noqa: BLE001 - (WireError, ReportError, anything): a counted reject
                 self.acc.rejected += 1
                 continue
             if rep.episodes_total and self.target_reached_at is None and self.stop_rule.target_reached(self.acc):
@@ -234,9 +287,13 @@ class Launcher:
 
     # ---------------------------------------------------------------- outputs
     def _row(self, now: float) -> dict:
-        v = self.acc.view(now - self.started)
-        return {"elapsed": now - self.started, "env_frames": v["env_frames"], **v["rates"],
-                "policy_version": v["policy_version"], "lag": v["policy_lag"], "episodes": v["episodes"],
+        v = self.acc.view(self.t_offset + now - self.started)
+        version = v["policy_version"]
+        if not self.learner_reported and self.resumed_from and self.resumed_from.get("policy_version") is not None \
+                and not self.warnings:
+            version = max(version, self.resumed_from["policy_version"])  # until the resumed learner reports
+        return {"elapsed": self.t_offset + now - self.started, "env_frames": v["env_frames"], **v["rates"],
+                "policy_version": version, "lag": v["policy_lag"], "episodes": v["episodes"],
                 "mean_return": v["mean_return"], "dropped": sum(v["dropped_samples"].values()),
                 "rejected": v["rejected_messages"], "restarts": self._restarts(), "checkpoint": self.acc.checkpoint()}
 
@@ -246,24 +303,54 @@ class Launcher:
             out[c.role] += c.restarts
         return out
 
-    def _record(self, f: IO, now: float) -> None:
+    def _record(self, f: "_Appender", now: float) -> None:
         row = self._row(now)
         row["t"] = round(row.pop("elapsed"), 3)
         row["dropped_by_reason"] = self.acc.reasons("samples_dropped_total")
         row["processes"] = self.acc.processes()
-        f.write(json.dumps(row) + "\n")
-        f.flush()
+        f.append(json.dumps(row) + "\n")
         self._export()
 
     def _export(self) -> None:
         if self.exporter is not None:
             self.exporter.update(self.acc)
-        _write_json(self.run_dir / "accounting.json", self.acc.state())
+        try:
+            _write_json(self.run_dir / "accounting.json", self.acc.state())
+        except OSError as e:  # a full disk: keep running, the next record retries
+            _warn_once(self, "accounting", f"cannot write accounting.json ({e.strerror}); retrying")
+
+    def _write_summary(self, summary: dict) -> Path:
+        """summary.json, retried while the disk is full (SUMMARY_RETRY_S); then a fallback file in
+        the temp dir, and the summary on stderr: a run's result is never lost."""
+        path = self.run_dir / "summary.json"
+        deadline = time.monotonic() + SUMMARY_RETRY_S
+        while True:
+            try:
+                _write_json(path, summary)
+                return path
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    err = e
+                    break
+                _warn_once(self, "summary", f"cannot write {path} ({e.strerror}); retrying for {SUMMARY_RETRY_S:g}s")
+                time.sleep(0.5)
+        summary = {**summary, "error": summary.get("error") or f"summary.json not written: {err.strerror}"}
+        for d in (Path(tempfile.gettempdir()), Path.home()):
+            fb = d / f"tianji-{self.job.name}-{os.getpid()}-summary.json"
+            try:
+                _write_json(fb, summary)
+                print(f"tianji: {path}: {err.strerror}; summary written to {fb}", file=sys.stderr)
+                return fb
+            except OSError:
+                continue
+        print(f"tianji: {path}: {err.strerror}; summary: {json.dumps(summary)}", file=sys.stderr)
+        return path
 
     def summary(self, reason: str, wall: float) -> dict:
         """summary.json: the accounting's view (the numbers the TianJiJob status shows) plus
         what only a local run has (restarts, run dir, exit reason)."""
         acc, spec, t = self.acc, self.job.spec, self.job.spec.topology
+        wall = self.t_offset + wall  # a resumed run: the whole run's time
         v = acc.view(wall)
         frames = max(v["env_frames"], 1)
         rejected = acc.reasons("messages_rejected_total")
@@ -271,7 +358,7 @@ class Launcher:
             "job": self.job.name, "algorithm": spec.algorithm.name, "env": spec.env.id,
             "target_return": float(spec.stop.mean_return) if spec.stop.mean_return is not None else None,
             "reached_target": self.target_reached_at is not None,
-            "seconds_to_target": round(self.target_reached_at, 3) if self.target_reached_at is not None else None,
+            "seconds_to_target": round(self.t_offset + self.target_reached_at, 3) if self.target_reached_at is not None else None,
             "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
             "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
             "throughput": v["throughput"],
@@ -290,6 +377,7 @@ class Launcher:
             "run_dir": str(self.run_dir),
             **({"resumed_from": self.resumed_from} if self.resumed_from else {}),
             **({"error": self.error} if self.error else {}),
+            **({"warnings": self.warnings} if self.warnings else {}),
         }
 
     # ---------------------------------------------------------------- main loop
@@ -299,8 +387,15 @@ class Launcher:
     def run(self) -> dict:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         ctx = zmq.Context()
+        curve = None
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 4 << 20)
+        if self.curve_file is not None:  # reports, too, only from holders of the job's key
+            from tianji.runtime.security import Curve
+
+            curve = Curve(ctx, self.curve_keys)
+            curve.server(sock)
         sock.bind(self.report_addr)
         reason = "error"
         t0 = self.started = time.monotonic()
@@ -308,7 +403,7 @@ class Launcher:
         try:
             if self.exporter is not None:
                 self.exporter.serve(self.metrics_port)
-            with open(self.run_dir / "metrics.jsonl", "a") as mf, \
+            with _Appender(self.run_dir / "metrics.jsonl", self) as mf, \
                     Progress(f"TianJi · {self.job.name}", self.progress_enabled, caption=str(self.run_dir)) as view:
                 for c in self.children:
                     self._spawn(c)
@@ -346,6 +441,8 @@ class Launcher:
                     c.proc.wait()
         finally:
             sock.close()
+            if curve is not None:
+                curve.close()
             ctx.term()
             shutil.rmtree(self.sock_dir, ignore_errors=True)  # no socket file outlives the run
             if self.exporter is not None:
@@ -355,7 +452,7 @@ class Launcher:
         wall = time.monotonic() - t0
         summary = self.summary(reason, wall)
         self._export()
-        _write_json(self.run_dir / "summary.json", summary)
+        self._write_summary(summary)
         print(f"tianji: {self.job.name} ended ({reason}) after {wall:.1f}s: {int(summary['env_frames'])} frames, "
               f"mean return {summary['mean_return']:.1f}; summary: {self.run_dir / 'summary.json'}",
               file=sys.stderr)
@@ -363,7 +460,79 @@ class Launcher:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    """Atomically: a reader (or a crash) never sees half a file."""
+    """Atomically: a reader (or a crash) never sees half a file; a failed write leaves no temp file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _warn_once(owner, key: str, text: str) -> None:
+    seen = owner.__dict__.setdefault("_warned", set())
+    if key not in seen:
+        seen.add(key)
+        print(f"tianji: {text}", file=sys.stderr)
+
+
+def _last_record(path: Path) -> Optional[dict]:
+    try:
+        lines = path.read_text().strip().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):  # the last complete line
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
+class _Appender:
+    """metrics.jsonl, one line per record, that survives a full disk: a line that cannot be
+    written waits (at most MAX_PENDING, oldest dropped first) and goes out, in order, with the next
+    record that can; a half-written line is cut off again, so the file stays valid JSON lines."""
+
+    MAX_PENDING = 3600
+
+    def __init__(self, path: Path, owner=None):
+        self.path, self.owner = path, owner
+        self.pending: list[str] = []
+
+    def __enter__(self) -> "_Appender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.flush()
+
+    def append(self, line: str) -> None:
+        self.pending.append(line)
+        del self.pending[:-self.MAX_PENDING]
+        self.flush()
+
+    def _write(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError:
+                os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        try:
+            self._write("".join(self.pending).encode())
+        except OSError as e:
+            _warn_once(self.owner or self, "metrics", f"cannot write {self.path} ({e.strerror}); "
+                       "keeping records in memory and retrying")
+            return
+        self.pending.clear()

@@ -2,7 +2,8 @@
 
 Files are `ckpt-<policy_version:012d>.pt` in `<run_dir>/checkpoints/<group>-<index>/`,
 written as temp file + fsync + rename so a crash never leaves a half file under
-the final name. Loading uses `torch.load(weights_only=True)`: tensors and plain
+the final name; a failed write (ENOSPC) removes its temp file, and a learner removes
+temp files a killed writer left before it resumes. Loading uses `torch.load(weights_only=True)`: tensors and plain
 containers only, never arbitrary unpickling. A newest file that fails to load
 is reported and the previous one is tried.
 """
@@ -37,14 +38,29 @@ def save(directory: str | Path, version: int, state: dict[str, Any], keep: int) 
     d.mkdir(parents=True, exist_ok=True)
     final = d / f"ckpt-{version:012d}.pt"
     tmp = d / f".tmp-{os.getpid()}-{final.name}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:  # a full disk, a signal: never leave half a file behind
+        tmp.unlink(missing_ok=True)
+        raise
     for old in list_checkpoints(d)[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def remove_temp_files(directory: str | Path) -> list[Path]:
+    """Remove `.tmp-*` files a killed writer left (a learner calls this before it resumes)."""
+    d = Path(directory)
+    gone = []
+    if d.is_dir():
+        for p in d.glob(".tmp-*"):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -263,8 +263,7 @@ def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
     import zmq
 
     from tianji.envs import probe_env
-    from tianji.runtime.fields import FRAGMENT
-    from tianji.runtime.roles.buffer import check_fragment
+    from tianji.runtime.validate import check_fragment
     from tianji.runtime.wire import decode, encode
 
     s = job.spec
@@ -274,8 +273,6 @@ def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
     meta = {"frames": s.env.num_envs * s.env.fragment_length}
     frames = encode("fragment", job.name, "actor-0-0", 0, 0, frag, meta)
     msg_bytes = sum(len(f) for f in frames)
-    fields = FRAGMENT[s.algorithm.name]
-    T = s.env.fragment_length
     tmp = tempfile.mkdtemp(prefix="tianji-prof-")
     addr = f"ipc://{tmp}/m"
     ctx = zmq.Context()
@@ -292,7 +289,7 @@ def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
         def one(seq: int) -> None:
             push.send_multipart(encode("fragment", job.name, "actor-0-0", seq, 0, frag, meta), copy=False)
             got = pull.recv_multipart(copy=False)
-            check_fragment(decode(got, job=job.name), fields, info, T)
+            check_fragment(decode(got, job=job.name), s, info)
 
         for i in range(3):  # warm-up: connection, page faults
             one(i)

@@ -17,19 +17,26 @@ def fragment_samples(frag: Fragment) -> int:
     return int(np.count_nonzero(frag["valid"]))
 
 
+def fragment_nbytes(frag: Fragment) -> int:
+    return sum(v.nbytes for v in frag.values() if isinstance(v, np.ndarray))
+
+
 class RolloutQueue:
-    """Fragments for PPO, each consumed at most once, freshest first.
+    """Fragments for PPO, each consumed at most once, freshest first; bounded in fragments and
+    (`max_bytes`) in bytes, the oldest dropped first.
 
     Serving the newest fragments (LIFO) keeps the policy lag of what the
     learner trains on as small as production allows; older fragments wait
     and are dropped once they exceed maxPolicyLag (or the bound).
     """
 
-    def __init__(self, max_fragments: int):
+    def __init__(self, max_fragments: int, max_bytes: Optional[int] = None):
         if max_fragments < 1:
             raise ValueError("max_fragments must be >= 1")
         self.q: deque[Fragment] = deque()
         self.max_fragments = max_fragments
+        self.max_bytes = max_bytes
+        self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self.q)
@@ -40,9 +47,13 @@ class RolloutQueue:
     def put(self, frag: Fragment) -> int:
         """Append; returns the number of samples dropped (oldest first) to respect the bound."""
         self.q.append(frag)
+        self.nbytes += fragment_nbytes(frag)
         dropped = 0
-        while len(self.q) > self.max_fragments:
-            dropped += fragment_samples(self.q.popleft())
+        while len(self.q) > self.max_fragments or (self.max_bytes is not None and self.nbytes > self.max_bytes
+                                                   and len(self.q) > 1):
+            old = self.q.popleft()
+            self.nbytes -= fragment_nbytes(old)
+            dropped += fragment_samples(old)
         return dropped
 
     def drop_stale(self, learner_version: int, max_lag: Optional[int]) -> int:
@@ -56,6 +67,7 @@ class RolloutQueue:
             else:
                 keep.append(f)
         self.q = keep
+        self.nbytes = sum(fragment_nbytes(f) for f in keep)
         return dropped
 
     def pop_batch(self, fragments: int) -> Optional[dict[str, np.ndarray]]:
@@ -63,6 +75,7 @@ class RolloutQueue:
         if fragments < 1 or len(self.q) < fragments:
             return None
         frags = [self.q.pop() for _ in range(fragments)]
+        self.nbytes -= sum(fragment_nbytes(f) for f in frags)
         out = {}
         for k in frags[0]:
             if k == "version":

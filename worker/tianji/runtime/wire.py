@@ -8,8 +8,11 @@
 A receiver trusts nothing: `decode` checks the frame count, that the header is
 a msgpack map of the known schema (msgpack has no code-execution types; ext
 types are refused), the kind, the job, each dtype against an allow-list, and
-that prod(shape) * itemsize == len(frame) within size caps. Any failure raises
-WireError(reason); callers drop the message and count the reason.
+that prod(shape) * itemsize == len(frame) within size caps, and that seq and
+policy_version are non-negative integers below 2**62. Any failure raises
+WireError(reason); callers drop the message and count the reason (and count any
+other exception as a reject too: see roles/base.py). What the arrays must hold
+for a given job is checked by runtime/validate.py.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_ARRAYS = 256
 MAX_NDIM = 8
 MAX_META_DEPTH = 4
+MAX_INT = 1 << 62  # seq and policy_version: non-negative and far inside int64
 # numpy dtype objects by wire name and back: `ndarray.dtype.name` costs ~3 µs per call,
 # a dict lookup ~0.1 µs. Native byte order only (a '>f4' array is not 'float32' here).
 _DT = {n: np.dtype(n) for n in DTYPES}
@@ -121,16 +125,20 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
         raise WireError("header", f"not a msgpack header ({type(e).__name__})") from None
     if not isinstance(h, dict):
         raise WireError("header", "header is not a map")
-    if h.get("v") != SCHEMA_VERSION:
+    if any(not isinstance(k, str) for k in h):
+        raise WireError("header", "non-string header key")
+    if type(h.get("v")) is not int or h.get("v") != SCHEMA_VERSION:
         raise WireError("schema", f"schema version {h.get('v')!r}, expected {SCHEMA_VERSION}")
     kind = h.get("k")
-    if kind not in limits.kinds:
+    if not isinstance(kind, str) or kind not in limits.kinds:
         raise WireError("kind", f"kind {kind!r}")
-    if job is not None and h.get("job") != job:
+    if job is not None and (not isinstance(h.get("job"), str) or h.get("job") != job):
         raise WireError("job", f"job {h.get('job')!r}")
     sender, seq, pv = h.get("from", ""), h.get("seq", 0), h.get("pv", 0)
     if not isinstance(sender, str) or not isinstance(seq, int) or not isinstance(pv, int) or isinstance(pv, bool):
         raise WireError("header", "bad sender/seq/pv types")
+    if isinstance(seq, bool) or not (0 <= seq < MAX_INT) or not (0 <= pv < MAX_INT) or len(sender) > 256:
+        raise WireError("header", "sender/seq/pv out of range")
     meta = h.get("meta", {})
     if not isinstance(meta, dict):
         raise WireError("meta", "meta is not a map")
@@ -150,10 +158,13 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
         name, dtype, shape = spec
         if dtype not in DTYPES:
             raise WireError("dtype", f"{name}: dtype {dtype!r}")
-        if len(shape) > MAX_NDIM or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if len(shape) > MAX_NDIM or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_INT
+                                            for d in shape):
             raise WireError("shape", f"{name}: shape {shape!r}")
         dt = _DT[dtype]
         itemsize = dt.itemsize
+        if math.prod(shape) > limits.max_frame_bytes:
+            raise WireError("size", f"{name}: shape {shape!r}")
         want = math.prod(shape) * itemsize
         if want > limits.max_frame_bytes:
             raise WireError("size", f"{name}: {want} bytes > {limits.max_frame_bytes}")

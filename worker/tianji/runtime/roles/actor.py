@@ -24,10 +24,12 @@ import zmq
 
 from tianji.control.addressing import buffer_for_actor, learner_for_actor
 from tianji.runtime import framestack
-from tianji.algos.models import load_arrays
+from tianji.algos.models import load_arrays, state_arrays
 from tianji.control.plan import pace_fps
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.roles.base import Role
+from tianji.runtime.validate import check_capacity, check_params, limits_for
+from tianji.runtime.wire import WireError
 
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
 
@@ -68,7 +70,10 @@ class Actor(Role):
         b = buffer_for_actor(self.index, topo.buffers)
         l = learner_for_actor(self.index, topo.buffers, topo.learners)
         self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4)
-        self.sub = self.socket(zmq.SUB, self.addrs.connect("params", self.group, l), bind=False, hwm=2)
+        self.learner_name = f"learner-{self.group}-{l}"
+        self.param_limits = limits_for(sum(v.nbytes for v in state_arrays(self.model).values()))
+        self.sub = self.socket(zmq.SUB, self.addrs.connect("params", self.group, l), bind=False, hwm=2,
+                               max_msg=self.param_limits.max_total_bytes * 4)
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
         self.recent = deque(maxlen=100)
@@ -114,7 +119,7 @@ class Actor(Role):
         """Take the newest parameters queued on the subscription (older ones are skipped)."""
         newest = None
         while True:
-            msg = self.receive(self.sub, ("params",))
+            msg = self.receive(self.sub, ("params",), self.param_limits)
             if msg is None:
                 if not self.sub.poll(0):
                     break
@@ -122,16 +127,23 @@ class Actor(Role):
             newest = msg
         if newest is None:
             return
+        self.handle(self._take_params, newest)
+
+    def _take_params(self, msg) -> None:
+        """Validated before anything is loaded: sender, every array finite, names/shapes/dtypes
+        (load_arrays), the advertised capacity a sane number. Raises WireError (counted)."""
+        if msg.sender != self.learner_name:
+            raise WireError("sender", f"params from {msg.sender!r}")
+        cap = check_capacity(msg.meta.get("capacity_sps"))
+        check_params(msg)
         # Not "only newer versions": a learner restarted from its checkpoint restarts the numbering.
         try:
-            load_arrays(self.model, newest.arrays)
+            load_arrays(self.model, msg.arrays)
         except ValueError as e:
-            self.reject("params", str(e))
-            return
-        self.version = newest.policy_version
+            raise WireError("params", str(e)) from None
+        self.version = msg.policy_version
         self.metrics.set("policy_version", self.version)
-        cap = newest.meta.get("capacity_sps")
-        if self.spec.staleness.pace_actors and isinstance(cap, (int, float)) and cap > 0:
+        if self.spec.staleness.pace_actors and cap:
             self.pacer.set_rate(pace_fps(cap, self.spec.replay_ratio, self.peers, self.spec.staleness.pace_headroom))
 
     def report_extra(self) -> dict:

@@ -22,6 +22,7 @@ from tianji.control.addressing import Addresses
 from tianji.control.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 from tianji.observability.metrics import RoleMetrics
 from tianji.control.spec import TianJiJob
+from tianji.runtime import security
 from tianji.runtime.wire import Limits, Message, WireError, decode, encode
 
 log = logging.getLogger("tianji")
@@ -38,6 +39,14 @@ class Role:
         self.group, self.index, self.addrs, self.run_dir = group, index, addrs, run_dir
         self.sender = f"{self.name}-{group}-{index}"
         self.ctx = zmq.Context()
+        # CurveZMQ with the job's key pair (runtime/security.py). `tianji run` always provides the
+        # keys, so a local worker without them refuses to start; pods read the job's key Secret
+        # (operator: builders.curve_secret); a pod without it warns and relies on the NetworkPolicy.
+        want = job.spec.network.encryption == "curve"
+        self.curve = security.from_env(self.ctx, required=want and addrs.run_dir is not None)  # local: ipc
+        if want and self.curve is None:
+            log.warning("%s: spec.network.encryption is curve but no keys are mounted; sockets are NOT "
+                        "authenticated (only the NetworkPolicy restricts peers)", self.sender)
         self.metrics = RoleMetrics(job.name, self.name, group, index)
         self.stopping = False
         self.seq = 0
@@ -56,9 +65,15 @@ class Role:
         self.exit_code = 0
 
     # ------------------------------------------------------------ sockets
-    def socket(self, kind: int, addr: str, bind: bool, hwm: int = 8) -> zmq.Socket:
+    def socket(self, kind: int, addr: str, bind: bool, hwm: int = 8, max_msg: Optional[int] = None) -> zmq.Socket:
+        """`max_msg`: ZeroMQ drops (and disconnects) a peer whose message part is larger, before
+        allocating it; what passes is still checked by decode's own (counted) size limits."""
         s = self.ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
+        if max_msg is not None:
+            s.setsockopt(zmq.MAXMSGSIZE, int(max_msg))
+        if self.curve is not None:
+            (self.curve.server if bind else self.curve.client)(s)
         if kind in (zmq.PUSH, zmq.PUB):
             s.setsockopt(zmq.SNDHWM, hwm)
         else:
@@ -68,7 +83,7 @@ class Role:
         if bind:
             if addr.startswith("ipc://"):
                 path = addr[len("ipc://"):]
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
                 if os.path.exists(path):  # left by a previous incarnation of this role
                     os.unlink(path)
             s.bind(addr)
@@ -89,21 +104,36 @@ class Role:
             self.metrics.inc("bytes_sent_total", sum(len(f) for f in frames))
         return True
 
-    def receive(self, sock: zmq.Socket, kinds: Iterable[str]) -> Optional[Message]:
-        """One validated message, or None if nothing is queued or the message was rejected."""
+    def receive(self, sock: zmq.Socket, kinds: Iterable[str], limits: Optional[Limits] = None) -> Optional[Message]:
+        """One validated message, or None if nothing is queued or the message was rejected.
+        Any exception while decoding is a reject (reason "decode"), never a crash."""
         try:
             frames = sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
             return None
         try:
-            msg = decode(frames, job=self.job.name, limits=self.limits)
+            msg = decode(frames, job=self.job.name, limits=limits or self.limits)
             if msg.kind not in kinds:
                 raise WireError("kind", f"{msg.kind!r} not expected here")
         except WireError as e:
             self.reject(e.reason, str(e))
             return None
+        except Exception as e:  # noqa: BLE001 - whatever a peer sends must not end this process
+            self.reject("decode", f"{type(e).__name__}: {e}")
+            return None
         self.metrics.inc("bytes_received_total", msg.nbytes)
         return msg
+
+    def handle(self, handler, msg: Message) -> None:
+        """Run a message handler: a WireError is a reject with its reason, any other exception a
+        reject with reason "handler" (logged with its traceback), never a crash."""
+        try:
+            handler(msg)
+        except WireError as e:
+            self.reject(e.reason, str(e))
+        except Exception as e:  # noqa: BLE001
+            log.exception("%s: handling a %s message failed", self.sender, msg.kind)
+            self.reject("handler", f"{type(e).__name__}: {e}")
 
     def reject(self, reason: str, detail: str = "") -> None:
         self.metrics.inc("messages_rejected_total", reason=reason)
@@ -183,5 +213,7 @@ class Role:
                 self.maybe_report(force=True, final=True)
                 if self._report_sock is not None:  # the final report may still be queued: give it 1 s
                     self._report_sock.close(linger=1000)
+                if self.curve is not None:
+                    self.curve.close()
                 self.ctx.destroy(linger=0)
         return self.exit_code

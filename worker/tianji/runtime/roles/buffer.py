@@ -1,8 +1,13 @@
 """Buffer: fan-in of actor fragments, staleness filter, credit-bounded batches to one learner.
 
-Loop: drain fragments (validate each against the job's shapes), drain
-credits from the learner (each credit also carries the learner's current
+Loop: drain fragments (validate each against the job: runtime/validate.py),
+drain credits from the learner (each credit also carries the learner's current
 version), drop what is too stale, then send as many batches as credits allow.
+Credits count only from the learner that owns this buffer; a fragment's
+policy_version must lie between 0 and the highest version that learner has
+announced (+ validate.VERSION_SLACK); the on-policy queue is capped in bytes
+as well as fragments. Any exception while handling a message is a counted
+reject (roles/base.py), never a crash.
 
 On-policy (PPO): a FIFO of fragments, each consumed once; a batch is
 `batchSize / (numEnvs * fragmentLength)` whole fragments.
@@ -17,44 +22,15 @@ import numpy as np
 import zmq
 
 from tianji.control.addressing import learner_for_buffer
-from tianji.runtime import framestack
 from tianji.envs import probe_env
-from tianji.runtime.fields import FRAGMENT, STEP_DTYPES
 from tianji.control.spec import DQNConfig, PPOConfig
 from tianji.runtime.storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
-from tianji.runtime.wire import Message, WireError, require
+from tianji.runtime.validate import (check_fragment, check_policy_version, fragment_bytes, limits_for,
+                                     ppo_batch_fragments)
+from tianji.runtime.wire import Limits, Message, WireError
 from tianji.runtime.roles.base import Role
 
 MAX_DRAIN = 64  # messages per socket per loop turn: fairness between fan-in and dispatch
-
-
-def check_fragment(msg: Message, fields, info, T: int) -> dict:
-    """Shapes/dtypes of a fragment against the job; raises WireError('fields'|'shape'|'dtype'|'value')."""
-    require(msg, fields)
-    a = msg.arrays
-    obs = a["obs"]
-    if obs.ndim != 2 + len(info.obs_shape) or obs.shape[0] != T or tuple(obs.shape[2:]) != info.obs_shape:
-        raise WireError("shape", f"obs {list(obs.shape)}, expected [{T}, N, {list(info.obs_shape)}]")
-    if obs.dtype.name != info.obs_dtype:
-        raise WireError("dtype", f"obs dtype {obs.dtype}, expected {info.obs_dtype}")
-    n = obs.shape[1]
-    if n < 1:
-        raise WireError("shape", "fragment without envs")
-    for k in fields:
-        if k in ("obs", "last_obs"):
-            continue
-        if a[k].shape != (T, n):
-            raise WireError("shape", f"{k} {list(a[k].shape)}, expected [{T}, {n}]")
-        if a[k].dtype.name != STEP_DTYPES[k]:
-            raise WireError("dtype", f"{k} dtype {a[k].dtype}, expected {STEP_DTYPES[k]}")
-    if a["last_obs"].shape != (n, *info.obs_shape) or a["last_obs"].dtype != obs.dtype:
-        raise WireError("shape", f"last_obs {list(a['last_obs'].shape)}")
-    act = a["actions"]
-    if act.size and (act.min() < 0 or act.max() >= info.n_actions):
-        raise WireError("value", "action out of range")
-    if not np.isfinite(a["rewards"]).all():
-        raise WireError("value", "non-finite reward")
-    return {k: a[k] for k in fields}
 
 
 class Buffer(Role):
@@ -65,12 +41,17 @@ class Buffer(Role):
         self.info = probe_env(s.env)
         self.algo = s.algorithm
         self.T = s.env.fragment_length
-        self.fields = FRAGMENT[self.algo.name]
+        self.frag_limits = limits_for(fragment_bytes(s, self.info))
+        self.credit_limits = Limits(max_frame_bytes=0, max_total_bytes=0)
         self.max_lag = s.max_policy_lag
         self.window = s.staleness.credit_window
-        self.frag_in = self.socket(zmq.PULL, self.addrs.bind("fragments", self.group, self.index), bind=True, hwm=64)
-        self.credit_in = self.socket(zmq.PULL, self.addrs.bind("credits", self.group, self.index), bind=True, hwm=64)
+        self.frag_in = self.socket(zmq.PULL, self.addrs.bind("fragments", self.group, self.index), bind=True, hwm=64,
+                                   max_msg=self.frag_limits.max_total_bytes * 4)
+        self.credit_in = self.socket(zmq.PULL, self.addrs.bind("credits", self.group, self.index), bind=True, hwm=64,
+                                     max_msg=1 << 20)
         learner = learner_for_buffer(self.index, s.topology.learners)
+        self.learner_name = f"learner-{self.group}-{learner}"
+        self.version_high = 0  # the highest version the owning learner has announced (trusted)
         self.out = self.socket(zmq.PUSH, self.addrs.connect("batches", self.group, learner), bind=False,
                                hwm=self.window + 1)
         self.poller = zmq.Poller()
@@ -81,24 +62,18 @@ class Buffer(Role):
         self.inserted = 0
         self.consumed = 0
         if isinstance(self.algo, PPOConfig):
-            self.queue = RolloutQueue(s.staleness.queue_fragments)
-            self.frags_per_batch = max(1, self.algo.batch_size // (s.env.num_envs * self.T))
+            self.queue = RolloutQueue(s.staleness.queue_fragments,
+                                      max_bytes=s.staleness.queue_fragments * fragment_bytes(s, self.info))
+            self.frags_per_batch = ppo_batch_fragments(s)
         else:
             self.replay = Replay(self.algo.replay_capacity, s.env.seed + 7919 * (self.group * 64 + self.index))
             self.ratio = s.replay_ratio
 
     # ---------------------------------------------------------------- inputs
     def _take_fragment(self, msg: Message) -> None:
-        try:
-            if "frames" in msg.arrays:  # stacks sent frame by frame (framestack.py): rebuild them
-                require(msg, framestack.FIELDS)
-                a = msg.arrays
-                msg.arrays["obs"] = framestack.expand(a.pop("frames"), a.pop("key"), a.pop("keystacks"),
-                                                      self.info.obs_shape[0])
-            frag = check_fragment(msg, self.fields, self.info, self.T)
-        except WireError as e:
-            self.reject(e.reason, str(e))
-            return
+        """Raises WireError for anything not this job's (counted by Role.handle)."""
+        check_policy_version(msg.policy_version, self.version_high)
+        frag = check_fragment(msg, self.spec, self.info)  # rebuilds stacked frames (framestack.py)
         frag["version"] = msg.policy_version
         n = fragment_samples(frag)
         self.metrics.inc("samples_received_total", n)
@@ -112,12 +87,16 @@ class Buffer(Role):
         self.inserted += n
 
     def _take_credit(self, msg: Message) -> None:
-        grant = msg.meta.get("grant", 0)
-        if not isinstance(grant, int) or grant < 0:
-            self.reject("meta", f"bad credit grant {grant!r}")
-            return
+        if msg.sender != self.learner_name:
+            raise WireError("sender", f"credit from {msg.sender!r}, expected {self.learner_name!r}")
+        grant, reset = msg.meta.get("grant", 0), msg.meta.get("reset", False)
+        if not isinstance(grant, int) or isinstance(grant, bool) or not 0 <= grant <= self.window \
+                or not isinstance(reset, bool) or set(msg.meta) - {"grant", "reset"}:
+            raise WireError("meta", f"bad credit {msg.meta!r}")
+        # Never lowered: after a learner restart actors may still be on the old, higher numbering.
+        self.version_high = max(self.version_high, msg.policy_version)
         self.credits = min(self.window, self.credits + grant)
-        if msg.meta.get("reset"):  # a (re)started learner: its numbering is authoritative
+        if reset:  # a (re)started learner: its numbering is authoritative
             self.learner_version = msg.policy_version
         else:
             self.learner_version = max(self.learner_version, msg.policy_version)
@@ -151,21 +130,21 @@ class Buffer(Role):
             self.consumed += n
             self.metrics.inc("samples_sent_total", n)
 
-    def _drain(self, sock: zmq.Socket, kind: str, handle) -> None:
+    def _drain(self, sock: zmq.Socket, kind: str, handle, limits: Limits) -> None:
         """Up to MAX_DRAIN queued messages of `kind` (rejected ones are counted by receive())."""
         for _ in range(MAX_DRAIN):
-            msg = self.receive(sock, (kind,))
+            msg = self.receive(sock, (kind,), limits)
             if msg is not None:
-                handle(msg)
+                self.handle(handle, msg)
             elif not sock.poll(0):
                 return
 
     def step(self) -> None:
         events = dict(self.poller.poll(timeout=50))
         if self.credit_in in events:
-            self._drain(self.credit_in, "credit", self._take_credit)
+            self._drain(self.credit_in, "credit", self._take_credit, self.credit_limits)
         if self.frag_in in events:
-            self._drain(self.frag_in, "fragment", self._take_fragment)
+            self._drain(self.frag_in, "fragment", self._take_fragment, self.frag_limits)
         self._dispatch()
         self.metrics.set("queue_depth", self.queue.samples() if isinstance(self.algo, PPOConfig) else len(self.replay))
         self.metrics.set("policy_version", self.learner_version)

@@ -8,11 +8,20 @@ measured capacity (samples per busy second) for actor pacing.
 
 Policy lag of a sample = this learner's version - the sample's behaviour
 version; min/mean/max and a histogram are exported.
+
+Nothing a peer sends reaches the weights unchecked: a batch must come from a
+buffer this learner owns and pass runtime/validate.check_batch (shapes from the
+spec, finite values, actions in range, versions bounded); an update step whose
+loss or gradients are not finite is skipped (algos.apply_gradients) and its
+samples counted as dropped ("nonfinite"); parameters that are not finite after
+an update are replaced by the last good ones, and are never published or
+checkpointed.
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 
 import numpy as np
 import torch
@@ -24,15 +33,18 @@ from tianji.runtime.distributed import GradientAverager, world_of
 from tianji.algos.dqn import DQNLearner
 from tianji.algos.ppo import PPOLearner
 from tianji.envs import probe_env
-from tianji.runtime.fields import BATCH
+from tianji.algos import params_finite
 from tianji.algos.models import build_model, state_arrays
 from tianji.control.spec import dump_job
-from tianji.runtime.wire import Message, WireError, require
+from tianji.runtime.validate import batch_bytes, check_batch, limits_for
+from tianji.runtime.wire import Message, WireError
 from tianji.runtime.roles.base import Role
 
 log = logging.getLogger("tianji")
 CREDIT_REFRESH_S = 1.0
 CAPACITY_EMA = 0.2
+MAX_DRAIN = 64
+RECV_QUEUE_BYTES = 64 << 20  # what the batch socket may queue (credits bound honest batches anyway)
 
 
 class Learner(Role):
@@ -45,7 +57,7 @@ class Learner(Role):
         self.model = build_model(self.algo_name, s.model, self.info, s.env.seed).to(self._device())
         seed = s.env.seed + 31 * self.group + self.index
         self.algo = (PPOLearner if self.algo_name == "ppo" else DQNLearner)(self.model, s.algorithm, seed)
-        self.fields = BATCH[self.algo_name]
+        self.batch_limits = limits_for(batch_bytes(s, self.info))
         self.version = 0
         self.consumed = 0
         self.train_steps = 0
@@ -56,6 +68,7 @@ class Learner(Role):
         self.last_ckpt_t = time.monotonic()
         self.last_ckpt = None
         self._resume()
+        self.good = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # last finite weights
         self.averager = None
         world, per_group = world_of(self.job)
         if world > 1:
@@ -64,7 +77,9 @@ class Learner(Role):
             self.algo.sync_grads = self.averager
             self.algo.world = world
         self.batch_in = self.socket(zmq.PULL, self.addrs.bind("batches", self.group, self.index), bind=True,
-                                    hwm=s.staleness.credit_window + 1)
+                                    hwm=max(s.staleness.credit_window + 1,
+                                            min(MAX_DRAIN, RECV_QUEUE_BYTES // self.batch_limits.max_total_bytes)),
+                                    max_msg=self.batch_limits.max_total_bytes * 4)
         self.pub = self.socket(zmq.PUB, self.addrs.bind("params", self.group, self.index), bind=True, hwm=2)
         self.credit_out = {}
         for b in range(s.topology.buffers):
@@ -73,6 +88,7 @@ class Learner(Role):
                                                  bind=False, hwm=16)
         self.last_batch_from = {b: 0.0 for b in self.credit_out}
         self.last_refresh = time.monotonic()
+        self.pending: deque = deque()  # validated batches, at most creditWindow + 1
         for b in self.credit_out:  # announce ourselves (and our version numbering) with a full window
             self._credit(b, s.staleness.credit_window, reset=True)
         self.publish()
@@ -90,8 +106,11 @@ class Learner(Role):
     def _resume(self) -> None:
         if self.ckpt_dir is None:
             return
+        checkpoint.remove_temp_files(self.ckpt_dir)
         found = checkpoint.load_latest(self.ckpt_dir)
         if found is None:
+            if checkpoint.list_checkpoints(self.ckpt_dir):
+                log.error("%s: no usable checkpoint, starting from scratch", self.sender)
             return
         path, st = found
         self.model.load_state_dict(st["model"])  # copies onto the model's device
@@ -106,11 +125,19 @@ class Learner(Role):
     def save_checkpoint(self) -> None:
         if self.ckpt_dir is None:
             return
+        if not params_finite(self.model):  # never reached (see _keep_good), but never write poison
+            log.error("%s: parameters not finite; checkpoint skipped", self.sender)
+            return
         state = {"model": self.model.state_dict(), "algo": self.algo.state(), "policy_version": self.version,
                  "counters": {"samples_consumed": self.consumed, "train_steps": self.train_steps},
                  "torch_rng": torch.get_rng_state(), "job": self.job.name, "algorithm": self.algo_name,
                  "manifest": dump_job(self.job)}
-        path = checkpoint.save(self.ckpt_dir, self.version, state, self.spec.checkpoint.keep)
+        try:
+            path = checkpoint.save(self.ckpt_dir, self.version, state, self.spec.checkpoint.keep)
+        except OSError as e:  # a full disk: keep training, keep the previous checkpoints, try again later
+            log.error("%s: checkpoint at version %d failed (%s); will retry", self.sender, self.version, e)
+            self.last_ckpt_t = time.monotonic()
+            return
         self.last_ckpt = path.name
         self.last_ckpt_t = time.monotonic()
 
@@ -122,22 +149,38 @@ class Learner(Role):
         self.send(self.credit_out[buffer], "credit", meta=meta, policy_version=self.version)
 
     def publish(self) -> None:
+        if not params_finite(self.model):
+            log.error("%s: parameters not finite; not published", self.sender)
+            return
         meta = {"capacity_sps": self.capacity} if self.capacity else {}
         self.send(self.pub, "params", state_arrays(self.model), meta=meta, policy_version=self.version)
         self.last_pub_version = self.version
 
+    def _keep_good(self) -> bool:
+        """After an update: remember finite weights, or put the last good ones back. True if finite."""
+        if params_finite(self.model):
+            with torch.no_grad():
+                for k, v in self.model.state_dict().items():
+                    self.good[k].copy_(v)
+            return True
+        log.error("%s: parameters not finite after an update; restoring the last good ones", self.sender)
+        self.model.load_state_dict(self.good)
+        self.algo.opt.state.clear()  # its moments produced the bad step: start them afresh
+        return False
+
+    def _accept(self, msg: Message) -> None:
+        """Validate a batch and queue it for training; raises WireError (counted by Role.handle)."""
+        buffer = msg.meta.get("buffer")
+        if type(buffer) is not int or buffer not in self.credit_out:
+            raise WireError("meta", f"batch from unknown buffer {buffer!r}")
+        if msg.sender != f"buffer-{self.group}-{buffer}":
+            raise WireError("sender", f"batch from {msg.sender!r} claims buffer {buffer}")
+        check_batch(msg, self.spec, self.info)
+        self.pending.append(msg)
+
     def _batch(self, msg: Message) -> None:
-        try:
-            require(msg, self.fields)
-            buffer = msg.meta.get("buffer")
-            if buffer not in self.credit_out:
-                raise WireError("meta", f"batch from unknown buffer {buffer!r}")
-            obs = msg.arrays["obs"]
-            if tuple(obs.shape[-len(self.info.obs_shape):]) != self.info.obs_shape:
-                raise WireError("shape", f"obs {list(obs.shape)}")
-        except WireError as e:
-            self.reject(e.reason, str(e))
-            return
+        """Train on a batch that passed _accept."""
+        buffer = msg.meta["buffer"]
         self.last_batch_from[buffer] = time.monotonic()
         self._credit(buffer, 1)
         versions = np.asarray(msg.arrays["versions"])
@@ -154,6 +197,12 @@ class Learner(Role):
             return
         dt = time.perf_counter() - t0
         self.busy += dt
+        if stats.get("skipped_steps"):
+            log.warning("%s: skipped %d update steps with a non-finite loss or gradient", self.sender,
+                        int(stats["skipped_steps"]))
+        if not self._keep_good() or not stats["train_steps"]:
+            self.metrics.inc("samples_dropped_total", int(stats["samples"]) or len(versions), reason="nonfinite")
+            return
         n = int(stats["samples"])
         if dt > 0 and n:
             rate = n / dt
@@ -173,10 +222,17 @@ class Learner(Role):
             self.publish()
 
     def step(self) -> None:
-        if self.batch_in.poll(timeout=50):
-            msg = self.receive(self.batch_in, ("batch",))
-            if msg is not None:
-                self._batch(msg)
+        # Drain first (rejects are cheap; ZeroMQ fair-queues peers, so a flood of bad messages would
+        # otherwise slow honest batches to one per update), then one update per turn.
+        if self.pending or self.batch_in.poll(timeout=50):
+            for _ in range(MAX_DRAIN):
+                if len(self.pending) > self.spec.staleness.credit_window or not self.batch_in.poll(0):
+                    break
+                msg = self.receive(self.batch_in, ("batch",), self.batch_limits)
+                if msg is not None:
+                    self.handle(self._accept, msg)
+            if self.pending:
+                self.handle(self._batch, self.pending.popleft())
         now = time.monotonic()
         if now - self.last_refresh > CREDIT_REFRESH_S:
             # A buffer silent for a while may have lost its credits (restart, dropped batch): top it up.

@@ -1,0 +1,191 @@
+"""What a receiver accepts, array by array, value by value (torch-free: the buffer imports this).
+
+`wire.decode` checks that a message is well-formed; this module checks that it
+is *this job's* message: the exact set of arrays, each one's dtype and shape
+against the env's spaces and the spec (numEnvs, fragmentLength, batch sizes),
+actions inside the action space, booleans that are 0/1, every float finite
+(observations included), log-probs and discounts in their ranges, and
+policy versions inside what the learner has announced. Everything raises
+WireError(reason), which the caller counts as a rejected message: nothing a
+peer sends reaches storage or the weights unchecked.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from tianji.runtime import framestack
+from tianji.runtime.fields import BATCH, FRAGMENT, STEP_DTYPES
+from tianji.runtime.wire import MAX_INT, Limits, Message, WireError
+
+# A behaviour version may run ahead of the last version a buffer heard of (the learner publishes
+# right after an update, before its next credit), never by more than this.
+VERSION_SLACK = 1024
+# Log-probs of sampled actions: log(p) with p >= e^-50 (exp of a larger gap overflows the PPO ratio).
+LOGP_MIN = -50.0
+LOGP_MAX = 1e-5
+MAX_CAPACITY_SPS = 1e9
+HEADER_ALLOWANCE = 64 * 1024
+
+
+def ppo_batch_fragments(spec) -> int:
+    """Whole fragments per PPO learner batch (the buffer concatenates them on the env axis)."""
+    return max(1, spec.algorithm.batch_size // (spec.env.num_envs * spec.env.fragment_length))
+
+
+def fragment_bytes(spec, info) -> int:
+    """Bytes of one honest fragment (uncompressed observations): the base of every size cap."""
+    T, N = spec.env.fragment_length, spec.env.num_envs
+    obs = int(np.prod(info.obs_shape)) * np.dtype(info.obs_dtype).itemsize
+    steps = sum(np.dtype(STEP_DTYPES[k]).itemsize for k in FRAGMENT[spec.algorithm.name] if k in STEP_DTYPES)
+    return T * N * (obs + steps) + N * obs
+
+
+def batch_bytes(spec, info) -> int:
+    obs = int(np.prod(info.obs_shape)) * np.dtype(info.obs_dtype).itemsize
+    if spec.algorithm.name == "ppo":
+        return ppo_batch_fragments(spec) * (fragment_bytes(spec, info) + 8 * spec.env.num_envs)
+    m = spec.algorithm.batch_size * spec.algorithm.steps_per_batch
+    return m * (2 * obs + 8 + 4 + 4 + 8)
+
+
+def limits_for(nbytes: int) -> Limits:
+    """Wire limits for a socket whose honest messages are at most `nbytes` (2x headroom)."""
+    cap = 2 * nbytes + HEADER_ALLOWANCE
+    return Limits(max_frame_bytes=cap, max_total_bytes=cap)
+
+
+def _exact(msg: Message, names) -> dict:
+    have, want = set(msg.arrays), set(names)
+    if have != want:
+        raise WireError("fields", f"{msg.kind}: missing {sorted(want - have)}, unexpected {sorted(have - want)}")
+    return msg.arrays
+
+
+def _arr(a: dict, k: str, shape: tuple, dtype: str) -> np.ndarray:
+    x = a[k]
+    if tuple(x.shape) != tuple(shape):
+        raise WireError("shape", f"{k} {list(x.shape)}, expected {list(shape)}")
+    if x.dtype.name != dtype:
+        raise WireError("dtype", f"{k} dtype {x.dtype}, expected {dtype}")
+    return x
+
+
+def _finite(k: str, x: np.ndarray) -> None:
+    if x.dtype.kind == "f" and x.size and not np.isfinite(x).all():
+        raise WireError("value", f"non-finite {k}")
+
+
+def _bool(k: str, x: np.ndarray) -> None:
+    if x.size and x.view(np.uint8).max() > 1:
+        raise WireError("value", f"{k}: booleans must be 0 or 1")
+
+
+def _actions(x: np.ndarray, n_actions: int) -> None:
+    if x.size and (x.min() < 0 or x.max() >= n_actions):
+        raise WireError("value", "action out of range")
+
+
+def _versions(x, high: int) -> None:
+    lo, hi = (int(np.min(x)), int(np.max(x))) if np.size(x) else (0, 0)
+    if lo < 0 or hi > high:
+        raise WireError("version", f"policy version {lo}..{hi} outside 0..{high}")
+
+
+def check_policy_version(v: int, learner_high: int) -> None:
+    """A behaviour version can't be negative or ahead of what the learner has announced (+ slack)."""
+    _versions(np.asarray([v]), learner_high + VERSION_SLACK)
+
+
+def check_fragment(msg: Message, spec, info) -> dict:
+    """An actor's fragment against the job: returns {name: array} with `obs` rebuilt if it came
+    frame-compressed (framestack.py). Raises WireError."""
+    algo = spec.algorithm.name
+    fields = FRAGMENT[algo]
+    T, N = spec.env.fragment_length, spec.env.num_envs
+    a = msg.arrays
+    if "frames" in a:
+        if not (info.is_image and info.obs_shape[0] > 1):
+            raise WireError("fields", "frame-compressed fragment for an env without stacked frames")
+        a = _exact(msg, [k for k in fields if k != "obs"] + list(framestack.FIELDS))
+        S, H, W = info.obs_shape
+        _arr(a, "frames", (T, N, H, W), info.obs_dtype)  # checks shape and dtype
+        key = _arr(a, "key", (T, N), "bool")
+        _bool("key", key)
+        ks = a["keystacks"]
+        if ks.ndim != 4 or ks.shape[0] > T * N:
+            raise WireError("shape", f"keystacks {list(ks.shape)}")
+        a = dict(a)
+        a["obs"] = framestack.expand(a.pop("frames"), a.pop("key"), a.pop("keystacks"), S)
+        del frames
+    else:
+        a = _exact(msg, fields)
+    obs = _arr(a, "obs", (T, N, *info.obs_shape), info.obs_dtype)
+    _finite("obs", obs)
+    last = _arr(a, "last_obs", (N, *info.obs_shape), info.obs_dtype)
+    _finite("last_obs", last)
+    for k in fields:
+        if k in ("obs", "last_obs"):
+            continue
+        x = _arr(a, k, (T, N), STEP_DTYPES[k])
+        if x.dtype.kind == "b":
+            _bool(k, x)
+        _finite(k, x)
+    _actions(a["actions"], info.n_actions)
+    if "logp" in a and a["logp"].size and (a["logp"].min() < LOGP_MIN or a["logp"].max() > LOGP_MAX):
+        raise WireError("value", "log-prob out of range")
+    if (a["terminated"] & ~a["dones"]).any():
+        raise WireError("value", "terminated without done")
+    return {k: a[k] for k in fields}
+
+
+def check_batch(msg: Message, spec, info) -> dict:
+    """A buffer's batch against the job (shapes from the spec, values as for fragments). Versions
+    were bounded by the buffer (check_policy_version); here they need only be non-negative int64s."""
+    algo = spec.algorithm.name
+    a = _exact(msg, BATCH[algo])
+    if algo == "ppo":
+        T, B = spec.env.fragment_length, spec.env.num_envs * ppo_batch_fragments(spec)
+        _arr(a, "obs", (T, B, *info.obs_shape), info.obs_dtype)
+        _arr(a, "last_obs", (B, *info.obs_shape), info.obs_dtype)
+        for k in ("actions", "logp", "rewards", "dones", "terminated", "valid"):
+            x = _arr(a, k, (T, B), STEP_DTYPES[k])
+            if x.dtype.kind == "b":
+                _bool(k, x)
+        if a["logp"].size and (a["logp"].min() < LOGP_MIN or a["logp"].max() > LOGP_MAX):
+            raise WireError("value", "log-prob out of range")
+        if not a["valid"].any():
+            raise WireError("value", "batch without a valid step")
+        _arr(a, "versions", (B,), "int64")
+    else:
+        M = spec.algorithm.batch_size * spec.algorithm.steps_per_batch
+        _arr(a, "obs", (M, *info.obs_shape), info.obs_dtype)
+        _arr(a, "next_obs", (M, *info.obs_shape), info.obs_dtype)
+        _arr(a, "actions", (M,), "int64")
+        _arr(a, "returns", (M,), "float32")
+        d = _arr(a, "discounts", (M,), "float32")
+        _arr(a, "versions", (M,), "int64")
+        if d.size and not (np.isfinite(d).all() and d.min() >= 0.0 and d.max() <= 1.0):
+            raise WireError("value", "discount outside [0, 1]")
+    for k, x in a.items():
+        _finite(k, x)
+    _actions(a["actions"], info.n_actions)
+    _versions(a["versions"], MAX_INT)
+    return a
+
+
+def check_capacity(cap) -> Optional[float]:
+    """The learner's advertised capacity (samples/s): a finite positive number under a sane cap, or None."""
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) \
+            or cap <= 0 or cap > MAX_CAPACITY_SPS:
+        raise WireError("meta", f"capacity_sps {cap!r}")
+    return float(cap)
+
+
+def check_params(msg: Message) -> None:
+    for k, x in msg.arrays.items():
+        _finite(k, x)
