@@ -119,7 +119,6 @@ def check_fragment(msg: Message, spec, info) -> dict:
             raise WireError("shape", f"keystacks {list(ks.shape)}")
         a = dict(a)
         a["obs"] = framestack.expand(a.pop("frames"), a.pop("key"), a.pop("keystacks"), S)
-        del frames
     else:
         a = _exact(msg, fields)
     obs = _arr(a, "obs", (T, N, *info.obs_shape), info.obs_dtype)
