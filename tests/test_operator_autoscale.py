@@ -161,6 +161,13 @@ async def _counted(kube, clock):
     await eventually(lambda: _status(kube).get("reportTime") == st.iso(clock.t), what="a count at the current time")
 
 
+async def _all_counted(kube, clock, processes: int = 4):
+    """A count at the current time that includes every process (a pod just seen by the watch may
+    not have its IP yet: the first ticks can count fewer)."""
+    await eventually(lambda: _status(kube).get("reportTime") == st.iso(clock.t) and len(
+        (_status(kube).get("accounting") or {}).get("procs") or []) == processes, what=f"{processes} processes counted")
+
+
 async def _running_job(kube, prom, autoscale: dict, spec: dict | None = None, clock=None):
     """Create the job, play its pods to Running; with `clock`, also wait until the operator has
     counted and evaluated at the current time (the next ones then need clock.advance())."""
@@ -285,7 +292,7 @@ async def test_reaching_the_mean_return_target_ends_the_job_with_the_accountings
     async with FakePodMetrics(list(IPS.values())) as pods:
         _serve(pods, 1, 1000, 1000, 1000, episodes=[100.0] * 50)
         await _job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}})
-        await _counted(kube, clock)
+        await _all_counted(kube, clock)
         assert _status(kube)["episodes"] == 50 and _status(kube)["meanReturn"] == 100.0
         # 100 more episodes: the last 100 finished all returned 480.
         _serve(pods, 2, 3000, 3000, 3000, episodes=[100.0] * 50 + [480.0] * 100, version=7)
@@ -304,7 +311,7 @@ async def test_autoscaling_from_reports_without_prometheus(env):
         a = {"enabled": True, "minActors": 1, "maxActors": 12, "cooldownSeconds": 30, "intervalSeconds": 10}
         _serve(pods, 1, 1, 1, 1)
         await _job_with_report_pods(kube, pods, IPS, {"autoscale": a, "staleness": {"paceActors": False}})
-        await _counted(kube, clock)
+        await _all_counted(kube, clock)
         _serve(pods, 2, 5001, 5001, 20001)  # over the next 10 s: 500 frames/s produced, 2000 samples/s consumed
         clock.advance(10)
         rec = await _evaluated(kube, clock, "up")
@@ -341,7 +348,7 @@ async def test_an_operator_restart_continues_the_count():
         async with RunningOperator(kube, clock=clock):
             _serve(pods, 1, 1000, 1000, 1000, episodes=[5.0] * 10)
             await _job_with_report_pods(kube, pods, IPS, {})
-            await _counted(kube, clock)
+            await _all_counted(kube, clock)
             assert (_status(kube)["envFrames"], _status(kube)["episodes"]) == (1000, 10)
         # No operator: actor 0 restarts (a new incarnation counts from zero) and makes 40 frames.
         pods.reports[IPS["cartpole-actor-0-0"]] = worker_report("cartpole", "actor", 0, 0, seq=1, incarnation="inc1",
@@ -349,7 +356,7 @@ async def test_an_operator_restart_continues_the_count():
         pods.reports[IPS["cartpole-actor-0-0"]]["started"] += 100
         clock.advance(10)
         async with RunningOperator(kube, clock=clock):
-            await _counted(kube, clock)
+            await _all_counted(kube, clock)
             s = _status(kube)
         assert (s["envFrames"], s["episodes"]) == (1040, 11)  # 500 + 500 before, + 40 from the new incarnation
         assert s["meanReturn"] == pytest.approx((10 * 5.0 + 7.0) / 11)
