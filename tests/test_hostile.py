@@ -87,7 +87,10 @@ def test_each_hostile_class_is_a_counted_reject_and_nothing_restarts(running_tia
 def test_fuzz_thousands_of_mutated_messages_at_a_live_run(running_tianji):
     run = running_tianji(PPO, "--set", "spec.stop.envFrames=400000", "--set", "spec.stop.seconds=600",
                          "--set", "spec.checkpoint.intervalSeconds=5")
-    run.wait_for_frames(0)
+    # The buffers bound versions by what their learner announced: fuzz once it has announced one, so
+    # that every mutation's reason is determined by the message alone.
+    wait_for(lambda: ((last_record(run.run_dir) or {}).get("policy_version") or 0) >= 1, 120,
+             "the learner's first update")
     rng = random.Random(11)
     want = collections.Counter()
     with attacker(run) as send:
