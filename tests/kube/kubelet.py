@@ -88,6 +88,21 @@ STAGE = "/mnt/.tianji-kubelet-stage"  # a pod's mount sources, seen before any o
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _project(target: Path, data: dict[str, bytes], src: dict, what: str) -> Path:
+    """A configMap or secret volume: its items (or every key) as files, with their modes."""
+    target.mkdir(parents=True, exist_ok=True)
+    for it in src.get("items") or [{"key": k, "path": k} for k in sorted(data)]:
+        if it["key"] not in data:
+            if src.get("optional"):
+                continue
+            raise PodStartError("CreateContainerConfigError", f'{what} has no key "{it["key"]}"')
+        path = target / it["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data[it["key"]])
+        os.chmod(path, int(it.get("mode", src.get("defaultMode", 0o644))))
+    return target
+
+
 def _under(path: str, top: str) -> bool:
     return Path(path) == Path(top) or Path(top) in Path(path).parents
 
@@ -526,20 +541,8 @@ class PodWorker:
                     return target
                 raise PodStartError("ContainerCreating", f'MountVolume.SetUp failed for volume "{name}": '
                                     f'configmap "{src["name"]}" not found')
-            data = dict(cm.get("data") or {})
-            items = src.get("items") or [{"key": k, "path": k} for k in sorted(data)]
-            target.mkdir(parents=True, exist_ok=True)
-            for it in items:
-                if it["key"] not in data:
-                    if src.get("optional"):
-                        continue
-                    raise PodStartError("CreateContainerConfigError",
-                                        f'configmap "{src["name"]}" has no key "{it["key"]}"')
-                path = target / it["path"]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(data[it["key"]])
-                os.chmod(path, int(it.get("mode", src.get("defaultMode", 0o644))))
-            return target
+            data = {k: v.encode() for k, v in (cm.get("data") or {}).items()}
+            return _project(target, data, src, f'configmap "{src["name"]}"')
         if "secret" in vol:
             src = vol["secret"]
             secret = self.kube.obj(SECRETS, self.namespace, src["secretName"])
@@ -547,17 +550,7 @@ class PodWorker:
                 raise PodStartError("ContainerCreating", f'MountVolume.SetUp failed for volume "{name}": '
                                     f'secret "{src["secretName"]}" not found')
             data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-            target = self.dir / "volumes" / "secret" / name
-            target.mkdir(parents=True, exist_ok=True)
-            for it in src.get("items") or [{"key": k, "path": k} for k in sorted(data)]:
-                if it["key"] not in data:
-                    raise PodStartError("CreateContainerConfigError",
-                                        f'secret "{src["secretName"]}" has no key "{it["key"]}"')
-                path = target / it["path"]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data[it["key"]])
-                os.chmod(path, int(it.get("mode", src.get("defaultMode", 0o644))))
-            return target
+            return _project(self.dir / "volumes" / "secret" / name, data, src, f'secret "{src["secretName"]}"')
         if "emptyDir" in vol:
             if (vol["emptyDir"] or {}).get("medium") == "Memory" and Path("/dev/shm").is_dir():
                 target = self.kubelet.shm_root / f"{self.uid[:8]}-{name}"
