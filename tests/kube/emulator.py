@@ -658,23 +658,26 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 # Graceful: the kubelet stops the containers, then deletes with a grace period of 0.
                 # A shorter grace period replaces a longer one; 0 with finalizers waits for them.
                 if meta.get("deletionGracePeriodSeconds") is None or grace_period < meta["deletionGracePeriodSeconds"]:
-                    meta["deletionTimestamp"] = _now(grace_period)
-                    meta["deletionGracePeriodSeconds"] = grace_period
-                    meta["resourceVersion"] = self._next_rv()
-                    self.objects[key].history.append(obj)
-                    self._emit(res, "MODIFIED", obj)
+                    self._mark_deleting(res, key, obj, grace_period)
                 return obj
             self._finalize(res, key)
             return obj
         if meta.get("finalizers"):
             if not meta.get("deletionTimestamp"):
-                meta["deletionTimestamp"] = _now()
-                meta["resourceVersion"] = self._next_rv()
-                self.objects[key].history.append(obj)
-                self._emit(res, "MODIFIED", obj)
+                self._mark_deleting(res, key, obj)
             return obj
         self._finalize(res, key)
         return obj
+
+    def _mark_deleting(self, res, key, obj: dict, grace: Optional[int] = None) -> None:
+        """The object stays, being deleted: deletionTimestamp (now + grace), a MODIFIED event."""
+        meta = obj["metadata"]
+        meta["deletionTimestamp"] = _now(grace or 0)
+        if grace is not None:
+            meta["deletionGracePeriodSeconds"] = grace
+        meta["resourceVersion"] = self._next_rv()
+        self.objects[key].history.append(obj)
+        self._emit(res, "MODIFIED", obj)
 
     def _finalize(self, res, key) -> None:
         obj = copy.deepcopy(self.objects[key].raw)
