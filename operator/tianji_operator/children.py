@@ -21,6 +21,7 @@ from .context import Operator, adopt, manifest_of, run_policy_of, update_status
 from .counting import counted_fields
 from .kube import ApiError
 
+
 # ----------------------------------------------------------------- children kept whole
 # Children the monitor re-creates when deleted, besides pods and StatefulSets (which it sees
 # in its listing) and the ConfigMap (re-created from the job and status.plan).
@@ -134,8 +135,6 @@ async def delete_role_pods(op: Operator, ns: Optional[str], name: str) -> list[s
     return gone
 
 
-
-
 async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict], acc: Accounting,
                   phase: str, reason: str, message: str, now: float) -> None:
     """Record the end (status first, from a fresh read: if another tick ended the job
@@ -187,5 +186,3 @@ async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict],
         kopf.info(body, reason="Succeeded", message=msg)
     else:
         kopf.warn(body, reason="Failed", message=msg)
-
-

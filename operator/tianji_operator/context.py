@@ -39,6 +39,8 @@ def is_mutable(path: str) -> bool:
 
 
 @dataclass
+
+
 class JobMemory:
     """What the operator keeps of one job between ticks (rebuilt from status after a restart)."""
 
@@ -180,5 +182,3 @@ def run_policy_of(body: Any, resolved: Optional[TianJiJob]) -> Optional[RunPolic
     if live is not None:
         return live.run_policy
     return resolved.spec.run_policy if resolved is not None else None
-
-

@@ -9,20 +9,19 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-
 from tianji.control.accounting import Accounting, status_numbers
-
 
 from . import builders as b
 from . import status as st
 from .reports import scrape_reports, terminated_reports
 from .context import JobMemory, Operator
 
+
 # ----------------------------------------------------------------- accounting
 async def count_reports(op: Operator, mem: JobMemory, name: str, pods: list[dict], port: int) -> Accounting:
     """Feed the job's accounting: every running pod's /report, and the final reports that
-    ended containers left in their termination messages."""
-    acc = mem.acc
+    ended containers left in their termination messages. The caller has loaded `mem`'s
+    accounting (JobMemory.accounting) from the job's status."""
     for pod in pods:
         for rep in terminated_reports(pod, name):
             mem.take(rep)
@@ -32,7 +31,7 @@ async def count_reports(op: Operator, mem: JobMemory, name: str, pods: list[dict
     if errors:
         op.metrics.errors.labels(where="reports").inc(len(errors))
         mem.report_errors = (mem.report_errors + errors)[-5:]
-    return acc if acc is not None else mem.acc
+    return mem.acc
 
 
 def elapsed_since_start(status: dict, now: float) -> float:
@@ -57,8 +56,6 @@ def final_counted_fields(acc: Accounting, status: dict, now: float) -> Optional[
     return fields
 
 
-
-
 def on_pod_event(op: Operator, event: dict, logger: logging.Logger) -> None:
     """A job's pod changed or went away: count the final report its container left, before
     the pod object (and with it the termination message) is gone."""
@@ -72,5 +69,3 @@ def on_pod_event(op: Operator, event: dict, logger: logging.Logger) -> None:
         return  # not counting this job yet: the monitor reads termination messages itself
     for rep in terminated_reports(pod, job):
         mem.take(rep)
-
-

@@ -17,7 +17,6 @@ from typing import Any, Optional
 import aiohttp
 import kopf
 
-
 from tianji.control.crd import GROUP, PLURAL, VERSION
 
 from . import builders as b
@@ -29,6 +28,7 @@ from .reconcile import reconcile
 from .scaling import autoscale
 from .kube import ApiError
 from .metrics import OperatorMetrics
+
 
 # ----------------------------------------------------------------- registration
 def configure_settings(settings: kopf.OperatorSettings) -> None:

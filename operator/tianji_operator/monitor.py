@@ -25,6 +25,7 @@ from .context import JobMemory, Operator, actor_sets, adopt, current_spec, manif
 from .counting import count_reports, counted_fields, elapsed_since_start, final_counted_fields
 from .kube import ApiError
 
+
 def _count_restarts(mem: JobMemory, pods: list[dict]) -> tuple[int, str]:
     """Container restarts of the job's pods, also of pods since gone (by uid); and the last one."""
     last, last_n = "", -1
@@ -249,5 +250,3 @@ def _not_ready(groups: list[dict]) -> str:
             if e[r]["ready"] < e[r]["desired"]:
                 parts.append(f"group {e['group']} {r} {e[r]['ready']}/{e[r]['desired']}")
     return "not ready: " + ", ".join(parts) if parts else "pods not running"
-
-

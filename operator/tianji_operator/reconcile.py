@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 import kopf
 
-
 from tianji.control.plan import PlanError, resolve
 from tianji.control.spec import SpecError, TianJiJob, deprecated_fields, parse_job
 
@@ -21,6 +20,7 @@ from . import status as st
 from .children import creation_refused, delete_role_pods, refused_for_good
 from .context import Operator, actor_sets, adopt, is_mutable, manifest_of, read_applied, spec_error_message, update_status
 from .kube import ApiError
+
 
 # ----------------------------------------------------------------- reconcile
 async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger, handler: str) -> None:
@@ -197,5 +197,3 @@ def _plan_summary_from(plan_json: Optional[dict]) -> str:
     return (f"{p['groups']} group(s) x ({p['actors']} actors, {p['buffers']} buffers, {p['learners']} learners); "
             f"{p['cpusUsed']:g} cores, {p['gpusUsed']} GPUs; predicted {p['producedFps']:.0f} frames/s produced, "
             f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")
-
-

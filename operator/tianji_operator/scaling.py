@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 import kopf
 
-
 from tianji.control.addressing import actor_set_name
 from tianji.control.spec import SpecError, TianJiJob, parse_job
 
@@ -17,6 +16,7 @@ from . import autoscaler as asc
 from . import builders as b
 from . import status as st
 from .context import Operator, StatusConflict, actor_sets, manifest_of, read_applied, update_status
+
 
 # ----------------------------------------------------------------- autoscale
 async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger) -> None:
@@ -113,5 +113,3 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
             await op.kube.patch("StatefulSet", ns, actor_set_name(name, g), {"spec": {"replicas": n}})
     kopf.info(body, reason="Rescaled", message=decision.message[:900])
     logger.info("rescaled: %s", decision.message)
-
-
