@@ -62,14 +62,18 @@ class JobMemory:
         acc = self.acc if self.acc is not None else Accounting()
         self.acc = acc
         if isinstance(rep, ReportError):
-            acc.rejected += 1
-            self.report_errors = (self.report_errors + [str(rep)])[-5:]
+            self.refuse([str(rep)])
             return
         try:
             acc.take(rep)
         except ReportError as e:
-            acc.rejected += 1
-            self.report_errors = (self.report_errors + [str(e)])[-5:]
+            self.refuse([str(e)])
+
+    def refuse(self, why: list[str], counted: bool = True) -> None:
+        """Reports that were not counted: rejected (when `counted`), the last few reasons kept."""
+        if counted and self.acc is not None:
+            self.acc.rejected += len(why)
+        self.report_errors = (self.report_errors + why)[-5:]
 
 
 class Operator:

@@ -30,7 +30,7 @@ async def count_reports(op: Operator, mem: JobMemory, name: str, pods: list[dict
         mem.take(rep)
     if errors:
         op.metrics.errors.labels(where="reports").inc(len(errors))
-        mem.report_errors = (mem.report_errors + errors)[-5:]
+        mem.refuse(errors, counted=False)  # unreachable pods are errors, not rejected reports
     return mem.acc
 
 
