@@ -5,6 +5,8 @@ module from the same spec and seed, so version 0 is identical everywhere.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import torch
 from torch import nn
@@ -88,8 +90,13 @@ class QNetwork(nn.Module):
         return self.net(obs if obs.dtype == torch.uint8 else obs.float())
 
 
-def build_model(algorithm: str, cfg: ModelConfig, info: EnvInfo, seed: int) -> nn.Module:
+def build_model(algorithm: str, cfg: ModelConfig, info: EnvInfo, seed: int, imports: Iterable[str] = ()) -> nn.Module:
+    """`imports`: spec.env.imports, the modules a user model (cfg.entry_point) may come from."""
     torch.manual_seed(seed)  # same seed → same version-0 weights in every process
+    if cfg.entry_point:
+        from tianji.algos.usermodel import build_user_model
+
+        return build_user_model(algorithm, cfg, info, imports)
     return ActorCritic(cfg, info) if algorithm == "ppo" else QNetwork(cfg, info)
 
 

@@ -41,7 +41,8 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int) -> dict:
     job = parse_job(yaml.safe_load(state["manifest"]), f"{ckpt_path}:manifest")
     env = make_vec_env(job.spec.env, min(episodes, 8))
     info = env_info(env)
-    model = build_model(job.spec.algorithm.name, job.spec.model, info, job.spec.env.seed)
+    model = build_model(job.spec.algorithm.name, job.spec.model, info, job.spec.env.seed,
+                        job.spec.env.imports)
     model.load_state_dict(state["model"])
     model.eval()
     obs, _ = env.reset(seed=seed)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator,
+                      model_validator)
 from pydantic.alias_generators import to_camel
 
 from tianji.control.addressing import LAST_PORT_OFFSET, host_port_ranges
@@ -134,9 +135,80 @@ Algorithm = Annotated[Union[PPOConfig, DQNConfig], Field(discriminator="name")]
 
 
 # ----------------------------------------------------------------- env, model
+# User code is named, never shipped: a module path (`mypkg.envs`) or an entry point
+# (`mypkg.envs:MyEnv`), imported by the worker from what its image installed.
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+ENTRY_POINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+ModulePath = Annotated[str, Field(max_length=253, pattern=MODULE_PATTERN)]
+MAX_JSON_DEPTH = 8
+MAX_JSON_ITEMS = 1024
+
+
+def check_json_like(value: Any, where: str, depth: int = 0) -> Any:
+    """`value` is plain data (null, bool, finite number, string, list, string-keyed mapping),
+    at most MAX_JSON_DEPTH deep and MAX_JSON_ITEMS wide: what a manifest and the CRD carry."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{where}: {value} is not a finite number")
+        return value
+    if isinstance(value, (list, tuple)):
+        if len(value) > MAX_JSON_ITEMS:
+            raise ValueError(f"{where}: more than {MAX_JSON_ITEMS} items")
+        return [check_json_like(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if len(value) > MAX_JSON_ITEMS:
+            raise ValueError(f"{where}: more than {MAX_JSON_ITEMS} keys")
+        for k in value:
+            if not isinstance(k, str):
+                raise ValueError(f"{where}: key {k!r} is not a string")
+        return {k: check_json_like(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
+    raise ValueError(f"{where}: {type(value).__name__} is not plain data (null, bool, number, string, list, map)")
+
+
+def import_allowed(module: str, listed) -> bool:
+    """`module` is a listed module or inside a listed package (listing `mypkg` trusts `mypkg.models`)."""
+    return any(module == m or module.startswith(m + ".") for m in listed)
+
+
+# kwargs/config maps: free-form in the CRD (the apiserver keeps them), checked by check_json_like.
+_FREE_FORM = WithJsonSchema({"type": "object", "default": {}, "x-kubernetes-preserve-unknown-fields": True})
+
+
+class ObservationSpace(_Model):
+    shape: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(..., min_length=1, max_length=8)
+    dtype: Literal["uint8", "float32", "float64"] = "float32"
+
+
+class ActionSpace(_Model):
+    n: int = Field(..., ge=1, le=1 << 20, description="Discrete(n) actions")
+
+
+class EnvSpaces(_Model):
+    """What the env's spaces are, so buffers and learners need not build an env to learn them.
+    `tianji run` fills this in from its pre-flight probe; an actor whose env disagrees stops."""
+
+    observation: ObservationSpace
+    action: ActionSpace
+
+
 class EnvConfig(_Model):
-    id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5",
+    id: str = Field("CartPole-v1", min_length=1, max_length=300,
+                    description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5 (registered by env.imports), "
+                                "or an entry point module:Class",
                     json_schema_extra={"x-kubernetes-validations": [immutable("env.id")]})
+    imports: list[ModulePath] = Field(
+        default_factory=list, max_length=64,
+        description="modules imported before the env is made (they register Gymnasium ids), in actors, "
+                    "the evaluator and the profiler only")
+    kwargs: Annotated[dict[str, Any], _FREE_FORM] = Field(
+        default_factory=dict, description="keyword arguments of the env's constructor (plain data)")
+    spaces: Optional[EnvSpaces] = Field(
+        None, description="the env's observation and action spaces (tianji run fills them in); buffers and "
+                          "learners read them here instead of building an env")
     num_envs: int = Field(8, ge=1, le=4096, description="vectorised envs per actor")
     fragment_length: int = Field(32, ge=1, le=10_000, description="steps per env in one fragment")
     seed: int = Field(1, ge=0, le=2**31 - 1 - 10**7,
@@ -145,11 +217,43 @@ class EnvConfig(_Model):
     episodic_life: bool = Field(False, description="Atari only")
     clip_rewards: bool = Field(True, description="Atari only: learn from sign(reward)")
 
+    @field_validator("id")
+    @classmethod
+    def _id_or_entry_point(cls, v: str) -> str:
+        if ":" in v and not re.fullmatch(ENTRY_POINT_PATTERN, v):
+            raise ValueError(f"{v!r}: an entry point is module.path:Name, e.g. mypkg.envs:MyEnv")
+        return v
+
+    @field_validator("kwargs")
+    @classmethod
+    def _plain_kwargs(cls, v: dict) -> dict:
+        return check_json_like(v, "kwargs")
+
 
 class ModelConfig(_Model):
     hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(default_factory=lambda: [64, 64])
     activation: Literal["tanh", "relu"] = "tanh"
     encoder: Literal["auto", "mlp", "nature_cnn"] = "auto"
+    entry_point: Optional[str] = Field(
+        None, max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
+        description="a user's torch module, module.path:Class, built as Class(observation_space, action_space, "
+                    "config) (docs/custom-envs.md); its module must be listed in env.imports or model.imports")
+    imports: list[ModulePath] = Field(default_factory=list, max_length=64,
+                                      description="modules that may provide model.entryPoint")
+    config: Annotated[dict[str, Any], _FREE_FORM] = Field(
+        default_factory=dict, description="plain-data configuration passed to model.entryPoint")
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.fullmatch(ENTRY_POINT_PATTERN, v):
+            raise ValueError(f"{v!r}: expected module.path:Class, e.g. mypkg.models:Net")
+        return v
+
+    @field_validator("config")
+    @classmethod
+    def _plain_config(cls, v: dict) -> dict:
+        return check_json_like(v, "config")
 
 
 # ----------------------------------------------------------------- topology
@@ -520,6 +624,17 @@ class JobSpec(_Model):
                 )
         if isinstance(a, DQNConfig) and a.batch_size > a.replay_capacity:
             raise ValueError("algorithm.batchSize > algorithm.replayCapacity")
+        return self
+
+    @model_validator(mode="after")
+    def _model_import_gate(self) -> "JobSpec":
+        """A model class is an import on every worker: only from a module the job lists."""
+        ep = self.model.entry_point
+        if ep is not None:
+            module = ep.split(":", 1)[0]
+            if not import_allowed(module, (*self.env.imports, *self.model.imports)):
+                raise ValueError(f"model.entryPoint: module {module!r} is not in a package listed in "
+                                 "env.imports or model.imports")
         return self
 
     @model_validator(mode="after")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from tianji.control.spec import EnvConfig
+from tianji.control.spec import EnvConfig, EnvSpaces
+from tianji.envs.custom import UserCodeError, carried_observation_problem, gym_id, is_entry_point
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,13 @@ def make_vec_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.Vect
         from tianji.envs.atari import make_atari_vec
 
         return make_atari_vec(cfg, n)
+    target = gym_id(cfg)  # imports env.imports; an entry point becomes an EnvSpec
     try:
-        spec = gym.spec(cfg.id)
+        spec = gym.spec(target) if isinstance(target, str) else target
     except gym.error.Error as e:
         raise ValueError(f"env.id {cfg.id!r}: {e}") from None
     mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    return gym.make_vec(cfg.id, num_envs=n, vectorization_mode=mode)
+    return gym.make_vec(target, num_envs=n, vectorization_mode=mode, **cfg.kwargs)
 
 
 def env_info(env: gym.vector.VectorEnv) -> EnvInfo:
@@ -50,9 +52,36 @@ def env_info(env: gym.vector.VectorEnv) -> EnvInfo:
     act = env.single_action_space
     if not isinstance(act, gym.spaces.Discrete):
         raise ValueError(f"PPO and DQN here need a discrete action space, got {act}")
-    if not isinstance(obs, gym.spaces.Box):
-        raise ValueError(f"observations must be a Box space, got {obs}")
+    problem = carried_observation_problem(obs)
+    if problem:
+        raise ValueError(problem)
     return EnvInfo(tuple(int(d) for d in obs.shape), np.dtype(obs.dtype).name, int(act.n))
+
+
+def spaces_of(info: EnvInfo) -> EnvSpaces:
+    """The spec's declaration of what `info` describes (tianji run writes it into the run's job)."""
+    return EnvSpaces(observation={"shape": list(info.obs_shape), "dtype": info.obs_dtype},
+                     action={"n": info.n_actions})
+
+
+def declared_info(cfg: EnvConfig) -> EnvInfo:
+    """Buffers and learners: the spaces the spec declares, without building an env. A built-in id
+    with no declaration is probed as before; a user env (env.imports, an entry point) must be
+    declared: its modules are imported only where envs are built."""
+    if cfg.spaces is not None:
+        o = cfg.spaces.observation
+        return EnvInfo(tuple(o.shape), o.dtype, cfg.spaces.action.n)
+    if cfg.imports or is_entry_point(cfg.id):
+        raise ValueError("spec.env.spaces is not set: buffers and learners of a user env read the spaces there "
+                         "(tianji run fills them in; on Kubernetes declare them, docs/custom-envs.md)")
+    return probe_env(cfg)
+
+
+def check_declared(cfg: EnvConfig, info: EnvInfo) -> None:
+    """Actors: the env built must be the env the spec declares (buffers and learners trust it)."""
+    if cfg.spaces is not None and declared_info(cfg) != info:
+        raise ValueError(f"spec.env.spaces declares {spaces_of(declared_info(cfg)).model_dump()} but the env "
+                         f"has {spaces_of(info).model_dump()}")
 
 
 def probe_env(cfg: EnvConfig) -> EnvInfo:
@@ -71,7 +100,11 @@ def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
     from tianji.control.spec import SpecError
 
     try:
-        spec = None if is_atari(cfg.id) else gym.spec(cfg.id)
+        target = None if is_atari(cfg.id) else gym_id(cfg)
+    except UserCodeError as e:
+        raise SpecError(f"{source}: {e}") from None
+    try:
+        spec = target if target is None or not isinstance(target, str) else gym.spec(target)
     except Exception as e:  # noqa: BLE001 - gymnasium's NameNotFound, VersionNotFound, ...
         raise SpecError(f"{source}: spec.env.id: {cfg.id!r} is not a registered Gymnasium environment "
                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
@@ -84,4 +117,7 @@ def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
     if not info.obs_shape or np.dtype(info.obs_dtype).name not in ("uint8", "float32", "float64"):
         raise SpecError(f"{source}: spec.env.id: {cfg.id!r} observations {info.obs_dtype}{list(info.obs_shape)} "
                         "are not a fixed-shape uint8/float array")
+    if cfg.spaces is not None and declared_info(cfg) != info:
+        raise SpecError(f"{source}: spec.env.spaces: declares {spaces_of(declared_info(cfg)).model_dump()}, "
+                        f"but {cfg.id!r} has {spaces_of(info).model_dump()}")
     return info

@@ -34,7 +34,7 @@ from tianji.control.report import parse_report
 from tianji.control.launch import worker_launch
 from tianji.control.plan import resolve
 from tianji.control.spec import TianJiJob, dump_job, load_job
-from tianji.envs import check_env_spec
+from tianji.envs import check_env_spec, spaces_of
 from tianji.observability.exporter import JobExporter
 from tianji.observability.progress import Progress
 from tianji.runtime.wire import WireError, decode
@@ -91,7 +91,8 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
         job, _ = resolve(load_job(rd / "job.yaml", overrides))
     else:
         job, _ = resolve(load_job(job_path, overrides))
-        check_env_spec(job.spec.env, str(job_path))  # before any process starts (needs Gymnasium: not in control)
+        info = check_env_spec(job.spec.env, str(job_path))  # before any process starts (needs Gymnasium)
+        job.spec.env.spaces = spaces_of(info)  # buffers and learners read them; they build no env
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
             raise RunDirError(f"{rd} already holds a run; continue it with `tianji run --resume {rd}` "

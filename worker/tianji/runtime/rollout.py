@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tianji.algos import dqn, ppo
-from tianji.envs import env_info, make_vec_env
+from tianji.envs import check_declared, env_info, make_vec_env
 from tianji.algos.models import build_model
 from tianji.control.spec import JobSpec
 
@@ -26,16 +26,23 @@ class Rollout:
         self.algo = spec.algorithm.name
         self.env = make_vec_env(spec.env)
         self.info = env_info(self.env)
-        self.model = build_model(self.algo, spec.model, self.info, spec.env.seed)
+        check_declared(spec.env, self.info)
+        self.model = build_model(self.algo, spec.model, self.info, spec.env.seed, spec.env.imports)
         self.model.eval()
         self.rng = np.random.default_rng(seed)
-        self.obs, _ = self.env.reset(seed=seed)
+        self.seed = seed
+        self.reset()
         self.n, self.T = self.env.num_envs, spec.env.fragment_length
-        self.prev_done = np.zeros(self.n, dtype=bool)
-        self.ep_return = np.zeros(self.n, dtype=np.float64)
         self.clip_rewards = bool(getattr(self.env, "clip_rewards", False))
         self.frames = 0
         self.frames_scale = frames_scale
+
+    def reset(self) -> None:
+        """Start every env afresh (also after an env produced non-finite observations)."""
+        self.obs, _ = self.env.reset(seed=self.seed)
+        self.seed += 1_000_003  # a later reset must not replay the same episodes
+        self.prev_done = np.zeros(self.env.num_envs, dtype=bool)
+        self.ep_return = np.zeros(self.env.num_envs, dtype=np.float64)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
         if self.algo == "ppo":

@@ -15,6 +15,8 @@ cycles on samples that would only be dropped as stale.
 """
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections import deque
 from typing import Optional
@@ -23,7 +25,7 @@ import numpy as np
 import zmq
 
 from tianji.control.addressing import buffer_for_actor, learner_for_actor
-from tianji.runtime import framestack
+from tianji.runtime import envguard, framestack
 from tianji.algos.models import load_arrays, state_arrays
 from tianji.control.plan import pace_fps
 from tianji.runtime.rollout import Rollout
@@ -31,6 +33,7 @@ from tianji.runtime.roles.base import Role
 from tianji.runtime.validate import check_capacity, check_params, limits_for
 from tianji.runtime.wire import WireError
 
+log = logging.getLogger("tianji")
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
 
 
@@ -77,6 +80,7 @@ class Actor(Role):
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
         self.recent = deque(maxlen=100)
+        self.nonfinite_fragments = 0
 
     def _rest(self, seconds: float) -> None:
         """Sleep while pacing, but keep probing parameters."""
@@ -92,6 +96,7 @@ class Actor(Role):
         version = self.version
         arrays, finished = self.rollout.fragment()
         frames = self.rollout.n * self.rollout.T
+        finished = [r for r in finished if math.isfinite(r)]  # a return summed over a NaN reward is no return
         if finished:
             self.recent.extend(finished)
             self.add_episodes(finished)
@@ -99,11 +104,27 @@ class Actor(Role):
             self.metrics.set("episode_return_mean", float(np.mean(self.recent)))
         self.metrics.inc("env_frames_total", frames)
         self.pacer.add(frames)
-        self._send_fragment(arrays, version, frames)
+        if self._env_output_finite(arrays):
+            self._send_fragment(arrays, version, frames)
         self.probe_params()
         wait = self.pacer.wait_time()
         if wait > 0:
             self._rest(wait)
+
+    def _env_output_finite(self, arrays: dict) -> bool:
+        """False (fragment dropped and counted, envs reset if need be) when the env produced a
+        non-finite observation or reward: it never reaches a buffer (runtime/envguard.py)."""
+        bad = envguard.nonfinite_steps(arrays, self.rollout.obs)
+        if not bad:
+            return True
+        self.metrics.inc("samples_dropped_total", int(arrays["valid"].sum()), reason=envguard.DROP_REASON)
+        self.nonfinite_fragments += 1
+        if self.nonfinite_fragments <= 3 or self.nonfinite_fragments % 100 == 0:
+            log.warning("%s: env produced %d non-finite observations/rewards; fragment dropped [%d so far]",
+                        self.sender, bad, self.nonfinite_fragments)
+        if not envguard.obs_finite(self.rollout.obs):
+            self.rollout.reset()
+        return False
 
     def _send_fragment(self, arrays: dict, version: int, frames: int) -> None:
         samples = int(arrays["valid"].sum())

@@ -22,7 +22,7 @@ import numpy as np
 import zmq
 
 from tianji.control.addressing import learner_for_buffer
-from tianji.envs import probe_env
+from tianji.envs import declared_info
 from tianji.control.spec import DQNConfig, PPOConfig
 from tianji.runtime.storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
 from tianji.runtime.validate import (check_fragment, check_policy_version, fragment_bytes, limits_for,
@@ -38,7 +38,7 @@ class Buffer(Role):
 
     def setup(self) -> None:
         s = self.spec
-        self.info = probe_env(s.env)
+        self.info = declared_info(s.env)  # no env here: user env modules load in actors only
         self.algo = s.algorithm
         self.T = s.env.fragment_length
         self.frag_limits = limits_for(fragment_bytes(s, self.info))

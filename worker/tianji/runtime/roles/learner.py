@@ -32,7 +32,7 @@ from tianji.control.addressing import dist_init_method, learner_for_buffer
 from tianji.runtime.distributed import GradientAverager, world_of
 from tianji.algos.dqn import DQNLearner
 from tianji.algos.ppo import PPOLearner
-from tianji.envs import probe_env
+from tianji.envs import declared_info
 from tianji.algos import params_finite
 from tianji.algos.models import build_model, state_arrays
 from tianji.control.spec import dump_job
@@ -52,9 +52,9 @@ class Learner(Role):
 
     def setup(self) -> None:
         s = self.spec
-        self.info = probe_env(s.env)
+        self.info = declared_info(s.env)  # no env here: user env modules load in actors only
         self.algo_name = s.algorithm.name
-        self.model = build_model(self.algo_name, s.model, self.info, s.env.seed).to(self._device())
+        self.model = build_model(self.algo_name, s.model, self.info, s.env.seed, s.env.imports).to(self._device())
         seed = s.env.seed + 31 * self.group + self.index
         self.algo = (PPOLearner if self.algo_name == "ppo" else DQNLearner)(self.model, s.algorithm, seed)
         self.batch_limits = limits_for(batch_bytes(s, self.info))
