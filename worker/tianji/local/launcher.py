@@ -35,6 +35,7 @@ from tianji.control.launch import worker_launch
 from tianji.control.plan import resolve
 from tianji.control.spec import TianJiJob, dump_job, load_job
 from tianji.envs import check_env_spec, spaces_of
+from tianji.local.worker_logs import last_exception
 from tianji.observability.exporter import JobExporter
 from tianji.observability.progress import Progress
 from tianji.runtime.wire import WireError, decode
@@ -67,6 +68,7 @@ class Child:
     last_report: Optional[float] = None
     restart_at: Optional[float] = None
     exits: list = field(default_factory=list)
+    log_offset: int = 0  # where the current incarnation's output starts in its (appended) log
 
     @property
     def name(self) -> str:
@@ -198,6 +200,8 @@ class Launcher:
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
         # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
+        c.log.flush()
+        c.log_offset = os.fstat(c.log.fileno()).st_size
         c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         c.pids.add(c.proc.pid)
         c.started_at = time.monotonic()
@@ -229,7 +233,9 @@ class Launcher:
             c.failures += 1
             c.restarts += 1
             c.restart_at = now + delay
-            print(f"tianji: {c.name} exited ({code}); restart {c.restarts} in {delay:.1f}s", file=sys.stderr)
+            error = last_exception(Path(c.log.name), c.log_offset) if code != "no heartbeat" else None
+            print(f"tianji: {c.name} exited ({code}){': ' + error if error else ''}; restart {c.restarts} in "
+                  f"{delay:.1f}s{f' (traceback in {c.log.name})' if error else ''}", file=sys.stderr)
 
     def _stop_children(self, sock: zmq.Socket) -> None:
         for c in self.children:
