@@ -8,7 +8,18 @@
 #     --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 .
 # Both stages start from BASE_IMAGE, so the virtual environment's interpreter path matches;
 # a base without Python (nvidia/cuda) gets the distribution's python3.
+# Your own envs and models (spec.env.imports, model.entryPoint; docs/custom-envs.md): USER_PACKAGE
+# is what pip installs after TianJi, under the same constraints (it cannot move torch), either a
+# requirement from an index or the source directory passed as the named context `user_package`:
+#   docker build -f images/worker.Dockerfile -t registry.example.com/reach-goal-worker:0.1.0 \
+#     --build-context user_package=examples/custom-env \
+#     --build-arg USER_PACKAGE=/src/user --build-arg USER_IMPORTS="reach_goal reach_goal.models" .
+# EXTRA_PIP adds pip options (e.g. --extra-index-url https://pypi.example.com/simple); USER_IMPORTS
+# are imported once at build time, so a missing module fails the build, not the job.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# Empty unless `--build-context user_package=<dir>` replaces it (BuildKit named contexts).
+FROM scratch AS user_package
 
 FROM ${BASE_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -35,6 +46,16 @@ COPY operator /src/operator
 RUN pip install -c /tmp/constraints.txt /src \
     && python -c "import torch, gymnasium, zmq, tianji.runtime.worker, tianji.cli; print('torch', torch.__version__)" \
     && python -m compileall -q /opt/venv
+ARG USER_PACKAGE=""
+ARG EXTRA_PIP=""
+ARG USER_IMPORTS=""
+COPY --from=user_package / /src/user/
+RUN if [ -n "${USER_PACKAGE}" ]; then \
+      pip install -c /tmp/constraints.txt ${EXTRA_PIP} "${USER_PACKAGE}" \
+      && python -c "import sys, importlib, torch, tianji.runtime.worker; [importlib.import_module(m) for m in sys.argv[1:]]" ${USER_IMPORTS} \
+      && python -m compileall -q /opt/venv; \
+    elif [ -n "${USER_IMPORTS}" ]; then echo "USER_IMPORTS without USER_PACKAGE" >&2; exit 1; \
+    fi
 
 FROM base AS runtime
 LABEL org.opencontainers.image.title="tianji-worker" \

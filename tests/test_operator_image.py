@@ -143,3 +143,29 @@ print(json.dumps({"torch": "torch" in sys.modules, "blocked": sorted(blocked)}))
     assert res.returncode == 0, f"the operator does not import with only its image's packages:\n{res.stderr[-3000:]}"
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert not out["torch"], "the operator imports torch: its image would need it (see operator.Dockerfile)"
+
+
+def test_worker_image_installs_a_users_package_under_the_same_pins(tmp_path):
+    """USER_PACKAGE goes in after TianJi, constrained (it cannot move torch), its modules imported
+    at build time; by default the image installs nothing more. The example package it is shown
+    with (examples/custom-env) builds as a wheel."""
+    text = _dockerfile("worker")
+    for arg in ("USER_PACKAGE", "EXTRA_PIP", "USER_IMPORTS"):
+        assert re.search(rf'^ARG {arg}=""$', text, re.M), arg
+    assert re.search(r"^FROM scratch AS user_package$", text, re.M)  # the named context it replaces
+    install = 'pip install -c /tmp/constraints.txt ${EXTRA_PIP} "${USER_PACKAGE}"'
+    assert text.index("pip install -c /tmp/constraints.txt /src") < text.index(install)
+    assert 'if [ -n "${USER_PACKAGE}" ]' in text and "importlib.import_module(m)" in text
+    assert text.index(install) < text.index("FROM base AS runtime")  # built into the copied venv
+    import shutil
+
+    src = shutil.copytree(ROOT / "examples" / "custom-env", tmp_path / "src")  # builds leave files behind
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (wheel,) = tmp_path.glob("reach_goal-0.1.0-*.whl")
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"reach_goal/__init__.py", "reach_goal/envs.py", "reach_goal/models.py"} <= set(names)
