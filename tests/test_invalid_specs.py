@@ -31,6 +31,10 @@ BAD_SPECS = {
     "image-empty": ({"image": ""}, "spec.image", "at least 1 character"),
     "image-uppercase-name": ({"image": "registry.example.com/TianJi:0.1.0"},
                              "spec.image", "not an image reference"),
+    "env-import-not-a-module-path": ({"env": {"imports": ["my-envs"]}},
+                                     "spec.env.imports[0]", "should match pattern"),
+    "model-from-an-unlisted-package": ({"model": {"entryPoint": "mypkg.models:Net"}},
+                                       "spec", "model.entryPoint: module 'mypkg.models' is not in a package listed"),
 }
 
 
