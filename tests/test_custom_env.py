@@ -127,7 +127,7 @@ def test_buffers_and_learners_read_declared_spaces_without_importing(user_path):
     spaces = {"observation": {"shape": [2], "dtype": "float32"}, "action": {"n": 3}}
     assert declared_info(EnvConfig(id="Gone-v0", imports=["no_such_pkg"], spaces=spaces)) == \
         EnvInfo((2,), "float32", 3)  # nothing imported: the module does not even exist
-    with pytest.raises(ValueError, match="spec.env.spaces is not set"):
+    with pytest.raises(ValueError, match="spec.env.spaces: a user env .* must declare its spaces"):
         declared_info(EnvConfig(id="ReachGoal-v0", imports=["reach_goal"]))
 
 
@@ -263,3 +263,25 @@ def test_nonfinite_env_output_is_counted_and_never_sent(tmp_path, user_path, run
     assert s["restarts"] == {"actor": 0, "buffer": 0, "learner": 0}, s
     assert s["policy_version"] > 0 and s["episodes"] > 0, s
     assert "non-finite observations/rewards; fragment dropped" in (run.run_dir / "logs" / "actor-0-0.log").read_text()
+
+
+# ----------------------------------------------------------------- Kubernetes
+async def test_the_operator_needs_a_user_envs_spaces_declared(kube):
+    """Pods cannot learn a user env's spaces (buffers and learners do not import it): without
+    spec.env.spaces the job fails before any pod; with them it runs, kwargs kept as written."""
+    from kube.operator_harness import RunningOperator, children, cond, eventually, job_manifest, status
+
+    env = {"id": "ReachGoal-v0", "imports": ["reach_goal"], "kwargs": {"step_size": 0.1, "opts": {"a": [1, "b"]}}}
+    async with RunningOperator(kube):
+        await kube.create_job(job_manifest("cartpole", {"env": env}))
+        await eventually(lambda: status(kube).get("phase") == "Failed", what="phase Failed")
+        failed = cond(kube, "Failed")
+        assert failed["reason"] == "InvalidSpec" and failed["message"].startswith("spec.env.spaces: a user env")
+        assert children(kube) == {}
+        spaces = {"observation": {"shape": [2]}, "action": {"n": 3}}
+        await kube.create_job(job_manifest("declared", {"env": {**env, "spaces": spaces}}))
+        await eventually(lambda: children(kube, "declared"), what="the declared job's children")
+        cm = next(o for (kind, _), o in children(kube, "declared").items() if kind == "ConfigMap")
+        applied = yaml.safe_load(next(iter(cm["data"].values())))
+        assert applied["spec"]["env"]["kwargs"] == env["kwargs"]  # not pruned by the CRD schema
+        assert applied["spec"]["env"]["spaces"]["action"] == {"n": 3}

@@ -14,6 +14,7 @@ import kopf
 
 from tianji.control.plan import PlanError, resolve
 from tianji.control.spec import SpecError, TianJiJob, deprecated_fields, parse_job
+from tianji.control.userenv import missing_spaces
 
 from . import builders as b
 from . import status as st
@@ -59,6 +60,8 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         job = parse_job(manifest_of(body), "TianJiJob")
     except SpecError as e:
         return await refuse("InvalidSpec", spec_error_message(e))
+    if (problem := missing_spaces(job.spec.env)) is not None:  # pods cannot learn a user env's spaces
+        return await refuse("InvalidSpec", problem)
 
     new_spec = json.loads(b.spec_json(job.spec))
     plan_json: Optional[dict] = None  # a new plan, made now

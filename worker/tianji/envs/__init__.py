@@ -14,7 +14,8 @@ import gymnasium as gym
 import numpy as np
 
 from tianji.control.spec import EnvConfig, EnvSpaces
-from tianji.envs.custom import UserCodeError, carried_observation_problem, gym_id, is_entry_point
+from tianji.control.userenv import missing_spaces
+from tianji.envs.custom import UserCodeError, carried_observation_problem, gym_id
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,9 @@ def declared_info(cfg: EnvConfig) -> EnvInfo:
     if cfg.spaces is not None:
         o = cfg.spaces.observation
         return EnvInfo(tuple(o.shape), o.dtype, cfg.spaces.action.n)
-    if cfg.imports or is_entry_point(cfg.id):
-        raise ValueError("spec.env.spaces is not set: buffers and learners of a user env read the spaces there "
-                         "(tianji run fills them in; on Kubernetes declare them, docs/custom-envs.md)")
+    problem = missing_spaces(cfg)
+    if problem:
+        raise ValueError(problem)
     return probe_env(cfg)
 
 
