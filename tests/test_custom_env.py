@@ -111,6 +111,21 @@ def test_a_bad_env_id_or_space_is_refused_naming_it(tmp_path, user_path, env_id,
     assert says in str(e.value), e.value
 
 
+def test_kwargs_the_env_does_not_take_are_named(user_path):
+    from tianji.envs import check_env_spec
+
+    with pytest.raises(SpecError, match=r"^job.yaml: spec.env.kwargs: 'ReachGoal-v0' cannot be made with "
+                                        r"\{'speed': 2\}: TypeError: .*'speed'"):
+        check_env_spec(EnvConfig(id="ReachGoal-v0", imports=["reach_goal"], kwargs={"speed": 2}), "job.yaml")
+
+
+def test_atari_ids_refuse_kwargs_they_would_ignore():
+    from tianji.envs import check_env_spec
+
+    with pytest.raises(SpecError, match="^job.yaml: spec.env.kwargs: Atari ids take frameStack"):
+        check_env_spec(EnvConfig(id="ALE/Pong-v5", kwargs={"frameskip": 2}), "job.yaml")
+
+
 def test_declared_spaces_must_match_the_env(user_path):
     from tianji.envs import check_env_spec
 

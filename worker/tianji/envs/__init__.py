@@ -29,6 +29,9 @@ class EnvInfo:
         return len(self.obs_shape) == 3
 
 
+ATARI_KWARGS = "spec.env.kwargs: Atari ids take frameStack, episodicLife and clipRewards, not kwargs"
+
+
 def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or "NoFrameskip" in env_id
 
@@ -36,6 +39,8 @@ def is_atari(env_id: str) -> bool:
 def make_vec_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.VectorEnv:
     n = num_envs or cfg.num_envs
     if is_atari(cfg.id):
+        if cfg.kwargs:  # the Atari maker sets its own (frameskip, repeat_action_probability): not silently ignored
+            raise ValueError(ATARI_KWARGS)
         from tianji.envs.atari import make_atari_vec
 
         return make_atari_vec(cfg, n)
@@ -100,6 +105,8 @@ def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
     this (it has no Gymnasium); its workers fail the same way at start."""
     from tianji.control.spec import SpecError
 
+    if is_atari(cfg.id) and cfg.kwargs:
+        raise SpecError(f"{source}: {ATARI_KWARGS}")
     try:
         target = None if is_atari(cfg.id) else gym_id(cfg)
     except UserCodeError as e:
@@ -114,6 +121,9 @@ def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
         info = probe_env(cfg)
     except Exception as e:  # noqa: BLE001
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, TypeError) and cfg.kwargs:  # most likely a keyword the constructor does not take
+            raise SpecError(f"{source}: spec.env.kwargs: {cfg.id!r} cannot be made with {cfg.kwargs}: "
+                            f"TypeError: {text}") from None
         raise SpecError(f"{source}: spec.env.id: {cfg.id!r} cannot be used: {text}") from None
     if not info.obs_shape or np.dtype(info.obs_dtype).name not in ("uint8", "float32", "float64"):
         raise SpecError(f"{source}: spec.env.id: {cfg.id!r} observations {info.obs_dtype}{list(info.obs_shape)} "
