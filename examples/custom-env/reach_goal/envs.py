@@ -3,8 +3,9 @@
 Observation: [position, goal], both in [-1, 1]. Actions: 0 left, 1 stay, 2 right, each move
 `step_size`. Reward: -0.01 per step, +1 on arriving within `step_size / 2` of the goal (the
 episode ends there). Start and goal are drawn uniformly at least `step_size` apart, so the
-best policy (move towards the goal) returns 1 - 0.01 * steps, about 0.93 on average with
-the default step size (0.1); a random policy rarely arrives within the 50-step time limit.
+best policy (move towards the goal) returns 1 - 0.01 * steps: 0.93 on average with the
+default step size (0.1); a uniformly random policy averages -0.03 (it arrives within the
+50-step limit in 36% of episodes). Both over 2000 seeded episodes.
 """
 from __future__ import annotations
 
