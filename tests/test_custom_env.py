@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-from helpers import EXAMPLES, ROOT, read_summary, run_tianji
-from tianji.control.spec import EnvConfig, JobSpec, ModelConfig, SpecError, load_job, parse_job
+from helpers import EXAMPLES, ROOT, run_tianji
+from tianji.control.spec import EnvConfig, JobSpec, ModelConfig, SpecError, parse_job
 
 CUSTOM = EXAMPLES / "custom-env"
 REACH = CUSTOM / "reach-goal-ppo.yaml"
@@ -260,7 +260,7 @@ def test_an_env_that_raises_in_step_is_a_restarted_worker_fault(tmp_path, user_p
     job = job_with(tmp_path, {"id": "bad_envs:FailOnce", "imports": ["reach_goal"],
                               "kwargs": {"marker": str(marker), "after": 60}})
     run, s = train(running_tianji, job)
-    assert marker.exists() and s["restarts"]["actor"] == 1, s
+    assert marker.exists() and s["restarts"]["actor"] >= 1, s
     assert s["reached_target"], s  # the restarted actor carried on
     notice = "actor-0-0 exited (1): RuntimeError: bad_envs: simulated fault in step; restart 1"
     assert notice in run.output(), run.output()
