@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from tianji.control.ports import DEFAULT_PORT_RANGE, ENV_HOST_PORT_RANGE, parse_port_range
+from tianji.control.ports import DEFAULT_PORT_RANGE, parse_port_range
 
 DEFAULT_SCRAPERS: list[dict] = [
     # Prometheus (the kube-prometheus / prometheus-operator default label) and the
@@ -71,7 +71,7 @@ class OperatorConfig:
             ("worker_command", "TIANJI_WORKER_COMMAND", json.loads),
             ("worker_defaults", "TIANJI_WORKER_DEFAULTS", _pod_overlay),
             ("prometheus_allowed", "TIANJI_PROMETHEUS_ALLOWED", json.loads),
-            ("host_port_range", ENV_HOST_PORT_RANGE, str),
+            ("host_port_range", "TIANJI_HOST_PORT_RANGE", str),
         ):
             if key in env:
                 setattr(c, name, conv(env[key]))

@@ -22,7 +22,6 @@ from typing import Mapping, Optional
 
 from tianji.control.addressing import METRICS_BLOCK, PORT_BLOCK, host_port_ranges
 
-ENV_HOST_PORT_RANGE = "TIANJI_HOST_PORT_RANGE"
 DEFAULT_PORT_RANGE = "20000-29999"  # below the NodePort range (30000-32767) and the ephemeral ports
 
 
