@@ -113,6 +113,11 @@ async def test_two_host_network_jobs_get_disjoint_blocks_kept_across_a_restart(k
     warned = [e for e in kube.live("v1/events", NAMESPACE) if e.get("reason") == "HostPortRangeExhausted"]
     assert len(warned) == 1 and warned[0]["type"] == "Warning"
 
+    # Restarted with room to spare, the operator leaves c's end as it was.
+    async with RunningOperator(kube, host_port_range="21000-21999"):
+        await asyncio.sleep(0.5)
+    assert status(kube, "c")["phase"] == "Failed" and not children(kube, "c")
+
 
 async def test_pinned_ports_that_clash_fail_the_job_once(kube):
     async with RunningOperator(kube, host_port_range=RANGE, expected_refusals=("HostPortConflict",)):
