@@ -114,8 +114,9 @@ async def test_two_host_network_jobs_get_disjoint_blocks_kept_across_a_restart(k
     assert len(warned) == 1 and warned[0]["type"] == "Warning"
 
     # Restarted with room to spare, the operator leaves c's end as it was.
-    async with RunningOperator(kube, host_port_range="21000-21999"):
-        await asyncio.sleep(0.5)
+    async with RunningOperator(kube, host_port_range="21000-21999") as op:
+        await eventually(lambda: op.metrics.value("tianji_operator_reconciles_total", handler="resume",
+                                                  result="KeptFailed") == 1, what="c resumed", timeout=20)
     assert status(kube, "c")["phase"] == "Failed" and not children(kube, "c")
 
 
