@@ -46,6 +46,10 @@ def test_pinned_ports_are_kept_or_refused_naming_the_other_job():
     assert (got.base_port, got.metrics_port, got.pinned) == (21003, 23000, True)
     default = parse_job(job_manifest("d", HOSTNET))  # default ports are not pinned: allocated
     assert assign(default, default.spec.network, {}, parse_port_range(RANGE)).base_port == 21000
+    kept = PortBlock(21008, 21013, 1)  # recorded in status: kept, if it has the job's slot count
+    assert assign(default, default.spec.network, {}, parse_port_range(RANGE), kept) == kept
+    assert assign(default, default.spec.network, {}, parse_port_range(RANGE),
+                  PortBlock(21008, 21018, 2)).base_port == 21000
 
 
 # ----------------------------------------------------------------- the operator

@@ -86,7 +86,8 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             resolved = TianJiJob.model_validate(doc)
     else:
         if status.get("phase") == st.FAILED and handler != "update" and any(
-                c.get("type") == "Failed" and c.get("reason") in HOST_PORT_REASONS for c in status.get("conditions") or []):
+                c.get("type") == "Failed" and c.get("reason") in HOST_PORT_REASONS
+                for c in status.get("conditions") or []):
             # refused its ports: a restart does not rewrite that end (a spec edit tries again)
             op.metrics.reconciles.labels(handler=handler, result="KeptFailed").inc()
             return

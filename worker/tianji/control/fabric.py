@@ -76,8 +76,9 @@ def _get(url: str, timeout: float) -> bytes:
         return resp.read(MAX_REPLY + 1)
 
 
-def fetch_fabric_address(host: str, port: int, wait_s: float = 300.0, *, get: Callable[[str, float], bytes] = _get,
-                         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> str:
+def fetch_fabric_address(host: str, port: int, wait_s: float = 300.0, *,
+                         get: Callable[[str, float], bytes] = _get, sleep: Callable[[float], None] = time.sleep,
+                         clock: Callable[[], float] = time.monotonic) -> str:
     """Ask the peer at host:port (its metrics port) for its fabric address, retrying while it
     starts (up to `wait_s`); FabricError naming the peer after that, or at once on a bad reply."""
     url = f"http://{host}:{port}{FABRIC_PATH}"

@@ -127,11 +127,11 @@ def allocate(slots: int, port_range: range, taken: Mapping[str, PortBlock]) -> P
 
 def assign(planned, requested_network, taken: Mapping[str, PortBlock], port_range: range,
            recorded: Optional[PortBlock] = None) -> PortBlock:
-    """The block of a host-network job: the one recorded in its status, else its pinned ports
+    """The block of a host-network job: the one recorded in its status (for as many slots), else its pinned ports
     (refused if they overlap another job's block), else a free block of `port_range`.
     `planned`: the job as planned (its topology fixed); `requested_network`: the spec as
     written (to tell pinned ports from defaults); `taken`: the other jobs' blocks by name."""
-    if recorded is not None:
+    if recorded is not None and recorded.slots == slots_of(planned):
         return recorded
     if is_pinned(requested_network):
         mine = block_of(planned, True)
