@@ -31,6 +31,7 @@ CUSTOM = {
                                     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rl",
                                                      "effect": "NoSchedule"}]},
                  "verbose": True, "extraEnv": [{"name": "TIANJI_PROMQL_NAMESPACE_LABEL", "value": "kubernetes_namespace"}]},
+    "hostNetwork": {"portRange": "40000-40999"},
     "metrics": {"port": 9100, "service": {"type": "ClusterIP", "annotations": {"example.com/scrape": "true"}}},
     "health": {"port": 9101},
     "resources": {"requests": {"cpu": "250m", "memory": "300Mi"}, "limits": {"cpu": 2, "memory": "1Gi"}},

@@ -226,6 +226,7 @@ def test_operator_cli_and_config_accept_what_the_chart_passes(variant):
         assert cfg.metrics_scrapers == CUSTOM["operator"]["metricsScrapers"]
         assert cfg.promql_namespace_label == "kubernetes_namespace"
         assert cfg.prometheus_allowed == ["http://kube-prometheus-stack-prometheus.monitoring:9090"]
+        assert cfg.host_port_range == "40000-40999"
         assert cfg.worker_defaults.model_dump(by_alias=True, exclude_none=True) == CUSTOM["operator"]["workerDefaults"] | {
             "tolerations": [{**CUSTOM["operator"]["workerDefaults"]["tolerations"][0]}]}
         assert args.verbose

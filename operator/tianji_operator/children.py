@@ -13,6 +13,7 @@ import kopf
 from tianji.control.accounting import Accounting
 
 from tianji.control.addressing import actor_set_name
+from tianji.control.ports import PortBlock, with_block
 from tianji.control.spec import SpecError, TianJiJob, parse_job
 
 from . import builders as b
@@ -49,6 +50,9 @@ def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
             rp = plan[role]
             doc["spec"]["resources"][role] = {"cpu": rp["cpu"], "memory": rp["memory"], "gpu": rp["gpu"],
                                               "threads": rp["threads"]}
+        block = PortBlock.from_status((body.get("status") or {}).get("hostPorts") or {})
+        if block is not None:  # hostNetwork: the ports the pods were given
+            with_block(doc, block)
         return TianJiJob.model_validate(doc)
     except (SpecError, KeyError, TypeError, ValueError):
         return None

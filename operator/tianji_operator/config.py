@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from tianji.control.ports import DEFAULT_PORT_RANGE, parse_port_range
+
 DEFAULT_SCRAPERS: list[dict] = [
     # Prometheus (the kube-prometheus / prometheus-operator default label) and the
     # operator itself, which scrapes /metrics when spec.autoscale.prometheusUrl is unset.
@@ -30,7 +32,9 @@ class OperatorConfig:
     TIANJI_PROMETHEUS_ALLOWED (JSON list of base URLs a job's spec.autoscale.prometheusUrl
     may lie under; empty: none, jobs count from their pods' reports),
     TIANJI_WORKER_DEFAULTS (JSON: a pod overlay, spec.pods.all's fields, applied to every
-    worker pod beneath the job's own `spec.pods`; chart values `workerDefaults`).
+    worker pod beneath the job's own `spec.pods`; chart values `workerDefaults`),
+    TIANJI_HOST_PORT_RANGE (FIRST-LAST: the node ports host-network jobs get blocks from;
+    chart values `hostNetwork.portRange`).
     """
 
     monitor_interval: float = 10.0  # seconds between child/phase checks per job
@@ -43,6 +47,7 @@ class OperatorConfig:
     metrics_scrapers: list[dict] = field(default_factory=lambda: [dict(p) for p in DEFAULT_SCRAPERS])
     profile_path: Optional[str] = None
     worker_command: list[str] = field(default_factory=lambda: ["tianji", "worker"])
+    host_port_range: str = DEFAULT_PORT_RANGE  # hostNetwork jobs' port blocks (tianji.control.ports)
     worker_defaults: Any = None  # tianji.control.spec.PodOverlay, or None
     prometheus_allowed: list[str] = field(default_factory=list)
     clock: Callable[[], float] = time.time
@@ -66,14 +71,17 @@ class OperatorConfig:
             ("worker_command", "TIANJI_WORKER_COMMAND", json.loads),
             ("worker_defaults", "TIANJI_WORKER_DEFAULTS", _pod_overlay),
             ("prometheus_allowed", "TIANJI_PROMETHEUS_ALLOWED", json.loads),
+            ("host_port_range", "TIANJI_HOST_PORT_RANGE", str),
         ):
             if key in env:
                 setattr(c, name, conv(env[key]))
+        parse_port_range(c.host_port_range)
         return c
 
     def __post_init__(self) -> None:
         if isinstance(self.worker_defaults, dict):
             self.worker_defaults = _pod_overlay(self.worker_defaults)
+        parse_port_range(self.host_port_range)  # a bad chart value stops the operator at start
 
     def load_profile(self):
         """The planner profile, or None for the planner's built-in estimates."""

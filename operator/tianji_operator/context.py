@@ -8,6 +8,7 @@ Handlers and timers run concurrently: nothing is ever written from an older copy
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -85,6 +86,9 @@ class Operator:
         self.connection: Any = config.connection
         self.kube = KubeClient(self._connection, on_request=self.metrics.api_request)
         self.jobs: dict[tuple[str, str], JobMemory] = {}
+        # hostports.py: blocks handed out (status written or not) and the turn-taking lock
+        self.host_ports: dict[str, Any] = {}
+        self.host_ports_lock = asyncio.Lock()
         self._http: Optional[aiohttp.ClientSession] = None
         self.closed = False
         self.profile = config.load_profile()

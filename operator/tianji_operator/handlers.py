@@ -23,6 +23,7 @@ from . import builders as b
 from .config import OperatorConfig
 from .context import FINALIZER, Operator, RELEASED, StatusConflict
 from .counting import on_pod_event
+from .hostports import release as release_host_ports
 from .monitor import monitor
 from .reconcile import reconcile
 from .scaling import autoscale
@@ -95,6 +96,7 @@ def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] =
     async def on_delete(body: Any, logger: logging.Logger, **_: Any) -> None:
         # Children go with the owner (ownerReferences); only in-memory state is ours to drop.
         op.jobs.pop((body["metadata"].get("namespace") or "", body["metadata"]["name"]), None)
+        release_host_ports(op, body["metadata"].get("namespace"), body["metadata"]["name"])
         op.metrics.reconciles.labels(handler="delete", result="ok").inc()
         logger.info("released %s", body["metadata"]["name"])
 

@@ -13,10 +13,12 @@ from typing import Any, Optional
 import kopf
 
 from tianji.control.plan import PlanError, resolve
+from tianji.control.ports import HOST_PORT_REASONS, HostPortError, PortBlock, block_of, is_pinned, with_block
 from tianji.control.spec import SpecError, TianJiJob, deprecated_fields, parse_job
 from tianji.control.userenv import missing_spaces
 
 from . import builders as b
+from . import hostports as hp
 from . import status as st
 from .children import creation_refused, delete_role_pods, refused_for_good
 from .context import Operator, actor_sets, adopt, is_mutable, manifest_of, read_applied, spec_error_message, update_status
@@ -86,11 +88,33 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
                 actors_changed = True
             resolved = TianJiJob.model_validate(doc)
     else:
+        if status.get("phase") == st.FAILED and handler != "update" and any(
+                c.get("type") == "Failed" and c.get("reason") in HOST_PORT_REASONS
+                for c in status.get("conditions") or []):
+            # refused its ports: a restart does not rewrite that end (a spec edit tries again)
+            op.metrics.reconciles.labels(handler=handler, result="KeptFailed").inc()
+            return
         try:
             resolved, plan = resolve(job, op.profile)
         except (PlanError, SpecError, ValueError) as e:
             return await refuse("PlanFailed", str(e))
         plan_json = plan_record = st.camel_keys(plan.to_json())
+
+    host_block: Optional[PortBlock] = None  # hostNetwork: the job's node ports (tianji.control.ports)
+    if resolved.spec.network.host_network:
+        if cm is not None:  # ports fixed at creation: as recorded, else as the planned job has them
+            host_block = PortBlock.from_status(hp.recorded_block(body) or {}) or block_of(
+                resolved, is_pinned(job.spec.network))
+            op.host_ports[hp.key(ns, name)] = host_block
+        else:
+            try:
+                host_block = await hp.job_block(op, ns, name, resolved, job, hp.recorded_block(body))
+                resolved = TianJiJob.model_validate(with_block(resolved.to_manifest(), host_block))
+            except HostPortError as e:
+                return await refuse(e.reason, str(e))
+            except ValueError as e:  # pinned ports that do not fit the planned topology
+                hp.release(op, ns, name)
+                return await refuse("PlanFailed", str(e))
 
     for note in deprecated_fields(body.get("spec")):
         kopf.warn(body, reason="DeprecatedField", message=note)
@@ -161,6 +185,8 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         fields: dict[str, Any] = {}
         if plan_record is not None and (plan_json is not None or not cur.get("plan")):
             fields["plan"] = plan_record  # also after a restart that interrupted the first status write
+        if host_block is not None:
+            fields["hostPorts"] = host_block.to_status()
         if cur.get("phase") in st.TERMINAL and cm is not None:
             return fields  # a job that ran and ended keeps its final phase and conditions
         fields["observedGeneration"] = gen

@@ -1,4 +1,7 @@
-"""`tianji eval CHECKPOINT --episodes N`: mean/std return of the greedy policy in a checkpoint.
+"""`tianji eval CHECKPOINT --episodes N`: mean/std return of the policy in a checkpoint.
+
+N episodes split evenly over the envs, each env contributing a fixed count (EpisodeQuota);
+DQN acts ε-greedily (--epsilon, default DQN_EVAL_EPSILON), PPO at its mode.
 
 The checkpoint carries its job manifest, so the model and env are rebuilt
 exactly; it is read with `torch.load(weights_only=True)` (checkpoint.load).
@@ -9,6 +12,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import yaml
@@ -28,7 +32,49 @@ def resolve_checkpoint(path: str) -> Path:
     return found[-1]
 
 
-def evaluate(ckpt_path: Path, episodes: int, seed: int) -> dict:
+# ε of DQN's evaluation policy: ε-greedy at 0.05, the Atari protocol of Mnih et al. (2015)
+# (later work uses 0.01-0.001; --epsilon sets it). A fully greedy Q-policy can loop forever
+# in a state whose best action is a no-op. PPO is evaluated at its mode (argmax of the logits).
+DQN_EVAL_EPSILON = 0.05
+
+
+class EpisodeQuota:
+    """A fixed number of episodes from every env: env i keeps its first `quota[i]` episodes.
+
+    Taking the first N episodes to finish, whichever env they come from, over-represents
+    short episodes (an env whose episodes are short finishes more of them in the same
+    steps), which biases the mean toward what short episodes return (a crash in Pong, a
+    pole that falls). Per-env quotas make the sample independent of episode length."""
+
+    def __init__(self, episodes: int, num_envs: int):
+        if episodes < 1 or num_envs < 1:
+            raise ValueError("episodes and num_envs must be >= 1")
+        self.quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
+        self.returns: list[list[float]] = [[] for _ in range(num_envs)]
+
+    def add(self, env: int, episode_return: float) -> None:
+        if len(self.returns[env]) < self.quota[env]:
+            self.returns[env].append(float(episode_return))
+
+    @property
+    def done(self) -> bool:
+        return all(len(r) >= q for r, q in zip(self.returns, self.quota))
+
+    def all_returns(self) -> np.ndarray:
+        return np.array([x for r in self.returns for x in r])
+
+
+def eval_actions(scores, epsilon: float, rng: np.random.Generator):
+    """argmax of `scores` ([n, actions]), each replaced by a uniform random action with probability ε."""
+    actions = scores.argmax(-1).numpy()
+    if epsilon > 0:
+        explore = rng.random(actions.shape[0]) < epsilon
+        actions[explore] = rng.integers(scores.shape[-1], size=int(explore.sum()))
+    return actions
+
+
+def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float] = None,
+             num_envs: int = 8) -> dict:
     import torch
 
     from tianji.envs import env_info, make_vec_env
@@ -39,29 +85,34 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int) -> dict:
     if "manifest" not in state:
         raise ValueError(f"{ckpt_path}: checkpoint has no job manifest")
     job = parse_job(yaml.safe_load(state["manifest"]), f"{ckpt_path}:manifest")
-    env = make_vec_env(job.spec.env, min(episodes, 8))
+    algo = job.spec.algorithm.name
+    eps = (DQN_EVAL_EPSILON if algo == "dqn" else 0.0) if epsilon is None else epsilon
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"--epsilon {eps} is not in [0, 1]")
+    env = make_vec_env(job.spec.env, min(episodes, num_envs))
     info = env_info(env)
-    model = build_model(job.spec.algorithm.name, job.spec.model, info, job.spec.env.seed,
-                        job.spec.env.imports)
+    model = build_model(algo, job.spec.model, info, job.spec.env.seed, job.spec.env.imports)
     model.load_state_dict(state["model"])
     model.eval()
+    rng = np.random.default_rng(seed)
+    quota = EpisodeQuota(episodes, env.num_envs)
     obs, _ = env.reset(seed=seed)
     ret = np.zeros(env.num_envs)
-    done_eps: list[float] = []
     with torch.inference_mode():
-        while len(done_eps) < episodes:
+        while not quota.done:
             x = torch.from_numpy(obs)
-            q = model.logits(x) if job.spec.algorithm.name == "ppo" else model(x)
-            obs, r, term, trunc, inf = env.step(q.argmax(-1).numpy())
+            scores = model.logits(x) if algo == "ppo" else model(x)
+            obs, r, term, trunc, inf = env.step(eval_actions(scores, eps, rng))
             ret += r
             ended = inf.get("episode_end", term | trunc) if isinstance(inf, dict) else term | trunc
             for i in np.nonzero(ended)[0]:
-                done_eps.append(float(ret[i]))
+                quota.add(int(i), ret[i])
                 ret[i] = 0.0
     env.close()
-    rets = np.array(done_eps[:episodes])
+    rets = quota.all_returns()
     return {"checkpoint": str(ckpt_path), "job": job.name, "env": job.spec.env.id,
-            "policy_version": int(state["policy_version"]), "episodes": episodes,
+            "policy_version": int(state["policy_version"]), "episodes": int(rets.size), "epsilon": eps,
+            "episodes_per_env": [len(r) for r in quota.returns],
             "mean_return": float(rets.mean()), "std_return": float(rets.std()),
             "min_return": float(rets.min()), "max_return": float(rets.max())}
 
@@ -71,7 +122,7 @@ def eval_command(a: argparse.Namespace) -> int:
         print("tianji eval: --episodes must be >= 1", file=sys.stderr)
         return 2
     try:
-        res = evaluate(resolve_checkpoint(a.checkpoint), a.episodes, a.seed)
+        res = evaluate(resolve_checkpoint(a.checkpoint), a.episodes, a.seed, a.epsilon)
     except (FileNotFoundError, ValueError) as e:
         print(f"tianji eval: {e}", file=sys.stderr)
         return 2
@@ -80,5 +131,5 @@ def eval_command(a: argparse.Namespace) -> int:
     else:
         print(f"{res['job']} v{res['policy_version']}: {res['episodes']} episodes, "
               f"return {res['mean_return']:.1f} ± {res['std_return']:.1f} (min {res['min_return']:.0f}, "
-              f"max {res['max_return']:.0f})")
+              f"max {res['max_return']:.0f}; epsilon {res['epsilon']:g})")
     return 0

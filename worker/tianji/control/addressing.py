@@ -107,6 +107,9 @@ class Addresses:
     namespace: Optional[str] = None
     bind_host: str = "*"  # pods: TIANJI_POD_IP, so that pods sharing a network never collide
     port_slots: Optional[int] = None  # host networking: buffers per group (TIANJI_HOST_PORT_SLOTS)
+    # network.interface: peers' metrics ports (spec.network.metricsPort) answer /fabric with the
+    # address to connect to (tianji.control.fabric); None: connect to the pod's DNS name
+    fabric_metrics_port: Optional[int] = None
 
     @classmethod
     def from_env(cls, job: str, base_port: int, run_dir: Optional[str]) -> "Addresses":
@@ -137,6 +140,11 @@ class Addresses:
         host = f"{pod_name(self.job, owner, group, index)}.{service_name(self.job)}"
         if self.namespace:
             host += f".{self.namespace}.svc"
+        if self.fabric_metrics_port is not None:  # waits for the peer's metrics port to answer
+            from tianji.control.fabric import fetch_fabric_address
+
+            host = fetch_fabric_address(host, metrics_port(self.fabric_metrics_port, owner, group, index,
+                                                           self.port_slots))
         return f"tcp://{host}:{data_port(self.base_port, channel, group, index, self.port_slots)}"
 
 

@@ -318,6 +318,12 @@ def status_schema() -> dict:
             "autoscale": {**opaque, "description": "lastRescaleTime, lastDecision, lastEvaluation"},
             "actorReplicas": {**count, "description": "actors per group (the scale subresource's replicas)"},
             "actorSelector": {"type": "string", "description": "label selector of the actor pods (scale subresource)"},
+            "hostPorts": {"type": "object", "description": "hostNetwork: the node ports this job holds "
+                          "(allocated from the operator's range, or pinned by the spec); kept for the job's life",
+                          "properties": {"basePort": {"type": "integer"}, "metricsPort": {"type": "integer"},
+                                         "slots": {"type": "integer", "description": "groups x buffers"},
+                                         "dataPorts": {"type": "string"}, "metricsPorts": {"type": "string"},
+                                         "pinned": {"type": "boolean"}}},
             "restarts": {**count, "description": "container restarts of the job's pods (runPolicy.backoffLimit)"},
             "activeSince": {"type": "string", "format": "date-time",
                             "description": "creation or last resume: runPolicy.activeDeadlineSeconds counts from here"},

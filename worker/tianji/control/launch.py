@@ -21,6 +21,8 @@ process is always `tianji worker ARGS` with this environment:
                         host networking); older clusters: the ordinal of TIANJI_POD_NAME
     TIANJI_HOST_PORT_SLOTS  host networking: buffers per group, for the per-slot port
                         layout of tianji.control.addressing (pods sharing a node)
+    GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME  spec.network.interface, when set: the learners'
+                        torch.distributed traffic on the same interface as ZeroMQ's
     TIANJI_STATE_DIR    checkpoints (a volume)
     HOME, TMPDIR        SCRATCH_DIR (an emptyDir): the root filesystem is read-only
                         (Pod Security "restricted"), so caches (torch, triton, ALE) and
@@ -124,6 +126,8 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
         env[ENV_STATE_DIR] = STATE_DIR
         env["HOME"] = env["TMPDIR"] = SCRATCH_DIR
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
+        if job.spec.network.interface:  # learners' torch.distributed traffic on the same fabric
+            env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = job.spec.network.interface
         if job.spec.network.encryption == "curve":  # the job's key Secret (operator: builders.curve_secret)
             env[ENV_CURVE_KEYS] = f"{CURVE_DIR}/{CURVE_FILE}"
             volumes.append({"name": "curve", "secret": {"secretName": curve_secret_name(job.name),

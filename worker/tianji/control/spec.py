@@ -386,6 +386,10 @@ class Network(_Model):
     metrics_port: int = Field(9090, ge=1024, le=65535,
                               description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}; with "
                                           "hostNetwork every pod gets its own ports (docs/kubernetes.md)")
+    interface: Optional[str] = Field(
+        None, json_schema_extra={"pattern": r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}$"},
+        description="hostNetwork only: the node interface whose IPv4 address the data sockets bind on and "
+                    "peers connect to, e.g. ib0 (ZeroMQ over TCP on IPoIB); unset: the node's IP")
 
     @field_validator("rdma")
     @classmethod
@@ -401,6 +405,16 @@ class Network(_Model):
         if v == "nvidia.com/gpu":
             raise ValueError("nvidia.com/gpu is requested by resources.<role>.gpu, not as the RDMA device")
         return v
+
+    @model_validator(mode="after")
+    def _interface_needs_host_network(self) -> "Network":
+        if self.interface is not None:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}", self.interface):
+                raise ValueError(f"interface {self.interface!r} is not a network interface name")
+            if not self.host_network:
+                raise ValueError("interface needs hostNetwork: true (a pod on the pod network has only its own "
+                                 "interface)")
+        return self
 
     @field_validator("metrics_port")
     @classmethod

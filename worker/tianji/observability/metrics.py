@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from tianji.control.fabric import FABRIC_PATH, fabric_reply
 from tianji.control.report import COUNTERS, GAUGES, HISTOGRAMS, REASON_LABELED
 
 PREFIX = "tianji_"
@@ -84,14 +85,16 @@ class RoleMetrics:
         return {"counts": dict(self.counts), "reasons": {k: dict(v) for k, v in self.reasons.items()},
                 "gauges": dict(self.gauges), "lag": dict(self.lag)}
 
-    def serve(self, port: int, addr: str = "0.0.0.0", report: Optional[Callable[[], bytes]] = None) -> ThreadingHTTPServer:
-        return serve_registry(self.registry, port, addr, report)
+    def serve(self, port: int, addr: str = "0.0.0.0", report: Optional[Callable[[], bytes]] = None,
+              fabric: Optional[str] = None) -> ThreadingHTTPServer:
+        return serve_registry(self.registry, port, addr, report, fabric)
 
 
 def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
-                   report: Optional[Callable[[], bytes]] = None) -> ThreadingHTTPServer:
+                   report: Optional[Callable[[], bytes]] = None, fabric: Optional[str] = None) -> ThreadingHTTPServer:
     """/metrics and /report (JSON bytes from `report()`, which must be safe to call from
-    the server's thread) on addr:port, in a daemon thread."""
+    the server's thread) on addr:port, in a daemon thread; with `fabric` (an address) also
+    /fabric, where peers learn where this process's data sockets are (tianji.control.fabric)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -100,6 +103,8 @@ def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0"
                 body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
             elif path == "/report" and report is not None:
                 body, ctype = report(), "application/json"
+            elif path == FABRIC_PATH and fabric is not None:
+                body, ctype = fabric_reply(fabric), "application/json"
             else:
                 self.send_error(404)
                 return

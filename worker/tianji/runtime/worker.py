@@ -7,12 +7,14 @@ processes on an N-core machine do not oversubscribe it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
 import sys
 
 from tianji.control.addressing import Addresses, auto_index
+from tianji.control.fabric import FabricError, interface_ipv4
 from tianji.control.launch import ENV_PARENT_PID, ENV_POD_IP, ENV_STATE_DIR, torch_threads
 from tianji.control.spec import load_job
 
@@ -51,9 +53,18 @@ def run_worker(a: argparse.Namespace) -> int:
 
     cls = {"actor": Actor, "buffer": Buffer, "learner": Learner}[a.role]
     addrs = Addresses.from_env(job.name, job.spec.network.base_port, a.run_dir)
+    fabric = None
+    if job.spec.network.interface and not a.run_dir:  # pods: data sockets on that interface's address
+        try:
+            fabric = interface_ipv4(job.spec.network.interface)
+        except FabricError as e:
+            logging.getLogger("tianji").error("%s", e)
+            return 1
+        addrs = dataclasses.replace(addrs, bind_host=fabric, fabric_metrics_port=job.spec.network.metrics_port)
     role = cls(job, a.group, index, addrs, report=a.report, run_dir=a.run_dir or os.environ.get(ENV_STATE_DIR))
     if a.metrics_port:
-        role.metrics.serve(a.metrics_port, os.environ.get(ENV_POD_IP) or "0.0.0.0", report=role.report_json)
+        role.metrics.serve(a.metrics_port, os.environ.get(ENV_POD_IP) or "0.0.0.0", report=role.report_json,
+                           fabric=fabric)
     try:
         return role.run()
     except Exception:
