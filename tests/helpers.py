@@ -137,3 +137,9 @@ class TianjiRun:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return left
+
+
+def ipc(run_dir: Path, name: str) -> str:
+    """The ipc address of a run's socket `name`. `<run dir>/sock` is a link to a short folder
+    when the run dir's path is too long for a unix socket: connect through the resolved path."""
+    return f"ipc://{os.path.realpath(Path(run_dir) / 'sock')}/{name}"

@@ -4,11 +4,12 @@ import json
 import os
 import stat
 import time
+from pathlib import Path
 
 import zmq
 
 import hostile
-from helpers import EXAMPLES, last_record, wait_for
+from helpers import EXAMPLES, ipc, last_record, wait_for
 from tianji.control.report import build_report
 from tianji.runtime.security import Curve, new_keys
 from tianji.runtime.wire import encode
@@ -53,7 +54,7 @@ def test_strangers_are_refused_by_zap_and_cannot_hijack_the_parameter_socket(run
                 if keys is not None:
                     s.curve_secretkey, s.curve_publickey = keys.secret, keys.public
                     s.curve_serverkey = json.loads((rd / "curve.json").read_text())["public"].encode()
-                s.connect(f"ipc://{rd}/sock/{path}")
+                s.connect(ipc(rd, path))
                 for _ in range(20):
                     try:
                         s.send_multipart(frames)
@@ -66,7 +67,7 @@ def test_strangers_are_refused_by_zap_and_cannot_hijack_the_parameter_socket(run
         pub.setsockopt(zmq.LINGER, 0)
         Curve(None, evil).client(pub)  # whatever keys it holds, they are not the job's
         pub.curve_server = True
-        params_path = rd / "sock" / "learner-0-0-params"
+        params_path = Path(os.path.realpath(rd / "sock")) / "learner-0-0-params"
         wait_for(lambda: last_record(rd)["policy_version"] > 0, 120, "the learner to train")
         params_path.unlink()
         pub.bind(f"ipc://{params_path}")

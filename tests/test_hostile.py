@@ -2,17 +2,17 @@
 counts. Real roles over real sockets (`tianji run`, tests/conftest.py's running_tianji)."""
 import collections
 import contextlib
-import json
+import os
 import random
 import time
+from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import zmq
 
 import hostile
-from helpers import EXAMPLES, as_job_client, last_record, wait_for
+from helpers import EXAMPLES, as_job_client, ipc, last_record, wait_for
 from tianji.runtime import checkpoint
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
@@ -34,7 +34,7 @@ def attacker(run):
     The sockets stay open until the block ends: a closed connection discards what its peer had not
     read yet (ZeroMQ), which would be a message neither rejected nor accepted."""
     ctx = zmq.Context()
-    socks = hostile.sockets(ctx, run.run_dir / "sock")
+    socks = hostile.sockets(ctx, Path(os.path.realpath(run.run_dir / "sock")))
 
     def send(msgs) -> collections.Counter:
         want = collections.Counter()
@@ -68,7 +68,7 @@ def test_each_hostile_class_is_a_counted_reject_and_nothing_restarts(running_tia
     big = [hostile.msgpack.packb(hostile.header("fragment", arr=[["obs", "uint8", [12 << 20]]])), b"\0" * (12 << 20)]
     ctx = zmq.Context()
     s = as_job_client(ctx.socket(zmq.PUSH), run.run_dir)
-    s.connect(f"ipc://{run.run_dir}/sock/buffer-0-0-fragments")
+    s.connect(ipc(run.run_dir, "buffer-0-0-fragments"))
     s.send_multipart(big)
     s.close(linger=2000)
     ctx.term()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from helpers import EXAMPLES, as_job_client, read_summary, run_tianji, wait_for, worker_pids
+from helpers import EXAMPLES, as_job_client, ipc, read_summary, run_tianji, wait_for, worker_pids
 from tianji.runtime.wire import encode
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
@@ -39,7 +39,7 @@ def test_bad_messages_to_live_buffer_are_rejected_and_training_continues(running
     run.wait_for_frames(0)
     ctx = zmq.Context()
     s = as_job_client(ctx.socket(zmq.PUSH), run.run_dir)
-    s.connect(f"ipc://{run.run_dir}/sock/buffer-0-0-fragments")
+    s.connect(ipc(run.run_dir, "buffer-0-0-fragments"))
     msgs = bad_messages()
     for frames in msgs.values():
         s.send_multipart(frames)

@@ -120,9 +120,16 @@ class Launcher:
         sock = run_dir / "sock"
         self.own_sock_dir = len(str(sock)) > 70  # unix socket paths are limited to 107 bytes
         self.sock_dir = Path(tempfile.mkdtemp(prefix="tianji-")) if self.own_sock_dir else sock
-        if not self.own_sock_dir and sock.exists():  # left by a launcher that was SIGKILLed: stale sockets
+        if sock.is_symlink():  # left by a launcher that was SIGKILLed: its folder and the link
+            old = Path(os.path.realpath(sock))
+            if old.parent == Path(tempfile.gettempdir()).resolve() and old.name.startswith("tianji-"):
+                shutil.rmtree(old, ignore_errors=True)
+            sock.unlink()
+        elif sock.exists():
             shutil.rmtree(sock, ignore_errors=True)
         self.sock_dir.mkdir(parents=True, exist_ok=True)
+        if self.own_sock_dir:  # <run_dir>/sock still leads to the sockets (resolve it: the path is short)
+            sock.symlink_to(self.sock_dir, target_is_directory=True)
         os.chmod(self.sock_dir, 0o700)  # whatever the umask: only this user may connect
         self.report_addr = f"ipc://{self.sock_dir}/launcher-report"
         self.curve_file: Optional[Path] = None
@@ -452,6 +459,8 @@ class Launcher:
                 curve.close()
             ctx.term()
             shutil.rmtree(self.sock_dir, ignore_errors=True)  # no socket file outlives the run
+            if self.own_sock_dir:
+                (self.run_dir / "sock").unlink(missing_ok=True)
             if self.exporter is not None:
                 self.exporter.close()
             for s, h in old.items():
