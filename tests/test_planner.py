@@ -30,9 +30,16 @@ def job(**spec):
                       "metadata": {"name": "plan-test"}, "spec": spec})
 
 
-def prof(actor=1000.0, learner=1000.0, gpu=None, msg=0.0, frag=256, bps=64.0):
+LINEAR = {t: float(t) for t in (2, 4, 8)}  # a learner that scales perfectly up to 8 threads
+
+
+def prof(actor=1000.0, learner=1000.0, gpu=None, msg=0.0, frag=256, bps=64.0, curve=LINEAR,
+         param_bytes=1000.0, allreduce=None, ipc=1e12):
+    """Defaults isolate the compute balance: linear thread curve, free links and all-reduce."""
     return Profile(actor_fps_per_core=actor, learner_sps_per_core=learner, learner_sps_per_gpu=gpu,
-                   message_seconds=msg, fragment_samples=frag, bytes_per_sample=bps)
+                   message_seconds=msg, fragment_samples=frag, bytes_per_sample=bps,
+                   learner_thread_scaling=curve, param_bytes=param_bytes, allreduce_seconds=allreduce,
+                   ipc_bytes_per_second=ipc)
 
 
 def role_cores(p: Plan) -> dict:

@@ -14,11 +14,14 @@ Notation (whole job unless said otherwise)
                  DQN: e.g. 32, PPO: 1 — a fresh sample is consumed about once)
 
     TR_A = g·n_a·c_a·f_a                          production capacity (frames/s)
-    TR_L = g·n_l·(c_l·s_l  or  γ·s_g)             consumption capacity (samples/s)
+    TR_L = g·n_l·(s_L(c_l)  or  γ·s_g)            consumption capacity (samples/s);
+                                                  s_L: the measured thread curve (costmodel.py)
 
 The planner solves
 
-    maximise  min(TR_L, r·TR_A)
+    maximise  efficiency · consumed     (= minimise predicted time to target, costmodel.py;
+                                         consumed ≤ min(TR_L, r·TR_A), lowered by the
+                                         communication and all-reduce terms below)
     s.t.      g·(n_a·c_a + n_b·c_b + n_l·c_l) ≤ M,   g·n_l·γ ≤ G,
               every process fits on one node (first-fit packing into K nodes),
               n_a ≥ n_b ≥ n_l ≥ 1  (the spec's Topology validator),
@@ -35,15 +38,27 @@ Critical path (paper eq. 1) of one synchronous learner update (one batch of B):
 
     T_A = (B/r) / (TR_A / (g·n_l))     time for the actors to produce its new data
     T_L = B / (TR_L / (g·n_l))         time for the learner to consume it
-    T_C = μ·(B/r + B)/F · n_l/n_b / min(c_b, 1)
+    T_AR = k·A(g·n_l)                  the synchronous all-reduces of its k gradient steps
+    T_C = max(μ·(B/r + B)/F · n_l/n_b / min(c_b, 1),  T_net)
                                        buffer time to receive those fragments and
-                                       send the batch (fragment-sized units)
-    T   = max(T_A, T_L, T_C)
+                                       send the batch (fragment-sized units), or the
+                                       busiest link's time incl. the parameter
+                                       broadcast (T_net, costmodel.py)
+    T   = max(T_A, T_L + T_AR, T_C)
 
-The bottleneck is communication-bound if T_C > max(T_A, T_L) (messaging exceeds
-the time budget of the slower side), else sample-bound if T_A > T_L
-(TR_A·r < TR_L), else training-bound. Predicted consumption is g·n_l·B/T;
+The bottleneck (paper §3.3) is communication-bound if T_C > max(T_A, T_L + T_AR)
+(messaging exceeds the time budget of the slower side) or the learner spends more
+time in all-reduce than computing (T_AR > T_L ≥ ...), else sample-bound if
+T_A > T_L + T_AR, else training-bound. Predicted consumption is g·n_l·B/T;
 production is TR_A, capped at pace_headroom·consumed/r when actors pace.
+
+Design choice (issue 13): groups synchronise by a blocking all-reduce per gradient
+step and grow the effective batch with the learning rate unchanged. The objective
+charges both (T_AR, and the batch factor (1 + g·n_l)/2), so for small models the
+planner keeps one group and grows the learner along its measured thread curve and
+the actors; it proposes more groups only where a single learner is capped and the
+all-reduce is cheap beside its compute. Plans state where they extrapolate
+(`Plan.extrapolated`).
 """
 from __future__ import annotations
 
@@ -51,6 +66,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from tianji.control import costmodel
 from tianji.control.spec import TianJiJob
 
 # Process-size grid the planner searches (cores). Actors step envs in one
@@ -75,6 +91,10 @@ class PlanError(ValueError):
 
 
 # ----------------------------------------------------------------- profile
+OPTIONAL_PROFILE_KEYS = ("learner_thread_scaling", "param_bytes", "allreduce_seconds", "ipc_bytes_per_second",
+                         "gpu_assumed")
+
+
 @dataclass(frozen=True)
 class Profile:
     """Per-core throughput figures, from `tianji profile` or `default_profile`."""
@@ -85,8 +105,26 @@ class Profile:
     message_seconds: float
     fragment_samples: int
     bytes_per_sample: float
+    # Measured by `tianji profile` (costmodel.py); None: the built-in assumptions there.
+    learner_thread_scaling: Optional[dict] = None  # threads -> samples/s relative to 1 thread
+    param_bytes: Optional[float] = None  # bytes of one parameter publish
+    allreduce_seconds: Optional[dict] = None  # ranks -> seconds of one gradient all-reduce (gloo, loopback)
+    ipc_bytes_per_second: Optional[float] = None  # loopback bandwidth seen by one fragment message
+    gpu_assumed: bool = False  # learner_sps_per_gpu is a built-in guess (default_profile), not measured
 
     def __post_init__(self) -> None:
+        for name in ("learner_thread_scaling", "allreduce_seconds"):
+            d = getattr(self, name)
+            if d is None:
+                continue
+            if not isinstance(d, dict) or not all(
+                    int(k) >= 1 and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for k, v in d.items()):
+                raise ValueError(f"profile.{name} must map counts >= 1 to finite numbers >= 0, got {d!r}")
+            object.__setattr__(self, name, {int(k): float(v) for k, v in d.items()})
+        for name in ("param_bytes", "ipc_bytes_per_second"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"profile.{name} must be > 0 or null, got {v!r}")
         for name in ("actor_fps_per_core", "learner_sps_per_core"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"profile.{name} must be > 0, got {getattr(self, name)!r}")
@@ -110,7 +148,8 @@ class Profile:
         camel = {"".join(w.capitalize() if i else w for i, w in enumerate(k.split("_"))): k
                  for k in cls.__dataclass_fields__}
         d = {camel.get(k, k): v for k, v in d.items()}
-        missing = [k for k in cls.__dataclass_fields__ if k not in d and k != "learner_sps_per_gpu"]
+        optional = {"learner_sps_per_gpu", *OPTIONAL_PROFILE_KEYS}
+        missing = [k for k in cls.__dataclass_fields__ if k not in d and k not in optional]
         if missing:
             raise ValueError(f"profile: missing {', '.join(missing)}")
         gpu = d.get("learner_sps_per_gpu")
@@ -122,6 +161,8 @@ class Profile:
                 message_seconds=float(d["message_seconds"]),
                 fragment_samples=int(d["fragment_samples"]),
                 bytes_per_sample=float(d["bytes_per_sample"]),
+                **{k: (d[k] if isinstance(d[k], (dict, bool)) else float(d[k])) for k in OPTIONAL_PROFILE_KEYS
+                   if d.get(k) is not None},
             )
         except (TypeError, ValueError) as e:
             raise ValueError(f"profile: {e}") from None
@@ -146,24 +187,34 @@ def default_profile(job: TianJiJob) -> Profile:
     as much as the ALE step); learner per core 600 sample-passes/s (PPO / epochs; measured
     150 samples/s at 4 epochs), DQN 360; GPU 20x; 84·84·frame_stack B/sample.
     Message cost μ = 100 µs + fragment bytes / 0.5 GB/s.
+    Pong actors: 1,300 frames/s/core (measured 1,350–1,500 on this machine).
+    Learner thread curve (issue 13, measured side by side): MLP PPO 2 threads = 0.83× one
+    thread, DQN 0.58×; Atari: one thread only (flat beyond it). GPU: an assumed speed-up
+    (20× Atari, 3× MLP), never measured: plans using it say so (`Plan.extrapolated`);
+    `tianji profile` on the GPU machine replaces it.
     """
     s = job.spec
     algo = s.algorithm
     F = s.env.num_envs * s.env.fragment_length
     if _is_atari(job):
-        fps, ppo_pass, dqn, gpu_x = 800.0, 600.0, 360.0, 20.0
+        fps, ppo_pass, dqn, gpu_x = 1300.0, 600.0, 360.0, 20.0
         bps = 84 * 84 * s.env.frame_stack + 32.0
+        scaling = None
     else:
         fps, ppo_pass, dqn, gpu_x = 10_000.0, 90_000.0, 20_000.0, 3.0
         bps = 64.0
+        scaling = {2: 0.83 if algo.name == "ppo" else 0.58}
     sps = ppo_pass / algo.epochs if algo.name == "ppo" else dqn
     return Profile(
         actor_fps_per_core=fps,
         learner_sps_per_core=sps,
         learner_sps_per_gpu=sps * gpu_x,
+        gpu_assumed=True,
         message_seconds=100e-6 + F * bps / 0.5e9,
         fragment_samples=F,
         bytes_per_sample=bps,
+        learner_thread_scaling=scaling,
+        param_bytes=costmodel.param_bytes_estimate(job),
     )
 
 
@@ -197,8 +248,13 @@ class Plan:
     gpus_used: int
     # Critical-path terms of one learner update (seconds), see the module docstring.
     sample_seconds: float = 0.0
-    train_seconds: float = 0.0
-    comm_seconds: float = 0.0
+    train_seconds: float = 0.0  # learner compute
+    comm_seconds: float = 0.0  # buffer messages / link, whichever is longer
+    allreduce_seconds: float = 0.0  # k all-reduces across the g·n_l learners
+    efficiency: float = 1.0  # 1 / (batch factor · lag factor), costmodel.py
+    effective_sps: float = 0.0  # consumed · efficiency: what the planner maximises
+    learner_threads_measured: int = 1  # the thread curve's range is 1..this
+    extrapolated: tuple = ()  # terms predicted beyond what the profile measured
 
     def topology(self) -> dict:
         """Usable as spec.topology (keys are the same in camelCase)."""
@@ -234,9 +290,19 @@ def _pack(items: list[tuple[float, int, int]], node_cpus: list[float], node_gpus
     return True
 
 
+def _learner_rate(p: Profile, cl: float, gl: int) -> tuple[float, bool]:
+    """Samples/s of one learner: GPU figure, or the CPU thread curve (costmodel.learner_sps)."""
+    if gl:
+        return gl * p.learner_sps_per_gpu, False
+    return costmodel.learner_sps(p.learner_sps_per_core, p.learner_thread_scaling, cl)
+
+
 def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
-             ca: float, cb: float, cl: float, gl: int) -> dict:
-    """Throughput, staleness and bottleneck of one topology (module docstring).
+             ca: float, cb: float, cl: float, gl: int, nodes: int = 1,
+             actor_share: Optional[float] = None) -> dict:
+    """Throughput, staleness, bottleneck and efficiency of one topology (module docstrings).
+
+    `actor_share`: the CPU one actor actually gets (shared host), default its request c_a.
 
     Expected policy lag, in learner versions, with U = 1/T updates per second:
         U·F/(TR_A/(g·n_a))      a fragment carries the version at its start
@@ -249,16 +315,28 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     r = s.replay_ratio
     B = s.algorithm.batch_size
     F = p.fragment_samples
-    tr_a = g * na * ca * p.actor_fps_per_core
-    per_learner = gl * p.learner_sps_per_gpu if gl else cl * p.learner_sps_per_core
+    tr_a = g * na * (ca if actor_share is None else actor_share) * p.actor_fps_per_core
+    per_learner, beyond_curve = _learner_rate(p, cl, gl)
     tr_l = g * nl * per_learner
+    link = costmodel.link_for(s.network.link, nodes, p.ipc_bytes_per_second)
+    loopback = costmodel.link_for(None, 1, p.ipc_bytes_per_second)  # where all-reduce was measured
+    P = p.param_bytes or costmodel.param_bytes_estimate(job)
+    ranks = g * nl
+    a_one, ar_extra = costmodel.allreduce_seconds(p.allreduce_seconds, ranks, P, link, loopback)
     t_a = (B / r) / (tr_a / (g * nl))
     t_l = B / per_learner
-    t_c = p.message_seconds * (B / r + B) / F * nl / nb / min(cb, 1.0)
-    t = max(t_a, t_l, t_c)
-    if t_c > max(t_a, t_l) + _EPS * t:
+    t_ar = costmodel.gradient_steps(job) * a_one
+    b_batch = p.bytes_per_sample * (2 if s.algorithm.name == "dqn" else 1)
+    learner_bytes = na / nl * P / s.staleness.publish_every + B * b_batch
+    buffer_bytes = (B / r * p.bytes_per_sample + B * b_batch) * nl / nb
+    t_net = max(learner_bytes, buffer_bytes) / link.bytes_per_s + link.latency_s
+    t_msg = p.message_seconds * (B / r + B) / F * nl / nb / min(cb, 1.0)
+    t_c = max(t_msg, t_net)
+    t_learn = t_l + t_ar
+    t = max(t_a, t_learn, t_c)
+    if t_c > max(t_a, t_learn) + _EPS * t or (t_learn >= t_a and t_ar > t_l):
         kind = COMMUNICATION_BOUND
-    elif t_a > t_l * (1 + _EPS):
+    elif t_a > t_learn * (1 + _EPS):
         kind = SAMPLE_BOUND
     else:
         kind = TRAINING_BOUND
@@ -269,9 +347,18 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     lag += s.staleness.credit_window if kind == TRAINING_BOUND else 0.5
     if s.algorithm.name == "dqn":
         lag += u * s.algorithm.replay_capacity / (2 * produced / (g * nb))
+    eff = 1.0 / (costmodel.batch_factor(ranks) * costmodel.lag_factor(job, lag))
+    extrapolated = tuple(x for x, flag in (
+        (f"learner of {cl:g} cores beyond the measured 1..{costmodel.thread_curve(p.learner_thread_scaling)[-1][0]} "
+         "threads (held flat)", beyond_curve),
+        (f"all-reduce at {ranks} ranks over {link.name} (ring model)", ar_extra and ranks > 1),
+        ("GPU learner throughput assumed (built-in speed-up, not measured)", bool(gl) and p.gpu_assumed)) if flag)
     return {"produced_fps": produced, "consumed_sps": consumed, "replay_ratio": consumed / produced,
             "expected_policy_lag": lag, "bottleneck": kind, "tr_a": tr_a, "tr_l": tr_l,
-            "sample_seconds": t_a, "train_seconds": t_l, "comm_seconds": t_c}
+            "sample_seconds": t_a, "train_seconds": t_l, "comm_seconds": t_c, "allreduce_seconds": t_ar,
+            "net_seconds": t_net, "efficiency": eff, "effective_sps": consumed * eff,
+            "learner_threads_measured": costmodel.thread_curve(p.learner_thread_scaling)[-1][0],
+            "extrapolated": extrapolated}
 
 
 def _make_plan(job: TianJiJob, pred: dict, g: int, na: int, nb: int, nl: int,
@@ -288,7 +375,9 @@ def _make_plan(job: TianJiJob, pred: dict, g: int, na: int, nb: int, nl: int,
         bottleneck=pred["bottleneck"],
         cpus_used=round(g * (na * ca + nb * cb + nl * cl), 6), gpus_used=g * nl * gl,
         sample_seconds=pred["sample_seconds"], train_seconds=pred["train_seconds"],
-        comm_seconds=pred["comm_seconds"],
+        comm_seconds=pred["comm_seconds"], allreduce_seconds=pred["allreduce_seconds"],
+        efficiency=pred["efficiency"], effective_sps=pred["effective_sps"],
+        learner_threads_measured=pred["learner_threads_measured"], extrapolated=pred["extrapolated"],
     )
 
 
@@ -353,7 +442,7 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
         for cl in lcores:
             if cl > cn + _EPS:
                 continue
-            per_learner = gl * p.learner_sps_per_gpu if gl else cl * p.learner_sps_per_core
+            per_learner = _learner_rate(p, cl, gl)[0]
             for ca in ACTOR_CORES:
                 for cb in BUFFER_CORES:
                     if max(ca, cb) > cn + _EPS:
@@ -372,8 +461,8 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
                             na = _max_packable(na, nb, g, ca, cb, cl, gl, node_cpus, node_gpus)
                             if na is None:
                                 continue
-                            pred = _predict(job, p, g, na, nb, 1, ca, cb, cl, gl)
-                            cands.append((pred["consumed_sps"], (g, na, nb, 1, ca, cb, cl, gl), pred))
+                            pred = _predict(job, p, g, na, nb, 1, ca, cb, cl, gl, nodes)
+                            cands.append((pred["effective_sps"], (g, na, nb, 1, ca, cb, cl, gl), pred))
     if not cands:
         raise PlanError(f"no topology fits {m:g} cores on {nodes} node(s) of {cn:g} cores"
                         + (f" with {gpus} GPU(s)" if gpus else ""))
@@ -382,7 +471,8 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
     max_lag = job.spec.max_policy_lag
     if max_lag is not None:
         cands = [c for c in cands if c[2]["expected_policy_lag"] <= max_lag] or cands
-    # Objective: min(TR_L, r·TR_A) degraded by communication (= predicted consumption).
+    # Objective: predicted time to target, i.e. consumption (min(TR_L, r·TR_A) degraded by
+    # communication and all-reduce) times efficiency (batch growth, lag: costmodel.py).
     best = max(c[0] for c in cands)
     pool = [c for c in cands if c[0] >= (1 - NEAR_BEST) * best]
 
@@ -446,7 +536,7 @@ def plan_for_job(job: TianJiJob, profile: Optional[Profile] = None) -> Plan:
     if res.cpus_per_node is not None and max(ca, cb, cl) > res.cpus_per_node + _EPS:
         raise PlanError(f"a process of {max(ca, cb, cl):g} cores does not fit a node of "
                         f"{res.cpus_per_node:g} (resources.cpusPerNode)")
-    pred = _predict(job, p, g, na, nb, nl, ca, cb, cl, gl)
+    pred = _predict(job, p, g, na, nb, nl, ca, cb, cl, gl, res.nodes)
     out = _make_plan(job, pred, g, na, nb, nl, ca, cb, cl, gl)
     threads = {r: getattr(res, r).threads for r in ("actor", "buffer", "learner")}
     if any(threads.values()):  # keep explicit thread counts from the spec

@@ -270,6 +270,24 @@ class Resources(_Model):
     learner: RoleResources = Field(default_factory=_learner_resources)
 
 
+class Link(_Model):
+    """The network between the job's processes, for the planner's communication terms:
+    a named preset, or bandwidth and latency (tianji.control.costmodel.LINK_PRESETS)."""
+
+    preset: Optional[Literal["loopback", "ethernet-10g", "infiniband-hdr"]] = Field(
+        None, description="loopback: one machine (the profile's measured message cost); ethernet-10g; "
+                          "infiniband-hdr (200 Gb/s)")
+    bandwidth_gbps: Optional[float] = Field(None, gt=0, le=100_000, description="per-process link, Gbit/s")
+    latency_us: Optional[float] = Field(None, ge=0, le=1_000_000, description="one-way, microseconds")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Link":
+        custom = (self.bandwidth_gbps is not None, self.latency_us is not None)
+        if (self.preset is None) == any(custom) or (any(custom) and not all(custom)):
+            raise ValueError("give either preset, or both bandwidthGbps and latencyUs")
+        return self
+
+
 class Network(_Model):
     host_network: bool = False
     rdma: Optional[str] = Field(None, json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN},
@@ -282,6 +300,8 @@ class Network(_Model):
     metrics_port: int = Field(9090, ge=1024, le=65535,
                               description=f"must lie outside basePort..basePort+{LAST_PORT_OFFSET}; with "
                                           "hostNetwork every pod gets its own ports (docs/kubernetes.md)")
+    link: Optional[Link] = Field(None, description="for the planner; unset: loopback on one node, "
+                                                   "ethernet-10g across nodes")
 
     @field_validator("rdma")
     @classmethod
