@@ -7,7 +7,7 @@ learner update's critical path. Notation as in plan.py, plus
     b_s      bytes per sample on the wire (fragments; a DQN batch carries obs and
              next_obs, so 2·b_s per sample there)
     W        ranks of the learners' all-reduce, W = g·n_l
-    k        gradient steps per learner update: DQN stepsPerBatch; PPO
+    k        gradient steps per B consumed samples: DQN 1; PPO
              epochs·⌈B / minibatchSize⌉ (one all-reduce each)
     bw, λ    link bandwidth (bytes/s) and one-way latency (s)
 
@@ -129,10 +129,11 @@ def allreduce_seconds(measured: Optional[dict], ranks: int, param_bytes: float,
 
 
 def gradient_steps(job) -> int:
-    """k: all-reduces per learner update."""
+    """k: all-reduces per B consumed samples (one learner version in plan.py's units):
+    a DQN step consumes B samples; a PPO update of B makes epochs·⌈B/minibatch⌉ steps."""
     a = job.spec.algorithm
     if a.name == "dqn":
-        return a.steps_per_batch
+        return 1
     return a.epochs * math.ceil(a.batch_size / a.minibatch_size)
 
 

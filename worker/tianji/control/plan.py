@@ -50,7 +50,7 @@ The bottleneck (paper §3.3) is communication-bound if T_C > max(T_A, T_L + T_AR
 (messaging exceeds the time budget of the slower side) or the learner spends more
 time in all-reduce than computing (T_AR > T_L ≥ ...), else sample-bound if
 T_A > T_L + T_AR, else training-bound. Predicted consumption is g·n_l·B/T;
-production is TR_A, capped at pace_headroom·consumed/r when actors pace.
+production is TR_A, capped at pace_headroom·(learner capacity)/r when actors pace.
 
 Design choice (issue 13): groups synchronise by a blocking all-reduce per gradient
 step and grow the effective batch with the learning rate unchanged. The objective
@@ -299,10 +299,11 @@ def _learner_rate(p: Profile, cl: float, gl: int) -> tuple[float, bool]:
 
 def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
              ca: float, cb: float, cl: float, gl: int, nodes: int = 1,
-             actor_share: Optional[float] = None) -> dict:
+             actor_share: Optional[float] = None, learner_rate: Optional[float] = None) -> dict:
     """Throughput, staleness, bottleneck and efficiency of one topology (module docstrings).
 
-    `actor_share`: the CPU one actor actually gets (shared host), default its request c_a.
+    `actor_share`, `learner_rate`: what one actor's CPU share and one learner actually get on a
+    shared host (predict_on_host); default: the requests c_a and s_L(c_l).
 
     Expected policy lag, in learner versions, with U = 1/T updates per second:
         U·F/(TR_A/(g·n_a))      a fragment carries the version at its start
@@ -317,6 +318,7 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     F = p.fragment_samples
     tr_a = g * na * (ca if actor_share is None else actor_share) * p.actor_fps_per_core
     per_learner, beyond_curve = _learner_rate(p, cl, gl)
+    per_learner = per_learner if learner_rate is None else learner_rate
     tr_l = g * nl * per_learner
     link = costmodel.link_for(s.network.link, nodes, p.ipc_bytes_per_second)
     loopback = costmodel.link_for(None, 1, p.ipc_bytes_per_second)  # where all-reduce was measured
@@ -341,7 +343,9 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     else:
         kind = TRAINING_BOUND
     consumed = g * nl * B / t
-    produced = min(tr_a, s.staleness.pace_headroom * consumed / r) if s.staleness.pace_actors else tr_a
+    # Paced actors aim at headroom x what the learners can take (their advertised capacity).
+    produced = min(tr_a, s.staleness.pace_headroom * min(tr_l, consumed * t / t_learn) / r) \
+        if s.staleness.pace_actors else tr_a
     u = 1.0 / t
     lag = u * F / (produced / (g * na)) + (s.staleness.publish_every - 1) / 2
     lag += s.staleness.credit_window if kind == TRAINING_BOUND else 0.5
@@ -658,3 +662,44 @@ def resolve(job: TianJiJob, profile: Optional[Profile] = None) -> tuple[TianJiJo
         spec["resources"][role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
     # No batch size here: the planner takes the spec's (Plan.batch_size is algorithm.batchSize).
     return TianJiJob.model_validate(doc), p
+
+
+# ----------------------------------------------------------------- one shared host
+def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: float = 0.0,
+                    learner_threads: Optional[int] = None) -> dict:
+    """The same model for `tianji run` on one machine, where processes are not limited to
+    their requests: the scheduler gives each busy process a max-min fair share of the
+    `cores` (costmodel.max_min_shares), next to `background` busy processes of other work.
+
+    Demands: an actor 1 core (paced: the share its paced rate needs, produced/(g·n_a·f_a));
+    a learner its torch threads; a buffer μ·(messages in + batches out)/s, at most 1.
+    Shares and rates are iterated to a fixed point (20 rounds). A learner given s of its t
+    threads runs at s_L(t)·s/t. Returns _predict's dict plus the shares used."""
+    s = job.spec
+    t = s.topology
+    g, na, nb, nl = t.groups, t.actors, t.buffers, t.learners
+    threads = learner_threads or s.resources.learner.threads or _threads(s.resources.learner.cpu)
+    full = costmodel.learner_sps(profile.learner_sps_per_core, profile.learner_thread_scaling, threads)[0]
+    d_a, d_b, d_l = 1.0, 0.5, float(threads)
+    bg = max(0.0, background)
+    n_bg = int(math.ceil(bg))
+    pred: dict = {}
+    for _ in range(20):
+        demands = [d_a] * (g * na) + [d_b] * (g * nb) + [d_l] * (g * nl) + [bg / max(n_bg, 1)] * n_bg
+        shares = costmodel.max_min_shares(demands, cores)
+        sa, sb, sl = shares[0], shares[g * na], shares[g * na + g * nb]
+        # Capacity: what a process could reach with the cores nobody uses (paced actors and
+        # a light buffer leave some), not just what it uses now.
+        spare = max(0.0, cores - sum(shares))
+        ca_cap = min(1.0, sa + spare / (g * na))
+        cb_cap = min(1.0, sb + spare / (g * nb))
+        cl_cap = min(float(threads), sl + spare / (g * nl))
+        pred = _predict(job, profile, g, na, nb, nl, 1.0, max(cb_cap, _EPS), float(threads), 0,
+                        actor_share=ca_cap, learner_rate=full * min(1.0, cl_cap / threads))
+        if s.staleness.pace_actors:
+            d_a = min(1.0, pred["produced_fps"] / (g * na * profile.actor_fps_per_core))
+        msgs = (pred["produced_fps"] + pred["consumed_sps"]) / profile.fragment_samples / (g * nb)
+        d_b = min(1.0, max(0.05, msgs * profile.message_seconds))
+    pred.update({"actor_share": sa, "buffer_share": sb, "learner_share": sl, "host_cores": cores,
+                 "background": bg})
+    return pred
