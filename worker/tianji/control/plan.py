@@ -460,7 +460,7 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
                             na_fit = min(MAX_ACTORS, int((left + _EPS) // (g * ca)))
                             if na_fit < nb:
                                 break
-                            na_need = math.ceil(per_learner / r / (ca * p.actor_fps_per_core) - _EPS)
+                            na_need = actors_for(per_learner, r, ca * p.actor_fps_per_core)
                             na = max(nb, min(na_fit, na_need))
                             na = _max_packable(na, nb, g, ca, cb, cl, gl, node_cpus, node_gpus)
                             if na is None:
@@ -558,11 +558,16 @@ class GroupThroughput:
     received_sps: float
     consumed_sps: float
     actors: int
+    # The learners' measured capacity (samples per busy second, learner_capacity_sps): what
+    # they could take. None: only `consumed` is known.
+    capacity_sps: Optional[float] = None
 
     def __post_init__(self) -> None:
         for n in ("produced_fps", "received_sps", "consumed_sps"):
             if not getattr(self, n) >= 0:
                 raise ValueError(f"GroupThroughput.{n} must be >= 0, got {getattr(self, n)!r}")
+        if self.capacity_sps is not None and not (math.isfinite(self.capacity_sps) and self.capacity_sps >= 0):
+            raise ValueError(f"GroupThroughput.capacity_sps must be finite and >= 0, got {self.capacity_sps!r}")
         if self.actors < 0:
             raise ValueError(f"GroupThroughput.actors must be >= 0, got {self.actors}")
 
@@ -588,17 +593,36 @@ class RebalancePolicy:
             raise ValueError(f"max_step must be >= 1, got {self.max_step}")
 
 
+def actors_for(learner_sps: float, ratio: float, per_actor_fps: float) -> int:
+    """Fewest actors whose production feeds `learner_sps` at replay ratio `ratio`:
+    ⌈learner_sps / ratio / per_actor_fps⌉ (the planner's balance; rebalance uses it with
+    measured rates)."""
+    return max(1, math.ceil(learner_sps / ratio / per_actor_fps - _EPS))
+
+
+def observed_bottleneck(o: GroupThroughput, ratio: float, band: float) -> str:
+    """The §3.3 kind from measured rates: communication if the buffers receive less than
+    (1 − band) of what the actors produce; sample if production is below (1 − band) of what
+    the learners could take (their capacity, else their consumption) over `ratio`; else training."""
+    if o.produced_fps > 0 and o.received_sps < (1 - band) * o.produced_fps:
+        return COMMUNICATION_BOUND
+    take = max(o.capacity_sps or 0.0, o.consumed_sps)
+    return SAMPLE_BOUND if o.produced_fps < (1 - band) * take / ratio else TRAINING_BOUND
+
+
 def rebalance(observed: dict[int, GroupThroughput], policy: RebalancePolicy) -> dict[int, int]:
-    """Desired actor count per group from observed throughput.
+    """Desired actor count per group from observed throughput, by the planner's model.
 
-    With x = produced / (consumed / target_ratio) (production over what the
-    learner needs), for a group with n actors:
+    The learners can take L = max(capacity, consumed) samples/s (capacity: their measured
+    samples per busy second; a learner held back by the replay ratio consumes only
+    ratio·produced, so `consumed` alone would hide a sample-bound group). With
+    x = produced / (L / target_ratio), for a group with n actors producing p = produced/n each:
 
-      x < 1 − band  → n + clamp(⌈n/x⌉ − n, 1, max_step)   (x = 0: + max_step)
-                      unless received < (1 − band)·produced: the buffer is
-                      already dropping input (communication-bound), so no more;
-      x > 1 + band  → n − clamp(n − ⌈n/x⌉, 1, max_step);
-      otherwise, or consumed = 0 (learner not started), → n;
+      communication-bound (observed_bottleneck)  → n: more actors would not be received;
+      x < 1 − band  → n + clamp(actors_for(L, target_ratio, p) − n, 1, max_step)
+                      (nothing produced yet: + max_step);
+      x > 1 + band  → n − clamp(n − actors_for(L, target_ratio, p), 1, max_step);
+      otherwise, or L = 0 (learner not started), → n;
 
     then clamped to [min_actors, max_actors]. When actors pace themselves
     (spec.staleness.paceActors) `produced` is capped at headroom·needed; pass
@@ -607,16 +631,17 @@ def rebalance(observed: dict[int, GroupThroughput], policy: RebalancePolicy) -> 
     out: dict[int, int] = {}
     for group, o in observed.items():
         n = o.actors
-        if o.consumed_sps > 0:
-            need = o.consumed_sps / policy.target_ratio
-            x = o.produced_fps / need
+        take = max(o.capacity_sps or 0.0, o.consumed_sps)
+        if take > 0 and observed_bottleneck(o, policy.target_ratio, policy.band) != COMMUNICATION_BOUND:
+            x = o.produced_fps / (take / policy.target_ratio)
             if x < 1 - policy.band:
-                comm_bound = o.produced_fps > 0 and o.received_sps < (1 - policy.band) * o.produced_fps
-                if not comm_bound:
-                    step = policy.max_step if x == 0 or n == 0 else math.ceil(n / x - _EPS) - n
-                    n += min(max(step, 1), policy.max_step)
+                if x == 0 or n == 0:
+                    step = policy.max_step
+                else:
+                    step = actors_for(take, policy.target_ratio, o.produced_fps / n) - n
+                n += min(max(step, 1), policy.max_step)
             elif x > 1 + policy.band:
-                step = n - math.ceil(n / x - _EPS)
+                step = n - actors_for(take, policy.target_ratio, o.produced_fps / n)
                 n -= min(max(step, 1), policy.max_step)
         out[group] = min(max(n, policy.min_actors), policy.max_actors)
     return out
