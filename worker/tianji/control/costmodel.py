@@ -23,12 +23,15 @@ so a learner bigger than the measured range is predicted no faster than the
 largest measured one (`learner_sps` says when that happens).
 
 All-reduce of the gradient (P bytes) at W ranks: the measured time A(W) where
-measured (interpolated), else the ring model fitted through the largest
-measured point A(W₀) and the link:
+measured (interpolated), else a ring (2(W−1) steps) scaled from the largest
+measured point A(W₀), plus what a slower link adds:
 
-    A(W) = A(W₀) + 2(W−1)/W·P/bw − 2(W₀−1)/W₀·P/bw₀ + 2(W−W₀)·λ       (W > W₀)
+    A(W) = A(W₀)·(W−1)/(W₀−1) + max(0, R(W, link) − R(W, loopback))      (W > W₀ or another link)
+    R(W, l) = 2(W−1)/W·P/bw_l + 2(W−1)·λ_l
 
-with A(1) = 0; with nothing measured, A(W) = 2(W−1)/W·P/bw + 2(W−1)·λ.
+with A(1) = 0; with nothing measured, A(W) = R(W, link). Growing linearly in the
+ring's steps is conservative: measured gloo all-reduces of small models are
+dominated by per-step overhead, not bytes.
 
 Link time of one update (the busiest process's link; latency once):
 
@@ -118,14 +121,15 @@ def allreduce_seconds(measured: Optional[dict], ranks: int, param_bytes: float,
         return _ring(ranks, param_bytes, link), True
     pts = [(1, 0.0)] + pts
     w_max, a_max = pts[-1]
-    if ranks <= w_max and link.name == measured_link.name:
+    if ranks <= w_max:
         for (w0, a0), (w1, a1) in zip(pts, pts[1:]):
             if w0 <= ranks <= w1:
-                return a0 + (a1 - a0) * (ranks - w0) / (w1 - w0), False
-    base = min(ranks, w_max)
-    a_base = dict(pts).get(base, a_max)
-    extra = _ring(ranks, param_bytes, link) - _ring(base, param_bytes, measured_link)
-    return max(a_base, a_base + extra), True
+                a = a0 + (a1 - a0) * (ranks - w0) / (w1 - w0)
+                break
+    else:
+        a = a_max * (ranks - 1) / (w_max - 1)
+    extra = max(0.0, _ring(ranks, param_bytes, link) - _ring(ranks, param_bytes, measured_link))
+    return a + extra, ranks > w_max or link.name != measured_link.name
 
 
 def gradient_steps(job) -> int:

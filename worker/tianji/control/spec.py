@@ -283,7 +283,7 @@ class Link(_Model):
     @model_validator(mode="after")
     def _one_kind(self) -> "Link":
         custom = (self.bandwidth_gbps is not None, self.latency_us is not None)
-        if (self.preset is None) == any(custom) or (any(custom) and not all(custom)):
+        if not ((self.preset is not None and not any(custom)) or (self.preset is None and all(custom))):
             raise ValueError("give either preset, or both bandwidthGbps and latencyUs")
         return self
 
