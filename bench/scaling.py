@@ -1,6 +1,6 @@
 """The paper's Fig. 6 at small scale: real `tianji run` jobs against the planner's prediction.
 
-    python bench/scaling.py [--job examples/cartpole-dqn.yaml] [--max-actors 3] [--seconds 25]
+    python bench/scaling.py [--job examples/cartpole-dqn.yaml] [--max-actors 3] [--seconds 40]
                             [--profile FILE] [--out-dir DIR] [--set K=V ...]
 
 Sweeps (each point one `tianji run` of S seconds; DQN CartPole by default):
@@ -21,8 +21,13 @@ one shared machine) from a profile (`tianji profile`, measured at the start unle
 processes of other work, from a probe just before each run (cores spinning processes
 for 1 s: each gets cores/(cores + background) of a core).
 
+Also predicted given the CPU each role was measured to get over the same window
+(`predict_with_shares`, CPU time of the run's processes from /proc): this checks the
+cost model apart from the scheduler's split, which on a host shared with unknown
+other work is the least predictable part.
+
 Prints one JSON object (per-point error (pred − meas)/meas, median absolute error,
-bottleneck agreement) and writes scaling.json and scaling.png to --out-dir.
+bottleneck agreement, both ways) and writes scaling.json and scaling.png to --out-dir.
 """
 from __future__ import annotations
 
@@ -94,7 +99,36 @@ def measured_kind(m: dict, ratio: float) -> str:
     return "training-bound"
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _role_cpu(root_pid: int) -> dict:
+    """CPU seconds so far of each worker process under `root_pid`, by role (Linux /proc)."""
+    procs = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        procs[int(d.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK, cmd)
+    out: dict = {}
+    for pid, (ppid, cpu, cmd) in procs.items():
+        p, seen = ppid, 0
+        while p not in (0, 1, root_pid) and p in procs and seen < 50:
+            p, seen = procs[p][0], seen + 1
+        if p == root_pid and b"--role" in cmd:
+            role = cmd[cmd.index(b"--role") + 1].decode()
+            out.setdefault(role, []).append(cpu)
+    return out
+
+
 def run_point(job_path: str, sets: list, seconds: float) -> dict:
+    """One `tianji run`; steady rates, and each role's mean CPU share over the same window
+    (cores per process, sampled from /proc every second)."""
     with tempfile.TemporaryDirectory(prefix="tianji-scaling-") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "tianji.cli", "run", job_path, "--run-dir", str(run_dir), "--quiet",
@@ -102,15 +136,35 @@ def run_point(job_path: str, sets: list, seconds: float) -> dict:
         for s in sets:
             cmd += ["--set", s]
         env = dict(os.environ, PYTHONPATH=str(ROOT / "worker") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=seconds + 120)
+        t0 = time.time()
+        with open(Path(tmp) / "stderr", "w") as err:
+            proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL, stderr=err)
+            cpu = []  # (seconds since start, {role: [cpu s per process]})
+            while proc.poll() is None and time.time() - t0 < seconds + 120:
+                cpu.append((time.time() - t0, _role_cpu(proc.pid)))
+                time.sleep(1.0)
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(timeout=60)
         if not (run_dir / "metrics.jsonl").exists():
-            return {"error": proc.stderr[-1500:]}
-        return steady_rates(run_dir) or {"error": "no steady window"}
+            return {"error": (Path(tmp) / "stderr").read_text()[-1500:]}
+        rates = steady_rates(run_dir)
+        if not rates:
+            return {"error": "no steady window"}
+        # The steady window is the run's last rates["seconds"]; take the CPU samples spanning it.
+        seen = [(t, c) for t, c in cpu if c]
+        if seen:
+            t_end, end = seen[-1]
+            t_start, start = next((t, c) for t, c in seen if t >= t_end - rates["seconds"])
+            if t_end - t_start >= 1.0:
+                rates["shares"] = {r: (sum(end[r]) - sum(start.get(r, []))) / (t_end - t_start) / len(end[r])
+                                   for r in end}
+        return rates
 
 
 def point(sweep: str, label: str, job_path: str, base_sets: list, sets: list, prof, seconds: float,
           threads: int) -> dict:
-    from tianji.control.plan import predict_on_host
+    from tianji.control.plan import predict_on_host, predict_with_shares
     from tianji.control.spec import load_job
 
     allsets = base_sets + sets
@@ -119,6 +173,11 @@ def point(sweep: str, label: str, job_path: str, base_sets: list, sets: list, pr
     pred = predict_on_host(job, prof, float(os.cpu_count() or 1), bg, learner_threads=threads)
     pred["received_fps"] = pred["produced_fps"]
     meas = run_point(job_path, allsets, seconds)
+    given = None
+    if "shares" in meas and {"actor", "buffer", "learner"} <= set(meas["shares"]):
+        sh = meas["shares"]
+        given = predict_with_shares(job, prof, sh["actor"], sh["buffer"], sh["learner"], threads)
+        given["received_fps"] = given["produced_fps"]
     row = {"sweep": sweep, "point": label, "set": sets, "background": round(bg, 2),
            "predicted": {k: round(pred[k], 1) for k in KEYS} | {"bottleneck": pred["bottleneck"]},
            "shares": {k: round(pred[k], 3) for k in ("actor_share", "buffer_share", "learner_share")}}
@@ -128,6 +187,10 @@ def point(sweep: str, label: str, job_path: str, base_sets: list, sets: list, pr
     row["measured"] = {k: round(meas[k], 1) for k in KEYS} | {
         "bottleneck": measured_kind(meas, job.spec.replay_ratio), "seconds": meas["seconds"]}
     row["rel_error"] = {k: round((pred[k] - meas[k]) / meas[k], 3) for k in KEYS if meas[k] > 0}
+    if given is not None:
+        row["measured_shares"] = {k: round(v, 3) for k, v in meas["shares"].items()}
+        row["predicted_given_shares"] = {k: round(given[k], 1) for k in KEYS} | {"bottleneck": given["bottleneck"]}
+        row["rel_error_given_shares"] = {k: round((given[k] - meas[k]) / meas[k], 3) for k in KEYS if meas[k] > 0}
     print(f"  {sweep} {label}: measured {row['measured']}  predicted {row['predicted']}", file=sys.stderr)
     return row
 
@@ -157,7 +220,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--job", default=str(ROOT / "examples" / "cartpole-dqn.yaml"))
     ap.add_argument("--max-actors", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=25.0)
+    ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--profile", help="a `tianji profile` JSON (default: measure one now, 2 s per component)")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -186,12 +249,18 @@ def main(argv=None) -> int:
                       a.seconds, 1))
     errs = [abs(v) for r in rows for v in r.get("rel_error", {}).values()]
     kinds = [r["predicted"]["bottleneck"] == r["measured"]["bottleneck"] for r in rows if "measured" in r]
+    errs_g = [abs(v) for r in rows for v in r.get("rel_error_given_shares", {}).values()]
+    kinds_g = [r["predicted_given_shares"]["bottleneck"] == r["measured"]["bottleneck"]
+               for r in rows if "predicted_given_shares" in r]
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     res = {"bench": "scaling", "job": a.job, "seconds_per_point": a.seconds, "points": rows,
            "median_abs_error": round(statistics.median(errs), 3) if errs else None,
            "max_abs_error": round(max(errs), 3) if errs else None,
            "bottleneck_agreement": f"{sum(kinds)}/{len(kinds)}",
+           "given_measured_cpu": {"median_abs_error": round(statistics.median(errs_g), 3) if errs_g else None,
+                                  "max_abs_error": round(max(errs_g), 3) if errs_g else None,
+                                  "bottleneck_agreement": f"{sum(kinds_g)}/{len(kinds_g)}"},
            "profile": {k: prof_d.get(k) for k in ("actor_fps_per_core", "learner_sps_per_core", "message_seconds",
                                                   "learner_thread_scaling", "param_bytes", "allreduce_seconds")},
            "host": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg())},

@@ -748,3 +748,16 @@ def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: 
     pred.update({"actor_share": sa, "buffer_share": sb, "learner_share": sl, "host_cores": cores,
                  "background": bg})
     return pred
+
+
+def predict_with_shares(job: TianJiJob, profile: Profile, actor_share: float, buffer_share: float,
+                        learner_share: float, learner_threads: int = 1) -> dict:
+    """The model given the CPU each process was measured to get (cores, per process of the role):
+    separates the cost model from the scheduler's split on a host with unknown other load.
+    (A paced actor that keeps pace uses share·f_a = headroom·capacity/r: then T_A < T_L and
+    the kind is training-bound, as it should be.)"""
+    t = job.spec.topology
+    full = costmodel.learner_sps(profile.learner_sps_per_core, profile.learner_thread_scaling, learner_threads)[0]
+    return _predict(job, profile, t.groups, t.actors, t.buffers, t.learners, 1.0, max(buffer_share, _EPS),
+                    float(learner_threads), 0, actor_share=actor_share,
+                    learner_rate=full * min(1.0, learner_share / learner_threads))
