@@ -152,7 +152,8 @@ def run_point(job_path: str, sets: list, seconds: float) -> dict:
         if not rates:
             return {"error": "no steady window"}
         # The steady window is the run's last rates["seconds"]; take the CPU samples spanning it.
-        seen = [(t, c) for t, c in cpu if c]
+        full = max((sum(map(len, c.values())) for _, c in cpu), default=0)
+        seen = [(t, c) for t, c in cpu if c and sum(map(len, c.values())) == full]  # not while stopping
         if seen:
             t_end, end = seen[-1]
             t_start, start = next((t, c) for t, c in seen if t >= t_end - rates["seconds"])

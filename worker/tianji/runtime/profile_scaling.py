@@ -63,7 +63,9 @@ def measure_thread_curve(job, seconds: float, info, threads: Optional[list[int]]
     finally:
         torch.set_num_threads(before)
     sps = {t: samples[t] / max(wall[t], 1e-9) for t in threads}
-    return {"threads": threads, "sps_wall": sps, "scaling": {t: sps[t] / sps[threads[0]] for t in threads}}
+    # String keys: the profile is plain JSON (Profile.from_json turns them back into ints).
+    return {"threads": threads, "sps_wall": {str(t): v for t, v in sps.items()},
+            "scaling": {str(t): sps[t] / sps[threads[0]] for t in threads}}
 
 
 def param_bytes(job, info) -> int:
@@ -170,7 +172,8 @@ def measure_scaling(job, seconds: float, info, max_ranks: Optional[int] = None) 
     cores = thread_counts()[-1]
     ranks = list(range(2, max(2, min(max_ranks or cores, 4)) + 1))
     ar = measure_allreduce(numel, ranks)
-    return {"learner_thread_scaling": curve["scaling"], "param_bytes": float(pbytes), "allreduce_seconds": ar,
+    return {"learner_thread_scaling": curve["scaling"], "param_bytes": float(pbytes),
+            "allreduce_seconds": {str(w): v for w, v in ar.items()},
             "ipc_bytes_per_second": measure_ipc_bandwidth(max(pbytes, 1 << 20)),
             "thread_curve": curve, "parameters": numel,
             "allreduce_note": f"gloo over loopback, {numel} float32, median of 50, ranks {ranks} on {cores} cores"}
