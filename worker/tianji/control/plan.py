@@ -613,11 +613,12 @@ class RebalancePolicy:
             raise ValueError(f"max_step must be >= 1, got {self.max_step}")
 
 
-def actors_for(learner_sps: float, ratio: float, per_actor_fps: float) -> int:
-    """Fewest actors whose production feeds `learner_sps` at replay ratio `ratio`:
-    ⌈learner_sps / ratio / per_actor_fps⌉ (the planner's balance; rebalance uses it with
-    measured rates)."""
-    return max(1, math.ceil(learner_sps / ratio / per_actor_fps - _EPS))
+def actors_for(learner_sps: float, ratio: float, per_actor_fps: float, band: float = 0.0) -> int:
+    """Fewest actors whose production feeds `learner_sps` at replay ratio `ratio` to within
+    `band`: n·per_actor_fps ≥ (1 − band)·learner_sps/ratio, i.e. ⌈(1 − band)·need/p⌉
+    (the planner's balance with band 0; rebalance uses it with measured rates and its band)."""
+    need = learner_sps / ratio
+    return max(1, math.ceil((1 - band) * need / per_actor_fps - _EPS))
 
 
 def observed_bottleneck(o: GroupThroughput, ratio: float, band: float) -> str:
@@ -639,9 +640,9 @@ def rebalance(observed: dict[int, GroupThroughput], policy: RebalancePolicy) -> 
     x = produced / (L / target_ratio), for a group with n actors producing p = produced/n each:
 
       communication-bound (observed_bottleneck)  → n: more actors would not be received;
-      x < 1 − band  → n + clamp(actors_for(L, target_ratio, p) − n, 1, max_step)
+      x < 1 − band  → n + clamp(actors_for(L, target_ratio, p, band) − n, 1, max_step)
                       (nothing produced yet: + max_step);
-      x > 1 + band  → n − clamp(n − actors_for(L, target_ratio, p), 1, max_step);
+      x > 1 + band  → n − clamp(n − actors_for(L, target_ratio, p, band), 1, max_step);
       otherwise, or L = 0 (learner not started), → n;
 
     then clamped to [min_actors, max_actors]. When actors pace themselves
@@ -658,10 +659,10 @@ def rebalance(observed: dict[int, GroupThroughput], policy: RebalancePolicy) -> 
                 if x == 0 or n == 0:
                     step = policy.max_step
                 else:
-                    step = actors_for(take, policy.target_ratio, o.produced_fps / n) - n
+                    step = actors_for(take, policy.target_ratio, o.produced_fps / n, policy.band) - n
                 n += min(max(step, 1), policy.max_step)
             elif x > 1 + policy.band:
-                step = n - actors_for(take, policy.target_ratio, o.produced_fps / n)
+                step = n - actors_for(take, policy.target_ratio, o.produced_fps / n, policy.band)
                 n -= min(max(step, 1), policy.max_step)
         out[group] = min(max(n, policy.min_actors), policy.max_actors)
     return out
