@@ -366,6 +366,25 @@ def test_cli_plan_infeasible_exits_2(job_yaml, tmp_path, capsys):
     bad.write_text("{not json")
     assert main(["plan", str(job_yaml), "--cpus", "4", "--profile", str(bad)]) == 2
     assert "not valid JSON" in capsys.readouterr().err
+    # `tianji run --profile` reads the same file the same way, before anything starts.
+    assert main(["run", str(job_yaml), "--profile", str(bad), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "bad profile" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_path, capsys):
+    pf = tmp_path / "p.json"
+    pf.write_text(json.dumps(prof(actor=10_000, learner=16_200, curve=SLOWER_AT_2, allreduce={2: 8e-4}).to_json()))
+    assert main(["plan", str(job_yaml), "--cpus", "128", "--profile", str(pf), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["learner_threads_measured"] == 2 and out["learner"]["cpu"] <= 2
+    assert out["profile"]["learner_thread_scaling"] == {"1": 1.0, "2": pytest.approx(13.5 / 16.2)} or \
+        out["profile"]["learner_thread_scaling"] == {"2": pytest.approx(13.5 / 16.2)}
+    assert main(["plan", str(job_yaml), "--cpus", "128", "--gpus", "8", "--json"]) == 0  # built-in profile
+    out = json.loads(capsys.readouterr().out)
+    assert out["learner"]["gpu"] == 1 and any("GPU learner throughput assumed" in x for x in out["extrapolated"])
+    assert main(["plan", str(job_yaml), "--cpus", "128"]) == 0
+    text = capsys.readouterr().out
+    assert "learner curve" in text and "extrapolated" in text
 
 
 # ----------------------------------------------------------------- cost model (issue 13)
