@@ -39,17 +39,23 @@ Critical path (paper eq. 1) of one synchronous learner update (one batch of B):
     T_A = (B/r) / (TR_A / (g·n_l))     time for the actors to produce its new data
     T_L = B / (TR_L / (g·n_l))         time for the learner to consume it
     T_AR = k·A(g·n_l)                  the synchronous all-reduces of its k gradient steps
+    T_P  = (1 + n_a/n_l)·P/(bw_copy·publish_every)
+                                       the learner's CPU for the parameter broadcast (one
+                                       serialisation, one copy per subscribed actor; bw_copy
+                                       the measured loopback rate); each actor also spends
+                                       P/(bw_copy·publish_every) of CPU per version taking
+                                       parameters in, which lowers TR_A by that share
     T_C = max(μ·(B/r + B)/F · n_l/n_b / min(c_b, 1),  T_net)
                                        buffer time to receive those fragments and
                                        send the batch (fragment-sized units), or the
                                        busiest link's time incl. the parameter
                                        broadcast (T_net, costmodel.py)
-    T   = max(T_A, T_L + T_AR, T_C)
+    T   = max(T_A, T_L + T_AR + T_P, T_C)
 
-The bottleneck (paper §3.3) is communication-bound if T_C > max(T_A, T_L + T_AR)
-(messaging exceeds the time budget of the slower side) or the learner spends more
-time in all-reduce than computing (T_AR > T_L ≥ ...), else sample-bound if
-T_A > T_L + T_AR, else training-bound. Predicted consumption is g·n_l·B/T;
+The bottleneck (paper §3.3) is communication-bound if T_C > max(T_A, T_L + T_AR + T_P)
+(messaging exceeds the time budget of the slower side) or the learner is the limit
+and spends more time in all-reduce and broadcast than computing (T_AR + T_P > T_L),
+else sample-bound if T_A > T_L + T_AR + T_P, else training-bound. Predicted consumption is g·n_l·B/T;
 production is TR_A, capped at pace_headroom·(learner capacity)/r when actors pace.
 
 Design choice (issue 13): groups synchronise by a blocking all-reduce per gradient
@@ -354,9 +360,18 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     t_net = max(learner_bytes, buffer_bytes) / link.bytes_per_s + link.latency_s
     t_msg = p.message_seconds * (B / r + B) / F * nl / nb / min(cb, 1.0)
     t_c = max(t_msg, t_net)
-    t_learn = t_l + t_ar
+    # Parameter broadcast on the CPUs: the learner serialises once and copies once per
+    # subscribed actor; every actor receives every publish (PUB), whether it uses it or not.
+    copy = P / (p.ipc_bytes_per_second or costmodel.LOOPBACK_BYTES_PER_S) / s.staleness.publish_every
+    t_pub = (1 + na / nl) * copy
+    t_learn = t_l + t_ar + t_pub
     t = max(t_a, t_learn, t_c)
-    if t_c > max(t_a, t_learn) + _EPS * t or (t_learn >= t_a and t_ar > t_l):
+    busy_params = min(0.95, copy / t)  # share of an actor's CPU spent taking parameters in
+    if busy_params > 0.01:
+        tr_a *= 1 - busy_params
+        t_a = (B / r) / (tr_a / (g * nl))
+        t = max(t_a, t_learn, t_c)
+    if t_c > max(t_a, t_learn) + _EPS * t or (t_learn >= t_a and t_ar + t_pub > t_l):
         kind = COMMUNICATION_BOUND
     elif t_a > t_learn * (1 + _EPS):
         kind = SAMPLE_BOUND
@@ -380,6 +395,7 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     return {"produced_fps": produced, "consumed_sps": consumed, "replay_ratio": consumed / produced,
             "expected_policy_lag": lag, "bottleneck": kind, "tr_a": tr_a, "tr_l": tr_l,
             "sample_seconds": t_a, "train_seconds": t_l, "comm_seconds": t_c, "allreduce_seconds": t_ar,
+            "publish_seconds": t_pub,
             "net_seconds": t_net, "efficiency": eff, "effective_sps": consumed * eff,
             "learner_threads_measured": costmodel.thread_curve(p.learner_thread_scaling)[-1][0],
             "extrapolated": extrapolated}
