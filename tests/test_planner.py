@@ -495,3 +495,13 @@ def test_rebalance_sees_a_sample_bound_learner_through_its_capacity():
     seen = GroupThroughput(produced_fps=1000, received_sps=1000, consumed_sps=8000, actors=1, capacity_sps=32_000)
     assert observed_bottleneck(seen, 8.0, 0.1) == SAMPLE_BOUND
     assert rebalance({0: seen}, pol) == {0: 4} == {0: actors_for(32_000, 8.0, 1000)}
+
+
+def test_link_defaults_to_loopback_on_one_node_and_ethernet_across_nodes():
+    spec = dict(DQN, topology={"groups": 1, "actors": 16, "buffers": 1, "learners": 1})
+    pr = prof(actor=1e6, learner=1e4, param_bytes=4e6, ipc=20e9)
+    one = plan_for_job(job(**spec, resources={"nodes": 1}), pr)
+    two = plan_for_job(job(**spec, resources={"nodes": 2}), pr)
+    eth = plan_for_job(job(**spec, resources={"nodes": 1}, network={"link": {"preset": "ethernet-10g"}}), pr)
+    assert two.comm_seconds == pytest.approx(eth.comm_seconds)
+    assert two.comm_seconds > 10 * one.comm_seconds
