@@ -255,7 +255,8 @@ def main(argv=None) -> int:
                for r in rows if "predicted_given_shares" in r]
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    res = {"bench": "scaling", "job": a.job, "seconds_per_point": a.seconds, "points": rows,
+    job_name = os.path.relpath(a.job, ROOT) if Path(a.job).resolve().is_relative_to(ROOT) else a.job
+    res = {"bench": "scaling", "job": job_name, "seconds_per_point": a.seconds, "points": rows,
            "median_abs_error": round(statistics.median(errs), 3) if errs else None,
            "max_abs_error": round(max(errs), 3) if errs else None,
            "bottleneck_agreement": f"{sum(kinds)}/{len(kinds)}",
