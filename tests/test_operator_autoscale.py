@@ -463,3 +463,21 @@ def test_the_crd_declares_the_scale_subresource():
                      "labelSelectorPath": ".status.actorSelector"}
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["actorReplicas"]["type"] == "integer" and status["actorSelector"]["type"] == "string"
+
+
+async def test_prometheus_carries_the_learners_capacity_into_the_decision():
+    """A DQN learner held at replayRatio x production: Prometheus' capacity gauge shows the
+    missing production that consumption alone hides (the planner's balance, issue 13)."""
+    import aiohttp
+
+    async with FakePrometheus() as prom, aiohttp.ClientSession() as session:
+        prom.values.update(produced={0: 1000.0}, received={0: 1000.0}, consumed={0: 8000.0}, capacity={0: 32000.0})
+        obs = await asc.query_prometheus(session, prom.url, asc.promql_queries("cp", "ns", "1m"))
+    assert any("tianji_learner_capacity_sps" in q for q in prom.queries)
+    assert obs.groups[0]["capacity"] == 32000.0 and obs.record()["groups"][0]["capacitySps"] == 32000.0
+    spec = JobSpec.model_validate({"autoscale": {"enabled": True, "band": 0.1}, "staleness": {"paceActors": False,
+                                                                                             "replayRatio": 8}})
+    d = asc.decide(spec, obs.throughput({0: 1}), {0: 1}, None, now=0.0)
+    assert d.kind == "up" and d.desired == {0: 4} and "needed 4000.0" in d.message
+    blind = asc.Observation(groups={0: {k: v for k, v in obs.groups[0].items() if k != "capacity"}})
+    assert asc.decide(spec, blind.throughput({0: 1}), {0: 1}, None, now=0.0).kind == "unchanged"

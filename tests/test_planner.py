@@ -30,9 +30,16 @@ def job(**spec):
                       "metadata": {"name": "plan-test"}, "spec": spec})
 
 
-def prof(actor=1000.0, learner=1000.0, gpu=None, msg=0.0, frag=256, bps=64.0):
+LINEAR = {t: float(t) for t in (2, 4, 8)}  # a learner that scales perfectly up to 8 threads
+
+
+def prof(actor=1000.0, learner=1000.0, gpu=None, msg=0.0, frag=256, bps=64.0, curve=LINEAR,
+         param_bytes=1000.0, allreduce=None, ipc=1e12):
+    """Defaults isolate the compute balance: linear thread curve, free links and all-reduce."""
     return Profile(actor_fps_per_core=actor, learner_sps_per_core=learner, learner_sps_per_gpu=gpu,
-                   message_seconds=msg, fragment_samples=frag, bytes_per_sample=bps)
+                   message_seconds=msg, fragment_samples=frag, bytes_per_sample=bps,
+                   learner_thread_scaling=curve, param_bytes=param_bytes, allreduce_seconds=allreduce,
+                   ipc_bytes_per_second=ipc)
 
 
 def role_cores(p: Plan) -> dict:
@@ -359,3 +366,142 @@ def test_cli_plan_infeasible_exits_2(job_yaml, tmp_path, capsys):
     bad.write_text("{not json")
     assert main(["plan", str(job_yaml), "--cpus", "4", "--profile", str(bad)]) == 2
     assert "not valid JSON" in capsys.readouterr().err
+    # `tianji run --profile` reads the same file the same way, before anything starts.
+    assert main(["run", str(job_yaml), "--profile", str(bad), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "bad profile" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_path, capsys):
+    pf = tmp_path / "p.json"
+    pf.write_text(json.dumps(prof(actor=10_000, learner=16_200, curve=SLOWER_AT_2, allreduce={2: 8e-4}).to_json()))
+    assert main(["plan", str(job_yaml), "--cpus", "128", "--profile", str(pf), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["learner_threads_measured"] == 2 and out["learner"]["cpu"] <= 2
+    assert out["profile"]["learner_thread_scaling"] == {"1": 1.0, "2": pytest.approx(13.5 / 16.2)} or \
+        out["profile"]["learner_thread_scaling"] == {"2": pytest.approx(13.5 / 16.2)}
+    assert main(["plan", str(job_yaml), "--cpus", "128", "--gpus", "8", "--json"]) == 0  # built-in profile
+    out = json.loads(capsys.readouterr().out)
+    assert out["learner"]["gpu"] == 1 and any("GPU learner throughput assumed" in x for x in out["extrapolated"])
+    assert main(["plan", str(job_yaml), "--cpus", "128"]) == 0
+    text = capsys.readouterr().out
+    assert "learner curve" in text and "extrapolated" in text
+
+
+# ----------------------------------------------------------------- cost model (issue 13)
+from tianji.control import costmodel  # noqa: E402
+from tianji.control.plan import actors_for, observed_bottleneck, predict_on_host  # noqa: E402
+
+# Measured here (issue 13): a CartPole PPO learner at 2 torch threads is slower than at 1.
+SLOWER_AT_2 = {2: 13.5 / 16.2}
+
+
+def test_learner_curve_is_interpolated_and_never_extrapolated_upward():
+    assert costmodel.learner_sps(1000, {2: 1.6, 4: 2.0}, 0.5) == (500, False)
+    assert costmodel.learner_sps(1000, {2: 1.6, 4: 2.0}, 3) == (pytest.approx(1800), False)
+    assert costmodel.learner_sps(1000, {2: 1.6, 4: 2.0}, 8) == (pytest.approx(2000), True)  # flat past 4
+    assert costmodel.learner_sps(1000, None, 6) == (1000, True)  # only one thread measured
+
+
+def test_no_bigger_learner_than_the_curve_pays_for():
+    # The issue's 16-core CartPole PPO: a 2-thread learner is slower, so no learner gets 2+ cores,
+    # and an explicit 6-core learner is predicted at the 1-thread rate and said to be extrapolated.
+    measured = prof(actor=10_000, learner=16_200, curve=SLOWER_AT_2, allreduce={2: 8e-4}, param_bytes=2.7e5)
+    p = plan(job(), cpus=16, profile=measured)
+    assert p.learner.cpu <= 1
+    assert p.learners * p.groups <= 2  # not the 7 synchronised 1-core learners of before
+    big = plan_for_job(job(topology={"groups": 1, "actors": 2, "buffers": 1, "learners": 1},
+                           resources={"learner": {"cpu": 6}}), prof(actor=1e6, learner=16_200, curve=SLOWER_AT_2))
+    assert big.consumed_sps == pytest.approx(16_200 * 13.5 / 16.2)
+    assert any("beyond the measured 1..2 threads" in x for x in big.extrapolated)
+
+
+def test_expensive_allreduce_keeps_one_group_cheap_allreduce_may_replicate():
+    # Training-bound, learner capped at one thread: only groups can add consumption.
+    dear = plan(job(**DQN), cpus=16, profile=prof(actor=1e6, learner=1000, curve=None, allreduce={2: 0.2}))
+    assert dear.groups == 1
+    cheap = plan(job(**DQN), cpus=16, profile=prof(actor=1e6, learner=1000, curve=None, allreduce={2: 1e-6}))
+    assert cheap.groups > 1
+    # The stated batch rule: W synchronised learners need (1 + W)/2 times the samples.
+    assert cheap.efficiency == pytest.approx(2 / (1 + cheap.groups))
+    assert cheap.effective_sps == pytest.approx(cheap.consumed_sps * cheap.efficiency)
+    assert cheap.effective_sps < 2 * 1000  # never more than 2x one learner, whatever the groups
+
+
+def test_allreduce_time_slows_synchronised_learners():
+    j = job(**DQN, topology={"groups": 4, "actors": 1, "buffers": 1, "learners": 1})
+    free = plan_for_job(j, prof(actor=1e6, learner=1000, allreduce={2: 0.0}))
+    slow = plan_for_job(j, prof(actor=1e6, learner=1000, allreduce={2: 0.064}))
+    # DQN: one all-reduce per B = 64 samples (64 ms of compute at 1000 samples/s).
+    assert slow.allreduce_seconds == pytest.approx(0.064 * 3, rel=0.01)  # 4 ranks: ring steps x3
+    assert slow.consumed_sps == pytest.approx(free.consumed_sps * 0.064 / (0.064 + 0.192), rel=0.01)
+    assert slow.bottleneck == COMMUNICATION_BOUND  # more time in all-reduce than computing
+    assert any("all-reduce at 4 ranks" in x for x in slow.extrapolated)
+
+
+def test_parameter_broadcast_over_ethernet_is_communication_bound():
+    # 64 actors each get a copy of 4 MB parameters per version: 256 MB per update.
+    spec = dict(DQN, topology={"groups": 1, "actors": 64, "buffers": 4, "learners": 1})
+    pr = prof(actor=1e6, learner=1e4, param_bytes=4e6)
+    eth = plan_for_job(job(**spec, network={"link": {"preset": "ethernet-10g"}}), pr)
+    ib = plan_for_job(job(**spec, network={"link": {"preset": "infiniband-hdr"}}), pr)
+    assert eth.bottleneck == COMMUNICATION_BOUND
+    assert eth.comm_seconds == pytest.approx((64 * 4e6 + 64 * 128) / 1.25e9 + 50e-6, rel=0.01)
+    assert ib.consumed_sps > 10 * eth.consumed_sps
+    every4 = plan_for_job(job(**dict(spec, staleness={**DQN["staleness"], "publishEvery": 4}),
+                              network={"link": {"bandwidthGbps": 10, "latencyUs": 50}}), pr)
+    assert every4.consumed_sps == pytest.approx(4 * eth.consumed_sps, rel=0.05)
+
+
+@pytest.mark.parametrize("link", [{}, {"preset": "loopback", "latencyUs": 3}, {"bandwidthGbps": 10}])
+def test_link_is_a_preset_or_bandwidth_and_latency(link):
+    from tianji.control.spec import SpecError
+
+    with pytest.raises(SpecError, match="either preset, or both"):
+        job(network={"link": link})
+
+
+def test_planned_topology_beats_a_hand_picked_one_on_predicted_time_to_target():
+    pr = prof(actor=12_000, learner=16_200, curve=SLOWER_AT_2, allreduce={2: 8e-4}, param_bytes=2.7e5)
+    j = job()  # CartPole PPO
+    best = plan(j, cpus=16, profile=pr)
+    hand = plan_for_job(job(topology={"groups": 7, "actors": 1, "buffers": 1, "learners": 1},
+                            resources={"actor": {"cpu": 1}, "buffer": {"cpu": 0.25}, "learner": {"cpu": 1}}), pr)
+    assert best.effective_sps > hand.effective_sps
+
+
+def test_max_min_shares():
+    assert costmodel.max_min_shares([1, 1, 1, 1], 2) == [0.5, 0.5, 0.5, 0.5]
+    assert costmodel.max_min_shares([0.2, 1, 1], 2) == pytest.approx([0.2, 0.9, 0.9])
+    assert costmodel.max_min_shares([0.2, 0.3], 2) == [0.2, 0.3]
+
+
+def test_on_a_shared_host_more_actors_take_cpu_from_the_learner():
+    d = dict(DQN, staleness={"replayRatio": 8.0, "paceActors": False})
+    pr = prof(actor=20_000, learner=30_000, curve=None)
+    one = predict_on_host(job(**d, topology={"groups": 1, "actors": 1, "buffers": 1, "learners": 1}), pr, 2.0)
+    four = predict_on_host(job(**d, topology={"groups": 1, "actors": 4, "buffers": 1, "learners": 1}), pr, 2.0)
+    assert four["learner_share"] < one["learner_share"]
+    assert four["consumed_sps"] < one["consumed_sps"]
+    busy = predict_on_host(job(**d, topology={"groups": 1, "actors": 1, "buffers": 1, "learners": 1}), pr, 2.0,
+                           background=6)
+    assert busy["consumed_sps"] < 0.5 * one["consumed_sps"]
+
+
+def test_rebalance_sees_a_sample_bound_learner_through_its_capacity():
+    # DQN held by the replay ratio consumes r x produced: by consumption alone it looks balanced.
+    pol = RebalancePolicy(target_ratio=8.0, band=0.1, min_actors=1, max_actors=16)
+    held = GroupThroughput(produced_fps=1000, received_sps=1000, consumed_sps=8000, actors=1)
+    assert rebalance({0: held}, pol) == {0: 1}
+    seen = GroupThroughput(produced_fps=1000, received_sps=1000, consumed_sps=8000, actors=1, capacity_sps=32_000)
+    assert observed_bottleneck(seen, 8.0, 0.1) == SAMPLE_BOUND
+    assert rebalance({0: seen}, pol) == {0: 4} == {0: actors_for(32_000, 8.0, 1000)}
+
+
+def test_link_defaults_to_loopback_on_one_node_and_ethernet_across_nodes():
+    spec = dict(DQN, topology={"groups": 1, "actors": 16, "buffers": 1, "learners": 1})
+    pr = prof(actor=1e6, learner=1e4, param_bytes=4e6, ipc=20e9)
+    one = plan_for_job(job(**spec, resources={"nodes": 1}), pr)
+    two = plan_for_job(job(**spec, resources={"nodes": 2}), pr)
+    eth = plan_for_job(job(**spec, resources={"nodes": 1}, network={"link": {"preset": "ethernet-10g"}}), pr)
+    assert two.comm_seconds == pytest.approx(eth.comm_seconds)
+    assert two.comm_seconds > 10 * one.comm_seconds

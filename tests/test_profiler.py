@@ -21,8 +21,22 @@ def _check(d: dict, job) -> Profile:
     assert d["actor"]["env_only_fps_per_core"] > 0
     assert str(job.spec.algorithm.batch_size) in d["learner"]["candidates"]
     assert json.loads(json.dumps(d)) == d  # plain JSON
+    # What the cost model needs (issue 13): thread curve from 1 thread, the real parameter
+    # message, all-reduce at 2+ ranks, loopback bandwidth.
+    assert p.learner_thread_scaling[1] == 1.0 and all(v > 0 for v in p.learner_thread_scaling.values())
+    params = sum(x.numel() for x in _model(job).parameters())
+    assert 4 * params < p.param_bytes < 4 * params + 4096  # float32 arrays + a header
+    assert 2 in p.allreduce_seconds and all(0 < s < 5 for s in p.allreduce_seconds.values())
+    assert p.ipc_bytes_per_second > 1e7
     plan(job, cpus=4, profile=p)  # and the planner takes it
     return p
+
+
+def _model(job):
+    from tianji.algos.models import build_model
+    from tianji.envs import probe_env
+
+    return build_model(job.spec.algorithm.name, job.spec.model, probe_env(job.spec.env), 0)
 
 
 def test_profile_cli_cartpole_ppo(tmp_path):

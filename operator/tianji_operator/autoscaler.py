@@ -5,6 +5,7 @@ Every `spec.autoscale.intervalSeconds` the timer takes, per group,
     produced   actors' env frames/s        tianji_env_frames_total{role="actor"}
     received   buffers' samples/s in       tianji_samples_received_total{role="buffer"}
     consumed   learners' samples/s used    tianji_samples_consumed_total{role="learner"}
+    capacity   learners' samples per busy second   tianji_learner_capacity_sps (gauge)
 
 either with PromQL against `spec.autoscale.prometheusUrl` (rate over a window),
 or, with no URL, from the job's accounting (tianji.control.accounting, fed by the
@@ -13,7 +14,8 @@ mean return, lag, rates) are the accounting's in both cases; this module only
 decides actor counts.
 
 In `spec.autoscale.mode: planner` (or `enabled: true`), `tianji.control.plan.rebalance`
-turns the rates into an actor count per group; the operator clamps it to [minActors,
+(the planner's balance: actors_for, observed_bottleneck) turns the rates into an actor
+count per group; the operator clamps it to [minActors,
 maxActors], does nothing while a group has actors that are not ready yet (no pending
 pods piling up), waits `scaleUpCooldownSeconds` / `scaleDownCooldownSeconds` (default
 `cooldownSeconds`) after the previous change, patches the group's
@@ -31,7 +33,7 @@ from typing import Any, Optional
 import aiohttp
 
 from tianji.control.accounting import Accounting
-from tianji.control.plan import GroupThroughput, RebalancePolicy, rebalance
+from tianji.control.plan import GroupThroughput, RebalancePolicy, observed_bottleneck, rebalance
 
 ACTOR, BUFFER, LEARNER = "actor", "buffer", "learner"
 
@@ -47,7 +49,8 @@ class Observation:
 
     def throughput(self, actors: dict[int, int]) -> dict[int, GroupThroughput]:
         return {g: GroupThroughput(produced_fps=v.get("produced", 0.0), received_sps=v.get("received", 0.0),
-                                   consumed_sps=v.get("consumed", 0.0), actors=actors[g])
+                                   consumed_sps=v.get("consumed", 0.0), actors=actors[g],
+                                   capacity_sps=v.get("capacity"))
                 for g, v in self.groups.items() if g in actors}
 
     def record(self) -> dict:
@@ -55,7 +58,9 @@ class Observation:
         return {"source": self.source,
                 "groups": [{"group": g, "producedFps": round(v.get("produced", 0.0), 3),
                             "receivedFps": round(v.get("received", 0.0), 3),
-                            "consumedSps": round(v.get("consumed", 0.0), 3)} for g, v in sorted(self.groups.items())]}
+                            "consumedSps": round(v.get("consumed", 0.0), 3),
+                            **({"capacitySps": round(v["capacity"], 3)} if v.get("capacity") is not None else {})}
+                           for g, v in sorted(self.groups.items())]}
 
 
 def from_accounting(acc: Accounting) -> Optional[Observation]:
@@ -63,9 +68,15 @@ def from_accounting(acc: Accounting) -> Optional[Observation]:
     if len(acc.history) < 2:
         return None
     groups = {}
+    procs = acc.processes()
     for g in acc.groups():
         r = acc.rates(g)
         groups[g] = {"produced": r["produced_fps"], "received": r["received_fps"], "consumed": r["consumed_sps"]}
+        caps = [p["capacity_sps"] for name, p in procs.items()
+                if name.startswith(f"learner-{g}-") and isinstance(p.get("capacity_sps"), (int, float))
+                and math.isfinite(p["capacity_sps"]) and p["capacity_sps"] >= 0]
+        if caps:
+            groups[g]["capacity"] = float(sum(caps))
     return Observation(groups=groups, source="reports")
 
 
@@ -83,6 +94,7 @@ def promql_queries(job: str, namespace: Optional[str], window: str, job_label: s
         "produced": rate_by_group("tianji_env_frames_total", ACTOR),
         "received": rate_by_group("tianji_samples_received_total", BUFFER),
         "consumed": rate_by_group("tianji_samples_consumed_total", LEARNER),
+        "capacity": f'sum by (group) (tianji_learner_capacity_sps{{{sel},role="{LEARNER}"}})',
     }
 
 
@@ -113,8 +125,8 @@ async def query_prometheus(session: aiohttp.ClientSession, url: str, queries: di
     names = list(queries)
     results = dict(zip(names, await asyncio.gather(*(one(queries[n]) for n in names))))
     groups: dict[int, dict[str, float]] = {}
-    for key in ("produced", "received", "consumed"):
-        for labels, v in results[key]:
+    for key in ("produced", "received", "consumed", "capacity"):
+        for labels, v in results.get(key, []):
             try:
                 g = int(labels.get("group", ""))
             except ValueError:
@@ -191,10 +203,15 @@ def decide(spec: Any, observed: dict[int, GroupThroughput], current: dict[int, i
     return Decision(kind, current, want, _describe(current, want, observed, spec))
 
 
+def _needed(o: GroupThroughput, r: float) -> float:
+    return max(o.capacity_sps or 0.0, o.consumed_sps) / r
+
+
 def _rates(observed: dict[int, GroupThroughput], spec: Any) -> str:
     r = target_ratio(spec)
     return "; ".join(f"group {g}: produced {o.produced_fps:.1f} frames/s, consumed {o.consumed_sps:.1f} samples/s "
-                     f"(needs {o.consumed_sps / r:.1f})" for g, o in sorted(observed.items()))
+                     f"(needs {_needed(o, r):.1f}; {observed_bottleneck(o, r, spec.autoscale.band)})"
+                     for g, o in sorted(observed.items()))
 
 
 def _describe(current: dict[int, int], want: dict[int, int], observed: dict[int, GroupThroughput], spec: Any) -> str:
@@ -206,7 +223,7 @@ def _describe(current: dict[int, int], want: dict[int, int], observed: dict[int,
         o = observed.get(g)
         why = ""
         if o is not None:
-            need = o.consumed_sps / r
+            need = _needed(o, r)
             rel = "<" if o.produced_fps < need else ">"
             why = f" (produced {o.produced_fps:.1f} frames/s {rel} needed {need:.1f})"
         parts.append(f"group {g}: {current[g]} -> {want[g]} actors{why}")

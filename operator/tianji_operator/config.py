@@ -87,10 +87,9 @@ class OperatorConfig:
         """The planner profile, or None for the planner's built-in estimates."""
         if not self.profile_path:
             return None
-        from tianji.control.plan import Profile
+        from tianji.control.plan import load_profile
 
-        with open(self.profile_path) as f:
-            return Profile.from_json(json.load(f))
+        return load_profile(self.profile_path)
 
 
 def _pod_overlay(value: Any) -> Any:

@@ -12,11 +12,12 @@ class FakePrometheus:
     """Answers instant PromQL queries (`/api/v1/query`) from per-group numbers set by the test.
 
     The query is recognised by the metric it names (what the operator asks for); `values` maps
-    produced/received/consumed to {group: rate} and frames_total/policy_version/mean_return/
+    produced/received/consumed/capacity to {group: rate} and frames_total/policy_version/mean_return/
     policy_lag to scalars (None: empty result)."""
 
     def __init__(self):
-        self.values: dict[str, Any] = {"produced": {}, "received": {}, "consumed": {}, "frames_total": None,
+        self.values: dict[str, Any] = {"produced": {}, "received": {}, "consumed": {}, "capacity": {},
+                                       "frames_total": None,
                                        "policy_version": None, "mean_return": None, "policy_lag": None}
         self.queries: list[str] = []
         self.fail = False
@@ -42,6 +43,8 @@ class FakePrometheus:
             return vec(self.values["received"])
         if "tianji_samples_consumed_total" in q:
             return vec(self.values["consumed"])
+        if "tianji_learner_capacity_sps" in q:
+            return vec(self.values["capacity"])
         return []
 
     async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:

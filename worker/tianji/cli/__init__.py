@@ -22,9 +22,18 @@ def _run(a: argparse.Namespace) -> int:
         print(f"tianji run: --max-seconds must be a positive number of seconds, got {a.max_seconds:g}",
               file=sys.stderr)
         return 2
+    profile = None
+    if a.profile:
+        from tianji.control.plan import load_profile
+
+        try:
+            profile = load_profile(a.profile)
+        except ValueError as e:
+            print(f"tianji run: bad profile: {e}", file=sys.stderr)
+            return 2
     try:
         return run_job(a.job, overrides=a.set, run_dir=a.run_dir, max_seconds=a.max_seconds,
-                       progress=not a.quiet, resume=a.resume, metrics_port=a.metrics_port)
+                       progress=not a.quiet, resume=a.resume, metrics_port=a.metrics_port, profile=profile)
     except RunDirError as e:
         print(f"tianji run: {e}", file=sys.stderr)
         return 2
@@ -87,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no live progress view")
     r.add_argument("--metrics-port", type=int, metavar="N",
                    help="serve every role's Prometheus metrics on 127.0.0.1:N/metrics")
+    r.add_argument("--profile", help="profile JSON from `tianji profile` for the planner (default: built-in estimates)")
     r.set_defaults(fn=_run)
 
     w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")

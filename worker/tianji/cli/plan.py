@@ -9,21 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from tianji.control.plan import Plan, PlanError, Profile, default_profile, plan
+from tianji.control.plan import Plan, PlanError, default_profile, load_profile, plan
 from tianji.control.spec import load_job
-
-
-def _load_profile(path: str) -> Profile:
-    try:
-        return Profile.from_json(json.loads(Path(path).read_text()))
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON: {e}") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
 
 
 def _fmt_rate(x: float) -> str:
@@ -57,8 +45,14 @@ def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int) -> Non
         ("replay ratio", f"{p.replay_ratio:.2f}"),
         ("expected policy lag", f"{p.expected_policy_lag:.1f} versions"),
         ("critical path (s/update)", f"sample {p.sample_seconds:.4g}  train {p.train_seconds:.4g}  "
-                                     f"comm {p.comm_seconds:.4g}"),
+                                     f"all-reduce {p.allreduce_seconds:.4g}  comm {p.comm_seconds:.4g}"),
         ("bottleneck", p.bottleneck),
+        ("efficiency", f"{p.efficiency:.2f} (batch growth x{(1 + p.groups * p.learners) / 2:g}, lag); "
+                       f"effective {_fmt_rate(p.effective_sps)} samples/s"),
+        ("learner curve", f"measured at 1..{p.learner_threads_measured} threads; this learner: "
+                          f"{p.learner.cpu:g} cores"
+                          + (" (GPU)" if p.learner.gpu else "")),
+        ("extrapolated", "; ".join(p.extrapolated) or "nothing: every term within the measured range"),
     ]:
         s.add_row(k, v)
     c = Console()
@@ -71,7 +65,7 @@ def plan_command(args: argparse.Namespace) -> int:
     source = "built-in estimates"
     try:
         if getattr(args, "profile", None):
-            profile = _load_profile(args.profile)
+            profile = load_profile(args.profile)
             source = args.profile
         else:
             profile = default_profile(job)

@@ -14,11 +14,14 @@ Notation (whole job unless said otherwise)
                  DQN: e.g. 32, PPO: 1 — a fresh sample is consumed about once)
 
     TR_A = g·n_a·c_a·f_a                          production capacity (frames/s)
-    TR_L = g·n_l·(c_l·s_l  or  γ·s_g)             consumption capacity (samples/s)
+    TR_L = g·n_l·(s_L(c_l)  or  γ·s_g)            consumption capacity (samples/s);
+                                                  s_L: the measured thread curve (costmodel.py)
 
 The planner solves
 
-    maximise  min(TR_L, r·TR_A)
+    maximise  efficiency · consumed     (= minimise predicted time to target, costmodel.py;
+                                         consumed ≤ min(TR_L, r·TR_A), lowered by the
+                                         communication and all-reduce terms below)
     s.t.      g·(n_a·c_a + n_b·c_b + n_l·c_l) ≤ M,   g·n_l·γ ≤ G,
               every process fits on one node (first-fit packing into K nodes),
               n_a ≥ n_b ≥ n_l ≥ 1  (the spec's Topology validator),
@@ -35,15 +38,33 @@ Critical path (paper eq. 1) of one synchronous learner update (one batch of B):
 
     T_A = (B/r) / (TR_A / (g·n_l))     time for the actors to produce its new data
     T_L = B / (TR_L / (g·n_l))         time for the learner to consume it
-    T_C = μ·(B/r + B)/F · n_l/n_b / min(c_b, 1)
+    T_AR = k·A(g·n_l)                  the synchronous all-reduces of its k gradient steps
+    T_P  = (1 + n_a/n_l)·P/(bw_copy·publish_every)
+                                       the learner's CPU for the parameter broadcast (one
+                                       serialisation, one copy per subscribed actor; bw_copy
+                                       the measured loopback rate); each actor also spends
+                                       P/(bw_copy·publish_every) of CPU per version taking
+                                       parameters in, which lowers TR_A by that share
+    T_C = max(μ·(B/r + B)/F · n_l/n_b / min(c_b, 1),  T_net)
                                        buffer time to receive those fragments and
-                                       send the batch (fragment-sized units)
-    T   = max(T_A, T_L, T_C)
+                                       send the batch (fragment-sized units), or the
+                                       busiest link's time incl. the parameter
+                                       broadcast (T_net, costmodel.py)
+    T   = max(T_A, T_L + T_AR + T_P, T_C)
 
-The bottleneck is communication-bound if T_C > max(T_A, T_L) (messaging exceeds
-the time budget of the slower side), else sample-bound if T_A > T_L
-(TR_A·r < TR_L), else training-bound. Predicted consumption is g·n_l·B/T;
-production is TR_A, capped at pace_headroom·consumed/r when actors pace.
+The bottleneck (paper §3.3) is communication-bound if T_C > max(T_A, T_L + T_AR + T_P)
+(messaging exceeds the time budget of the slower side) or the learner is the limit
+and spends more time in all-reduce and broadcast than computing (T_AR + T_P > T_L),
+else sample-bound if T_A > T_L + T_AR + T_P, else training-bound. Predicted consumption is g·n_l·B/T;
+production is TR_A, capped at pace_headroom·(learner capacity)/r when actors pace.
+
+Design choice (issue 13): groups synchronise by a blocking all-reduce per gradient
+step and grow the effective batch with the learning rate unchanged. The objective
+charges both (T_AR, and the batch factor (1 + g·n_l)/2), so for small models the
+planner keeps one group and grows the learner along its measured thread curve and
+the actors; it proposes more groups only where a single learner is capped and the
+all-reduce is cheap beside its compute. Plans state where they extrapolate
+(`Plan.extrapolated`).
 """
 from __future__ import annotations
 
@@ -51,6 +72,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from tianji.control import costmodel
 from tianji.control.spec import TianJiJob
 
 # Process-size grid the planner searches (cores). Actors step envs in one
@@ -75,6 +97,10 @@ class PlanError(ValueError):
 
 
 # ----------------------------------------------------------------- profile
+OPTIONAL_PROFILE_KEYS = ("learner_thread_scaling", "param_bytes", "allreduce_seconds", "ipc_bytes_per_second",
+                         "gpu_assumed")
+
+
 @dataclass(frozen=True)
 class Profile:
     """Per-core throughput figures, from `tianji profile` or `default_profile`."""
@@ -85,8 +111,26 @@ class Profile:
     message_seconds: float
     fragment_samples: int
     bytes_per_sample: float
+    # Measured by `tianji profile` (costmodel.py); None: the built-in assumptions there.
+    learner_thread_scaling: Optional[dict] = None  # threads -> samples/s relative to 1 thread
+    param_bytes: Optional[float] = None  # bytes of one parameter publish
+    allreduce_seconds: Optional[dict] = None  # ranks -> seconds of one gradient all-reduce (gloo, loopback)
+    ipc_bytes_per_second: Optional[float] = None  # loopback bandwidth seen by one fragment message
+    gpu_assumed: bool = False  # learner_sps_per_gpu is a built-in guess (default_profile), not measured
 
     def __post_init__(self) -> None:
+        for name in ("learner_thread_scaling", "allreduce_seconds"):
+            d = getattr(self, name)
+            if d is None:
+                continue
+            if not isinstance(d, dict) or not all(
+                    int(k) >= 1 and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for k, v in d.items()):
+                raise ValueError(f"profile.{name} must map counts >= 1 to finite numbers >= 0, got {d!r}")
+            object.__setattr__(self, name, {int(k): float(v) for k, v in d.items()})
+        for name in ("param_bytes", "ipc_bytes_per_second"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"profile.{name} must be > 0 or null, got {v!r}")
         for name in ("actor_fps_per_core", "learner_sps_per_core"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"profile.{name} must be > 0, got {getattr(self, name)!r}")
@@ -110,7 +154,8 @@ class Profile:
         camel = {"".join(w.capitalize() if i else w for i, w in enumerate(k.split("_"))): k
                  for k in cls.__dataclass_fields__}
         d = {camel.get(k, k): v for k, v in d.items()}
-        missing = [k for k in cls.__dataclass_fields__ if k not in d and k != "learner_sps_per_gpu"]
+        optional = {"learner_sps_per_gpu", *OPTIONAL_PROFILE_KEYS}
+        missing = [k for k in cls.__dataclass_fields__ if k not in d and k not in optional]
         if missing:
             raise ValueError(f"profile: missing {', '.join(missing)}")
         gpu = d.get("learner_sps_per_gpu")
@@ -122,12 +167,30 @@ class Profile:
                 message_seconds=float(d["message_seconds"]),
                 fragment_samples=int(d["fragment_samples"]),
                 bytes_per_sample=float(d["bytes_per_sample"]),
+                **{k: (d[k] if isinstance(d[k], (dict, bool)) else float(d[k])) for k in OPTIONAL_PROFILE_KEYS
+                   if d.get(k) is not None},
             )
         except (TypeError, ValueError) as e:
             raise ValueError(f"profile: {e}") from None
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def load_profile(path) -> Profile:
+    """A `tianji profile` JSON file (what `tianji plan/run --profile` and the operator read);
+    ValueError naming the file when it is missing or malformed."""
+    import json
+    from pathlib import Path
+
+    try:
+        return Profile.from_json(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def _is_atari(job: TianJiJob) -> bool:
@@ -146,24 +209,38 @@ def default_profile(job: TianJiJob) -> Profile:
     as much as the ALE step); learner per core 600 sample-passes/s (PPO / epochs; measured
     150 samples/s at 4 epochs), DQN 360; GPU 20x; 84·84·frame_stack B/sample.
     Message cost μ = 100 µs + fragment bytes / 0.5 GB/s.
+    Pong actors: 1,300 frames/s/core (measured 1,350–1,500 on this machine).
+    All-reduce at 2 ranks: 0.4 ms + P / 0.5 GB/s (gloo, loopback: 0.77 ms measured for the
+    270 KB CartPole DQN model).
+    Learner thread curve (issue 13, measured side by side): MLP PPO 2 threads = 0.83× one
+    thread, DQN 0.58×; Atari: one thread only (flat beyond it). GPU: an assumed speed-up
+    (20× Atari, 3× MLP), never measured: plans using it say so (`Plan.extrapolated`);
+    `tianji profile` on the GPU machine replaces it.
     """
     s = job.spec
     algo = s.algorithm
     F = s.env.num_envs * s.env.fragment_length
     if _is_atari(job):
-        fps, ppo_pass, dqn, gpu_x = 800.0, 600.0, 360.0, 20.0
+        fps, ppo_pass, dqn, gpu_x = 1300.0, 600.0, 360.0, 20.0
         bps = 84 * 84 * s.env.frame_stack + 32.0
+        scaling = None
     else:
         fps, ppo_pass, dqn, gpu_x = 10_000.0, 90_000.0, 20_000.0, 3.0
         bps = 64.0
+        scaling = {2: 0.83 if algo.name == "ppo" else 0.58}
     sps = ppo_pass / algo.epochs if algo.name == "ppo" else dqn
+    pbytes = costmodel.param_bytes_estimate(job)
     return Profile(
         actor_fps_per_core=fps,
         learner_sps_per_core=sps,
         learner_sps_per_gpu=sps * gpu_x,
+        gpu_assumed=True,
         message_seconds=100e-6 + F * bps / 0.5e9,
         fragment_samples=F,
         bytes_per_sample=bps,
+        learner_thread_scaling=scaling,
+        param_bytes=pbytes,
+        allreduce_seconds={2: 4e-4 + pbytes / 0.5e9},
     )
 
 
@@ -197,8 +274,13 @@ class Plan:
     gpus_used: int
     # Critical-path terms of one learner update (seconds), see the module docstring.
     sample_seconds: float = 0.0
-    train_seconds: float = 0.0
-    comm_seconds: float = 0.0
+    train_seconds: float = 0.0  # learner compute
+    comm_seconds: float = 0.0  # buffer messages / link, whichever is longer
+    allreduce_seconds: float = 0.0  # k all-reduces across the g·n_l learners
+    efficiency: float = 1.0  # 1 / (batch factor · lag factor), costmodel.py
+    effective_sps: float = 0.0  # consumed · efficiency: what the planner maximises
+    learner_threads_measured: int = 1  # the thread curve's range is 1..this
+    extrapolated: tuple = ()  # terms predicted beyond what the profile measured
 
     def topology(self) -> dict:
         """Usable as spec.topology (keys are the same in camelCase)."""
@@ -234,9 +316,20 @@ def _pack(items: list[tuple[float, int, int]], node_cpus: list[float], node_gpus
     return True
 
 
+def _learner_rate(p: Profile, cl: float, gl: int) -> tuple[float, bool]:
+    """Samples/s of one learner: GPU figure, or the CPU thread curve (costmodel.learner_sps)."""
+    if gl:
+        return gl * p.learner_sps_per_gpu, False
+    return costmodel.learner_sps(p.learner_sps_per_core, p.learner_thread_scaling, cl)
+
+
 def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
-             ca: float, cb: float, cl: float, gl: int) -> dict:
-    """Throughput, staleness and bottleneck of one topology (module docstring).
+             ca: float, cb: float, cl: float, gl: int, nodes: int = 1,
+             actor_share: Optional[float] = None, learner_rate: Optional[float] = None) -> dict:
+    """Throughput, staleness, bottleneck and efficiency of one topology (module docstrings).
+
+    `actor_share`, `learner_rate`: what one actor's CPU share and one learner actually get on a
+    shared host (predict_on_host); default: the requests c_a and s_L(c_l).
 
     Expected policy lag, in learner versions, with U = 1/T updates per second:
         U·F/(TR_A/(g·n_a))      a fragment carries the version at its start
@@ -249,29 +342,63 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     r = s.replay_ratio
     B = s.algorithm.batch_size
     F = p.fragment_samples
-    tr_a = g * na * ca * p.actor_fps_per_core
-    per_learner = gl * p.learner_sps_per_gpu if gl else cl * p.learner_sps_per_core
+    tr_a = g * na * (ca if actor_share is None else actor_share) * p.actor_fps_per_core
+    per_learner, beyond_curve = _learner_rate(p, cl, gl)
+    per_learner = per_learner if learner_rate is None else learner_rate
     tr_l = g * nl * per_learner
+    link = costmodel.link_for(s.network.link, nodes, p.ipc_bytes_per_second)
+    loopback = costmodel.link_for(None, 1, p.ipc_bytes_per_second)  # where all-reduce was measured
+    P = p.param_bytes or costmodel.param_bytes_estimate(job)
+    ranks = g * nl
+    a_one, ar_extra = costmodel.allreduce_seconds(p.allreduce_seconds, ranks, P, link, loopback)
     t_a = (B / r) / (tr_a / (g * nl))
     t_l = B / per_learner
-    t_c = p.message_seconds * (B / r + B) / F * nl / nb / min(cb, 1.0)
-    t = max(t_a, t_l, t_c)
-    if t_c > max(t_a, t_l) + _EPS * t:
+    t_ar = costmodel.gradient_steps(job) * a_one
+    b_batch = p.bytes_per_sample * (2 if s.algorithm.name == "dqn" else 1)
+    learner_bytes = na / nl * P / s.staleness.publish_every + B * b_batch
+    buffer_bytes = (B / r * p.bytes_per_sample + B * b_batch) * nl / nb
+    t_net = max(learner_bytes, buffer_bytes) / link.bytes_per_s + link.latency_s
+    t_msg = p.message_seconds * (B / r + B) / F * nl / nb / min(cb, 1.0)
+    t_c = max(t_msg, t_net)
+    # Parameter broadcast on the CPUs: the learner serialises once and copies once per
+    # subscribed actor; every actor receives every publish (PUB), whether it uses it or not.
+    copy = P / (p.ipc_bytes_per_second or costmodel.LOOPBACK_BYTES_PER_S) / s.staleness.publish_every
+    t_pub = (1 + na / nl) * copy
+    t_learn = t_l + t_ar + t_pub
+    t = max(t_a, t_learn, t_c)
+    busy_params = min(0.95, copy / t)  # share of an actor's CPU spent taking parameters in
+    if busy_params > 0.01:
+        tr_a *= 1 - busy_params
+        t_a = (B / r) / (tr_a / (g * nl))
+        t = max(t_a, t_learn, t_c)
+    if t_c > max(t_a, t_learn) + _EPS * t or (t_learn >= t_a and t_ar + t_pub > t_l):
         kind = COMMUNICATION_BOUND
-    elif t_a > t_l * (1 + _EPS):
+    elif t_a > t_learn * (1 + _EPS):
         kind = SAMPLE_BOUND
     else:
         kind = TRAINING_BOUND
     consumed = g * nl * B / t
-    produced = min(tr_a, s.staleness.pace_headroom * consumed / r) if s.staleness.pace_actors else tr_a
+    # Paced actors aim at headroom x what the learners can take (their advertised capacity).
+    produced = min(tr_a, s.staleness.pace_headroom * min(tr_l, consumed * t / t_learn) / r) \
+        if s.staleness.pace_actors else tr_a
     u = 1.0 / t
     lag = u * F / (produced / (g * na)) + (s.staleness.publish_every - 1) / 2
     lag += s.staleness.credit_window if kind == TRAINING_BOUND else 0.5
     if s.algorithm.name == "dqn":
         lag += u * s.algorithm.replay_capacity / (2 * produced / (g * nb))
+    eff = 1.0 / (costmodel.batch_factor(ranks) * costmodel.lag_factor(job, lag))
+    extrapolated = tuple(x for x, flag in (
+        (f"learner of {cl:g} cores beyond the measured 1..{costmodel.thread_curve(p.learner_thread_scaling)[-1][0]} "
+         "threads (held flat)", beyond_curve),
+        (f"all-reduce at {ranks} ranks over {link.name} (ring model)", ar_extra and ranks > 1),
+        ("GPU learner throughput assumed (built-in speed-up, not measured)", bool(gl) and p.gpu_assumed)) if flag)
     return {"produced_fps": produced, "consumed_sps": consumed, "replay_ratio": consumed / produced,
             "expected_policy_lag": lag, "bottleneck": kind, "tr_a": tr_a, "tr_l": tr_l,
-            "sample_seconds": t_a, "train_seconds": t_l, "comm_seconds": t_c}
+            "sample_seconds": t_a, "train_seconds": t_l, "comm_seconds": t_c, "allreduce_seconds": t_ar,
+            "publish_seconds": t_pub,
+            "net_seconds": t_net, "efficiency": eff, "effective_sps": consumed * eff,
+            "learner_threads_measured": costmodel.thread_curve(p.learner_thread_scaling)[-1][0],
+            "extrapolated": extrapolated}
 
 
 def _make_plan(job: TianJiJob, pred: dict, g: int, na: int, nb: int, nl: int,
@@ -288,7 +415,9 @@ def _make_plan(job: TianJiJob, pred: dict, g: int, na: int, nb: int, nl: int,
         bottleneck=pred["bottleneck"],
         cpus_used=round(g * (na * ca + nb * cb + nl * cl), 6), gpus_used=g * nl * gl,
         sample_seconds=pred["sample_seconds"], train_seconds=pred["train_seconds"],
-        comm_seconds=pred["comm_seconds"],
+        comm_seconds=pred["comm_seconds"], allreduce_seconds=pred["allreduce_seconds"],
+        efficiency=pred["efficiency"], effective_sps=pred["effective_sps"],
+        learner_threads_measured=pred["learner_threads_measured"], extrapolated=pred["extrapolated"],
     )
 
 
@@ -353,7 +482,7 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
         for cl in lcores:
             if cl > cn + _EPS:
                 continue
-            per_learner = gl * p.learner_sps_per_gpu if gl else cl * p.learner_sps_per_core
+            per_learner = _learner_rate(p, cl, gl)[0]
             for ca in ACTOR_CORES:
                 for cb in BUFFER_CORES:
                     if max(ca, cb) > cn + _EPS:
@@ -367,13 +496,13 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
                             na_fit = min(MAX_ACTORS, int((left + _EPS) // (g * ca)))
                             if na_fit < nb:
                                 break
-                            na_need = math.ceil(per_learner / r / (ca * p.actor_fps_per_core) - _EPS)
+                            na_need = actors_for(per_learner, r, ca * p.actor_fps_per_core)
                             na = max(nb, min(na_fit, na_need))
                             na = _max_packable(na, nb, g, ca, cb, cl, gl, node_cpus, node_gpus)
                             if na is None:
                                 continue
-                            pred = _predict(job, p, g, na, nb, 1, ca, cb, cl, gl)
-                            cands.append((pred["consumed_sps"], (g, na, nb, 1, ca, cb, cl, gl), pred))
+                            pred = _predict(job, p, g, na, nb, 1, ca, cb, cl, gl, nodes)
+                            cands.append((pred["effective_sps"], (g, na, nb, 1, ca, cb, cl, gl), pred))
     if not cands:
         raise PlanError(f"no topology fits {m:g} cores on {nodes} node(s) of {cn:g} cores"
                         + (f" with {gpus} GPU(s)" if gpus else ""))
@@ -382,7 +511,8 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
     max_lag = job.spec.max_policy_lag
     if max_lag is not None:
         cands = [c for c in cands if c[2]["expected_policy_lag"] <= max_lag] or cands
-    # Objective: min(TR_L, r·TR_A) degraded by communication (= predicted consumption).
+    # Objective: predicted time to target, i.e. consumption (min(TR_L, r·TR_A) degraded by
+    # communication and all-reduce) times efficiency (batch growth, lag: costmodel.py).
     best = max(c[0] for c in cands)
     pool = [c for c in cands if c[0] >= (1 - NEAR_BEST) * best]
 
@@ -446,7 +576,7 @@ def plan_for_job(job: TianJiJob, profile: Optional[Profile] = None) -> Plan:
     if res.cpus_per_node is not None and max(ca, cb, cl) > res.cpus_per_node + _EPS:
         raise PlanError(f"a process of {max(ca, cb, cl):g} cores does not fit a node of "
                         f"{res.cpus_per_node:g} (resources.cpusPerNode)")
-    pred = _predict(job, p, g, na, nb, nl, ca, cb, cl, gl)
+    pred = _predict(job, p, g, na, nb, nl, ca, cb, cl, gl, res.nodes)
     out = _make_plan(job, pred, g, na, nb, nl, ca, cb, cl, gl)
     threads = {r: getattr(res, r).threads for r in ("actor", "buffer", "learner")}
     if any(threads.values()):  # keep explicit thread counts from the spec
@@ -464,11 +594,16 @@ class GroupThroughput:
     received_sps: float
     consumed_sps: float
     actors: int
+    # The learners' measured capacity (samples per busy second, learner_capacity_sps): what
+    # they could take. None: only `consumed` is known.
+    capacity_sps: Optional[float] = None
 
     def __post_init__(self) -> None:
         for n in ("produced_fps", "received_sps", "consumed_sps"):
             if not getattr(self, n) >= 0:
                 raise ValueError(f"GroupThroughput.{n} must be >= 0, got {getattr(self, n)!r}")
+        if self.capacity_sps is not None and not (math.isfinite(self.capacity_sps) and self.capacity_sps >= 0):
+            raise ValueError(f"GroupThroughput.capacity_sps must be finite and >= 0, got {self.capacity_sps!r}")
         if self.actors < 0:
             raise ValueError(f"GroupThroughput.actors must be >= 0, got {self.actors}")
 
@@ -494,17 +629,37 @@ class RebalancePolicy:
             raise ValueError(f"max_step must be >= 1, got {self.max_step}")
 
 
+def actors_for(learner_sps: float, ratio: float, per_actor_fps: float, band: float = 0.0) -> int:
+    """Fewest actors whose production feeds `learner_sps` at replay ratio `ratio` to within
+    `band`: n·per_actor_fps ≥ (1 − band)·learner_sps/ratio, i.e. ⌈(1 − band)·need/p⌉
+    (the planner's balance with band 0; rebalance uses it with measured rates and its band)."""
+    need = learner_sps / ratio
+    return max(1, math.ceil((1 - band) * need / per_actor_fps - _EPS))
+
+
+def observed_bottleneck(o: GroupThroughput, ratio: float, band: float) -> str:
+    """The §3.3 kind from measured rates: communication if the buffers receive less than
+    (1 − band) of what the actors produce; sample if production is below (1 − band) of what
+    the learners could take (their capacity, else their consumption) over `ratio`; else training."""
+    if o.produced_fps > 0 and o.received_sps < (1 - band) * o.produced_fps:
+        return COMMUNICATION_BOUND
+    take = max(o.capacity_sps or 0.0, o.consumed_sps)
+    return SAMPLE_BOUND if o.produced_fps < (1 - band) * take / ratio else TRAINING_BOUND
+
+
 def rebalance(observed: dict[int, GroupThroughput], policy: RebalancePolicy) -> dict[int, int]:
-    """Desired actor count per group from observed throughput.
+    """Desired actor count per group from observed throughput, by the planner's model.
 
-    With x = produced / (consumed / target_ratio) (production over what the
-    learner needs), for a group with n actors:
+    The learners can take L = max(capacity, consumed) samples/s (capacity: their measured
+    samples per busy second; a learner held back by the replay ratio consumes only
+    ratio·produced, so `consumed` alone would hide a sample-bound group). With
+    x = produced / (L / target_ratio), for a group with n actors producing p = produced/n each:
 
-      x < 1 − band  → n + clamp(⌈n/x⌉ − n, 1, max_step)   (x = 0: + max_step)
-                      unless received < (1 − band)·produced: the buffer is
-                      already dropping input (communication-bound), so no more;
-      x > 1 + band  → n − clamp(n − ⌈n/x⌉, 1, max_step);
-      otherwise, or consumed = 0 (learner not started), → n;
+      communication-bound (observed_bottleneck)  → n: more actors would not be received;
+      x < 1 − band  → n + clamp(actors_for(L, target_ratio, p, band) − n, 1, max_step)
+                      (nothing produced yet: + max_step);
+      x > 1 + band  → n − clamp(n − actors_for(L, target_ratio, p, band), 1, max_step);
+      otherwise, or L = 0 (learner not started), → n;
 
     then clamped to [min_actors, max_actors]. When actors pace themselves
     (spec.staleness.paceActors) `produced` is capped at headroom·needed; pass
@@ -513,16 +668,17 @@ def rebalance(observed: dict[int, GroupThroughput], policy: RebalancePolicy) -> 
     out: dict[int, int] = {}
     for group, o in observed.items():
         n = o.actors
-        if o.consumed_sps > 0:
-            need = o.consumed_sps / policy.target_ratio
-            x = o.produced_fps / need
+        take = max(o.capacity_sps or 0.0, o.consumed_sps)
+        if take > 0 and observed_bottleneck(o, policy.target_ratio, policy.band) != COMMUNICATION_BOUND:
+            x = o.produced_fps / (take / policy.target_ratio)
             if x < 1 - policy.band:
-                comm_bound = o.produced_fps > 0 and o.received_sps < (1 - policy.band) * o.produced_fps
-                if not comm_bound:
-                    step = policy.max_step if x == 0 or n == 0 else math.ceil(n / x - _EPS) - n
-                    n += min(max(step, 1), policy.max_step)
+                if x == 0 or n == 0:
+                    step = policy.max_step
+                else:
+                    step = actors_for(take, policy.target_ratio, o.produced_fps / n, policy.band) - n
+                n += min(max(step, 1), policy.max_step)
             elif x > 1 + policy.band:
-                step = n - math.ceil(n / x - _EPS)
+                step = n - actors_for(take, policy.target_ratio, o.produced_fps / n, policy.band)
                 n -= min(max(step, 1), policy.max_step)
         out[group] = min(max(n, policy.min_actors), policy.max_actors)
     return out
@@ -568,3 +724,57 @@ def resolve(job: TianJiJob, profile: Optional[Profile] = None) -> tuple[TianJiJo
         spec["resources"][role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}
     # No batch size here: the planner takes the spec's (Plan.batch_size is algorithm.batchSize).
     return TianJiJob.model_validate(doc), p
+
+
+# ----------------------------------------------------------------- one shared host
+def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: float = 0.0,
+                    learner_threads: Optional[int] = None) -> dict:
+    """The same model for `tianji run` on one machine, where processes are not limited to
+    their requests: the scheduler gives each busy process a max-min fair share of the
+    `cores` (costmodel.max_min_shares), next to `background` busy processes of other work.
+
+    Demands: an actor 1 core (paced: the share its paced rate needs, produced/(g·n_a·f_a));
+    a learner its torch threads; a buffer μ·(messages in + batches out)/s, at most 1.
+    Shares and rates are iterated to a fixed point (20 rounds). A learner given s of its t
+    threads runs at s_L(t)·s/t. Returns _predict's dict plus the shares used."""
+    s = job.spec
+    t = s.topology
+    g, na, nb, nl = t.groups, t.actors, t.buffers, t.learners
+    threads = learner_threads or s.resources.learner.threads or _threads(s.resources.learner.cpu)
+    full = costmodel.learner_sps(profile.learner_sps_per_core, profile.learner_thread_scaling, threads)[0]
+    d_a, d_b, d_l = 1.0, 0.5, float(threads)
+    bg = max(0.0, background)
+    n_bg = int(math.ceil(bg))
+    pred: dict = {}
+    for _ in range(20):
+        demands = [d_a] * (g * na) + [d_b] * (g * nb) + [d_l] * (g * nl) + [bg / max(n_bg, 1)] * n_bg
+        shares = costmodel.max_min_shares(demands, cores)
+        sa, sb, sl = shares[0], shares[g * na], shares[g * na + g * nb]
+        # Capacity: what a process could reach with the cores nobody uses (paced actors and
+        # a light buffer leave some), not just what it uses now.
+        spare = max(0.0, cores - sum(shares))
+        ca_cap = min(1.0, sa + spare / (g * na))
+        cb_cap = min(1.0, sb + spare / (g * nb))
+        cl_cap = min(float(threads), sl + spare / (g * nl))
+        pred = _predict(job, profile, g, na, nb, nl, 1.0, max(cb_cap, _EPS), float(threads), 0,
+                        actor_share=ca_cap, learner_rate=full * min(1.0, cl_cap / threads))
+        if s.staleness.pace_actors:
+            d_a = min(1.0, pred["produced_fps"] / (g * na * profile.actor_fps_per_core))
+        msgs = (pred["produced_fps"] + pred["consumed_sps"]) / profile.fragment_samples / (g * nb)
+        d_b = min(1.0, max(0.05, msgs * profile.message_seconds))
+    pred.update({"actor_share": sa, "buffer_share": sb, "learner_share": sl, "host_cores": cores,
+                 "background": bg})
+    return pred
+
+
+def predict_with_shares(job: TianJiJob, profile: Profile, actor_share: float, buffer_share: float,
+                        learner_share: float, learner_threads: int = 1) -> dict:
+    """The model given the CPU each process was measured to get (cores, per process of the role):
+    separates the cost model from the scheduler's split on a host with unknown other load.
+    (A paced actor that keeps pace uses share·f_a = headroom·capacity/r: then T_A < T_L and
+    the kind is training-bound, as it should be.)"""
+    t = job.spec.topology
+    full = costmodel.learner_sps(profile.learner_sps_per_core, profile.learner_thread_scaling, learner_threads)[0]
+    return _predict(job, profile, t.groups, t.actors, t.buffers, t.learners, 1.0, max(buffer_share, _EPS),
+                    float(learner_threads), 0, actor_share=actor_share,
+                    learner_rate=full * min(1.0, learner_share / learner_threads))

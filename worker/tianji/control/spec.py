@@ -374,6 +374,24 @@ class Resources(_Model):
     learner: RoleResources = Field(default_factory=_learner_resources)
 
 
+class Link(_Model):
+    """The network between the job's processes, for the planner's communication terms:
+    a named preset, or bandwidth and latency (tianji.control.costmodel.LINK_PRESETS)."""
+
+    preset: Optional[Literal["loopback", "ethernet-10g", "infiniband-hdr"]] = Field(
+        None, description="loopback: one machine (the profile's measured message cost); ethernet-10g; "
+                          "infiniband-hdr (200 Gb/s)")
+    bandwidth_gbps: Optional[float] = Field(None, gt=0, le=100_000, description="per-process link, Gbit/s")
+    latency_us: Optional[float] = Field(None, ge=0, le=1_000_000, description="one-way, microseconds")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Link":
+        custom = (self.bandwidth_gbps is not None, self.latency_us is not None)
+        if not ((self.preset is not None and not any(custom)) or (self.preset is None and all(custom))):
+            raise ValueError("give either preset, or both bandwidthGbps and latencyUs")
+        return self
+
+
 class Network(_Model):
     host_network: bool = False
     rdma: Optional[str] = Field(None, json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN},
@@ -390,6 +408,8 @@ class Network(_Model):
         None, json_schema_extra={"pattern": r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}$"},
         description="hostNetwork only: the node interface whose IPv4 address the data sockets bind on and "
                     "peers connect to, e.g. ib0 (ZeroMQ over TCP on IPoIB); unset: the node's IP")
+    link: Optional[Link] = Field(None, description="for the planner; unset: loopback on one node, "
+                                                   "ethernet-10g across nodes")
 
     @field_validator("rdma")
     @classmethod

@@ -32,7 +32,7 @@ import zmq
 from tianji.control.accounting import Accounting, StopRule
 from tianji.control.report import parse_report
 from tianji.control.launch import worker_launch
-from tianji.control.plan import resolve
+from tianji.control.plan import Profile, resolve
 from tianji.control.spec import TianJiJob, dump_job, load_job
 from tianji.envs import check_env_spec, spaces_of
 from tianji.local.worker_logs import last_exception
@@ -84,15 +84,18 @@ class RunDirError(ValueError):
 
 
 def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None, max_seconds: Optional[float] = None,
-            progress: bool = True, resume: Optional[str] = None, metrics_port: Optional[int] = None) -> int:
-    """Start a run (job_path) or continue one (resume=RUN_DIR, its job.yaml and newest checkpoints)."""
+            progress: bool = True, resume: Optional[str] = None, metrics_port: Optional[int] = None,
+            profile: Optional[Profile] = None) -> int:
+    """Start a run (job_path) or continue one (resume=RUN_DIR, its job.yaml and newest checkpoints).
+    `profile`: what the planner sizes the job with (`--profile`, as the operator's TIANJI_PROFILE)."""
+    prof = profile
     if resume:
         rd = Path(resume)
         if not (rd / "job.yaml").is_file():
             raise RunDirError(f"--resume {resume}: no job.yaml there; is it a TianJi run directory?")
-        job, _ = resolve(load_job(rd / "job.yaml", overrides))
+        job, _ = resolve(load_job(rd / "job.yaml", overrides), prof)
     else:
-        job, _ = resolve(load_job(job_path, overrides))
+        job, _ = resolve(load_job(job_path, overrides), prof)
         info = check_env_spec(job.spec.env, str(job_path))  # before any process starts (needs Gymnasium)
         job.spec.env.spaces = spaces_of(info)  # buffers and learners read them; they build no env
         rd = Path(run_dir) if run_dir else default_run_dir(job)

@@ -16,7 +16,8 @@ next to them.
 (c) message cost: one fragment-sized message through the real wire
     (`encode` → PUSH → ipc → PULL → `decode` + the buffer's `check_fragment`),
     seconds per message, sender and receiver in this process;
-(d) bytes per sample: encoded fragment bytes / samples in a fragment.
+(d) bytes per sample: encoded fragment bytes / samples in a fragment;
+(e-g) learner thread curve, parameter bytes, all-reduce time (profile_scaling.py).
 
 The output is a JSON object that `tianji.control.plan.Profile.from_json` loads
 (actor_fps_per_core, learner_sps_per_core, learner_sps_per_gpu,
@@ -338,7 +339,13 @@ def measure_profile(job: TianJiJob, seconds: float = 3.0) -> dict:
             gpu = measure_learner(job, seconds, info, device="cuda")
         except Exception as e:  # keep the CPU profile, say what failed
             gpu = {"error": f"{type(e).__name__}: {e}"}
+    from tianji.runtime.profile_scaling import measure_scaling
+
+    scaling = measure_scaling(job, seconds, info)
     return {
+        **{k: scaling[k] for k in ("learner_thread_scaling", "param_bytes", "allreduce_seconds",
+                                   "ipc_bytes_per_second")},
+        "scaling": {k: v for k, v in scaling.items() if k not in ("learner_thread_scaling", "allreduce_seconds")},
         "actor_fps_per_core": actor["fps_per_core"],
         "learner_sps_per_core": learner["sps"],
         "learner_sps_per_gpu": gpu["sps"] if gpu and "sps" in gpu else None,

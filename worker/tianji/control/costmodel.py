@@ -1,0 +1,181 @@
+"""The planner's cost terms (paper §3.3): learner curve, all-reduce, links, time to target.
+
+Pure functions over a `plan.Profile`; `plan._predict` combines them into one
+learner update's critical path. Notation as in plan.py, plus
+
+    P        parameter bytes per publish (PUB sends one copy per subscribed actor)
+    b_s      bytes per sample on the wire (fragments; a DQN batch carries obs and
+             next_obs, so 2·b_s per sample there)
+    W        ranks of the learners' all-reduce, W = g·n_l
+    k        gradient steps per B consumed samples: DQN 1; PPO
+             epochs·⌈B / minibatchSize⌉ (one all-reduce each)
+    bw, λ    link bandwidth (bytes/s) and one-way latency (s)
+
+Learner throughput at c cores (threads = ⌊c⌋), from the measured thread curve
+S(t) = learner_sps_per_core · learner_thread_scaling[t] (ratios measured side by
+side by `tianji profile`):
+
+    s_L(c) = c·S(1)                        c ≤ 1 (a CPU share)
+           = S(t) interpolated linearly     between measured thread counts
+           = S(t_max)                       c > t_max: flat, never extrapolated upward
+
+so a learner bigger than the measured range is predicted no faster than the
+largest measured one (`learner_sps` says when that happens).
+
+All-reduce of the gradient (P bytes) at W ranks: the measured time A(W) where
+measured (interpolated), else a ring (2(W−1) steps) scaled from the largest
+measured point A(W₀), plus what a slower link adds:
+
+    A(W) = A(W₀)·(W−1)/(W₀−1) + max(0, R(W, link) − R(W, loopback))      (W > W₀ or another link)
+    R(W, l) = 2(W−1)/W·P/bw_l + 2(W−1)·λ_l
+
+with A(1) = 0; with nothing measured, A(W) = R(W, link). Growing linearly in the
+ring's steps is conservative: measured gloo all-reduces of small models are
+dominated by per-step overhead, not bytes.
+
+Link time of one update (the busiest process's link; latency once):
+
+    learner:  n_a/n_l·P/publish_every + B·b_batch              bytes
+    buffer:   (B/r·b_s + B·b_batch)·n_l/n_b                     bytes
+    T_net   = max(learner, buffer)/bw + λ
+
+Time to target. The samples a run needs to reach its target grow with the
+effective batch and, for on-policy learning, with policy lag. Stated rule:
+
+    batch:  E(W·B) / E(B) = (1 + W·B/B_c) / (1 + B/B_c),   B_c = B
+            (McCandlish et al. 2018, "An empirical model of large-batch training":
+            E = E_min·(1 + B/B_noise); we take the spec's batch as tuned near B_noise,
+            and the learning rate is not scaled with W)
+    lag:    PPO: 1 + LAG_COST·max(0, lag − 1);  DQN: 1 (off-policy by design)
+    time to target ∝ batch·lag / consumed   ⇒   maximise efficiency·consumed,
+            efficiency = 1 / (batch·lag).
+
+With B_c = B, W synchronised learners buy at most 2× in time to target, and
+only while A(W)·k is small beside the update's compute: the planner therefore
+proposes several synchronised groups only when a single learner is capped (the
+thread curve is flat) and the all-reduce is cheap.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+LOOPBACK_BYTES_PER_S = 2e9  # when the profile measured no ipc bandwidth
+# name -> (Gbit/s, one-way µs): nominal line rates; latency of a TCP hop in a pod network / IB verbs.
+LINK_PRESETS = {"ethernet-10g": (10.0, 50.0), "infiniband-hdr": (200.0, 2.0)}
+LAG_COST = 0.05  # PPO: each version of expected lag beyond one costs 5 % more samples
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    name: str
+    bytes_per_s: float
+    latency_s: float
+
+
+def link_for(link, nodes: int, ipc_bytes_per_second: Optional[float]) -> LinkModel:
+    """`link` = spec.network.link, or None: loopback on one node / ethernet-10g across nodes."""
+    preset = link.preset if link is not None else ("loopback" if nodes <= 1 else "ethernet-10g")
+    if link is not None and link.preset is None:
+        return LinkModel("custom", link.bandwidth_gbps * 1e9 / 8, link.latency_us * 1e-6)
+    if preset == "loopback":
+        # Fixed per-message costs are in message_seconds (μ); here only bytes.
+        return LinkModel("loopback", ipc_bytes_per_second or LOOPBACK_BYTES_PER_S, 0.0)
+    gbps, us = LINK_PRESETS[preset]
+    return LinkModel(preset, gbps * 1e9 / 8, us * 1e-6)
+
+
+def thread_curve(scaling: Optional[dict]) -> list[tuple[int, float]]:
+    """Sorted (threads, relative samples/s) with (1, 1.0) always present."""
+    pts = {1: 1.0}
+    pts.update({int(t): float(v) for t, v in (scaling or {}).items()})
+    return sorted(pts.items())
+
+
+def learner_sps(per_core: float, scaling: Optional[dict], cores: float) -> tuple[float, bool]:
+    """s_L(c) (module docstring) and whether c lies beyond the measured thread range."""
+    curve = thread_curve(scaling)
+    if cores <= 1:
+        return per_core * cores, False
+    t_max, v_max = curve[-1]
+    if cores >= t_max:
+        return per_core * v_max, cores > t_max
+    for (t0, v0), (t1, v1) in zip(curve, curve[1:]):
+        if t0 <= cores <= t1:
+            return per_core * (v0 + (v1 - v0) * (cores - t0) / (t1 - t0)), False
+    return per_core * v_max, False  # unreachable: the curve covers [1, t_max]
+
+
+def _ring(ranks: int, param_bytes: float, link: LinkModel) -> float:
+    return 2 * (ranks - 1) / ranks * param_bytes / link.bytes_per_s + 2 * (ranks - 1) * link.latency_s
+
+
+def allreduce_seconds(measured: Optional[dict], ranks: int, param_bytes: float,
+                      link: LinkModel, measured_link: LinkModel) -> tuple[float, bool]:
+    """A(W) (module docstring) and whether it is extrapolated beyond the measured ranks."""
+    if ranks <= 1:
+        return 0.0, False
+    pts = sorted((int(w), float(s)) for w, s in (measured or {}).items() if int(w) >= 2)
+    if not pts:
+        return _ring(ranks, param_bytes, link), True
+    pts = [(1, 0.0)] + pts
+    w_max, a_max = pts[-1]
+    if ranks <= w_max:
+        for (w0, a0), (w1, a1) in zip(pts, pts[1:]):
+            if w0 <= ranks <= w1:
+                a = a0 + (a1 - a0) * (ranks - w0) / (w1 - w0)
+                break
+    else:
+        a = a_max * (ranks - 1) / (w_max - 1)
+    extra = max(0.0, _ring(ranks, param_bytes, link) - _ring(ranks, param_bytes, measured_link))
+    return a + extra, ranks > w_max or link.name != measured_link.name
+
+
+def gradient_steps(job) -> int:
+    """k: all-reduces per B consumed samples (one learner version in plan.py's units):
+    a DQN step consumes B samples; a PPO update of B makes epochs·⌈B/minibatch⌉ steps."""
+    a = job.spec.algorithm
+    if a.name == "dqn":
+        return 1
+    return a.epochs * math.ceil(a.batch_size / a.minibatch_size)
+
+
+def batch_factor(ranks: int) -> float:
+    """E(W·B)/E(B) with B_c = B: (1 + W)/2."""
+    return (1 + ranks) / 2
+
+
+def lag_factor(job, lag: float) -> float:
+    if job.spec.algorithm.name != "ppo":
+        return 1.0
+    return 1 + LAG_COST * max(0.0, lag - 1)
+
+
+def param_bytes_estimate(job, obs_dim: int = 4, n_actions: int = 2) -> float:
+    """float32 parameter bytes of the spec's model, when the profile did not measure them.
+    MLP from hidden sizes (obs_dim and n_actions default to CartPole's); Nature CNN ~1.7M."""
+    m = job.spec.model
+    if getattr(m, "encoder", None) == "nature_cnn":
+        return 4 * 1.7e6
+    sizes = [obs_dim, *m.hidden, n_actions + 1]
+    return 4.0 * sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+
+def max_min_shares(demands: list[float], cores: float) -> list[float]:
+    """Max-min fair CPU shares (what the Linux scheduler gives busy processes on a shared host):
+    nobody gets more than it demands, the rest is split evenly among the others."""
+    shares = [0.0] * len(demands)
+    left, todo = cores, sorted(range(len(demands)), key=lambda i: demands[i])
+    while todo:
+        fair = left / len(todo)
+        i = todo[0]
+        if demands[i] <= fair:
+            shares[i] = demands[i]
+            left -= demands[i]
+            todo.pop(0)
+        else:
+            for j in todo:
+                shares[j] = fair
+            break
+    return shares
