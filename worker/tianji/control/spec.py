@@ -102,6 +102,20 @@ class PPOConfig(_Model):
     vf_coef: float = Field(0.5, ge=0)
     max_grad_norm: float = Field(0.5, gt=0)
     norm_adv: bool = True
+    off_policy_correction: Literal["none", "vtrace"] = Field(
+        "none", description="none: GAE on the learner's critic; vtrace: value targets and advantages corrected by "
+        "truncated importance weights between the learner's policy at update start and the behaviour policy "
+        "(IMPALA's V-trace, with gaeLambda as its lambda)")
+    vtrace_rho_bar: float = Field(1.0, gt=0, le=100, description="V-trace truncation of the weights in the TD "
+                                  "error and the advantage (rho-bar)")
+    vtrace_c_bar: float = Field(1.0, gt=0, le=100, description="V-trace truncation of the trace weights (c-bar); "
+                                "at most vtraceRhoBar")
+
+    @model_validator(mode="after")
+    def _vtrace_bars(self) -> "PPOConfig":
+        if self.vtrace_c_bar > self.vtrace_rho_bar:  # IMPALA assumes c-bar <= rho-bar (its Theorem 1)
+            raise ValueError("vtraceCBar must be <= vtraceRhoBar")
+        return self
 
 
 class DQNConfig(_Model):
