@@ -24,7 +24,8 @@ def _run(a: argparse.Namespace) -> int:
         return 2
     try:
         return run_job(a.job, overrides=a.set, run_dir=a.run_dir, max_seconds=a.max_seconds,
-                       progress=not a.quiet, resume=a.resume, metrics_port=a.metrics_port)
+                       progress=not a.quiet, resume=a.resume, metrics_port=a.metrics_port,
+                       tensorboard_port=a.tensorboard)
     except RunDirError as e:
         print(f"tianji run: {e}", file=sys.stderr)
         return 2
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no live progress view")
     r.add_argument("--metrics-port", type=int, metavar="N",
                    help="serve every role's Prometheus metrics on 127.0.0.1:N/metrics")
+    r.add_argument("--tensorboard", type=int, nargs="?", const=6006, metavar="PORT",
+                   help="also serve the run's TensorBoard on 127.0.0.1:PORT (default 6006) while it runs "
+                        "(event files are written into the run dir either way)")
     r.set_defaults(fn=_run)
 
     w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")

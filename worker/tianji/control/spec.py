@@ -469,6 +469,15 @@ def deprecated_fields(spec: Any) -> list[str]:
             if old in spec]
 
 
+class WandbConfig(_Model):
+    """Weights & Biases logging by `tianji run` (its launcher logs what it writes to metrics.jsonl)."""
+
+    project: str = Field(min_length=1, max_length=128, description="W&B project")
+    entity: Optional[str] = Field(None, min_length=1, max_length=128, description="W&B entity (team or user)")
+    group: Optional[str] = Field(None, min_length=1, max_length=128, description="W&B run group")
+    mode: Literal["online", "offline"] = Field("online", description="offline: write under the run dir, sync later")
+
+
 class JobSpec(_Model):
     @model_validator(mode="before")
     @classmethod
@@ -511,6 +520,8 @@ class JobSpec(_Model):
                        description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0")
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     pods: Pods = Field(default_factory=Pods)
+    wandb: Optional[WandbConfig] = Field(None, description="optional Weights & Biases logging, local runs "
+                                         "(`tianji run`; needs the `tianji[wandb]` extra); the operator ignores it")
 
     @field_validator("image")
     @classmethod
