@@ -166,3 +166,12 @@ def test_wandb_requested_but_not_installed_fails_before_anything_starts(tmp_path
     assert r.returncode == 2
     assert "spec.wandb" in r.stderr and "pip install 'tianji[wandb]'" in r.stderr
     assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_the_dashboard_shows_the_learner_statistics():
+    from chart_support import DASHBOARD
+
+    text = DASHBOARD.read_text()
+    for k in LEARNER_STATS:
+        assert f"tianji_learner_{k}" in text, k
+    assert "tianji_learner_policy_lag_samples_bucket" in text
