@@ -175,3 +175,19 @@ def test_the_dashboard_shows_the_learner_statistics():
     for k in LEARNER_STATS:
         assert f"tianji_learner_{k}" in text, k
     assert "tianji_learner_policy_lag_samples_bucket" in text
+
+
+def test_plot_puts_clip_fraction_and_kl_against_the_interval_lag(tmp_path):
+    from tianji.observability.plot import interval_lags, plot_run
+
+    keys = [*(str(b) for b in LAG_BOUNDS), "inf"]
+    h1 = dict.fromkeys(keys, 0) | {"1": 10, "2": 10}
+    h2 = dict(h1) | {"4": 20}  # the next interval consumed 20 samples at lag 4
+    h3 = dict(h2) | {"inf": 1}  # ... and one beyond the buckets: no finite mean
+    recs = [{"t": float(i), "mean_return": 1.0, "env_frames": 100 * i, "produced_fps": 1.0, "received_fps": 1.0,
+             "consumed_sps": 1.0, "lag_hist": h, "learner": {"clip_fraction": 0.1 * i, "approx_kl": 0.01}}
+            for i, h in enumerate((h1, h2, h3), 1)]
+    lags = interval_lags(recs)
+    assert lags[:2] == [1.5, 4.0] and math.isnan(lags[2])
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert plot_run(tmp_path, tmp_path / "p.png").stat().st_size > 1000
