@@ -140,3 +140,14 @@ def test_ppo_update_with_vtrace_reports_its_statistics():
     assert stats["none"]["importance_weight"] == 1.0
     # The behaviour policy claims p = 0.9 for every action; a fresh policy gives about 0.5: rho ~ 0.55.
     assert 0.3 < stats["vtrace"]["importance_weight"] < 0.8
+
+
+@pytest.mark.slow
+def test_vtrace_ppo_still_solves_cartpole(tmp_path):
+    from helpers import EXAMPLES, read_summary, run_tianji
+
+    r = run_tianji("run", str(EXAMPLES / "cartpole-ppo.yaml"), "--run-dir", str(tmp_path / "run"), "--quiet",
+                   "--set", "spec.algorithm.offPolicyCorrection=vtrace", "--set", "spec.stop.seconds=240", timeout=420)
+    s = read_summary(tmp_path / "run")
+    assert r.returncode == 0 and s["reached_target"], (s["exit_reason"], s["mean_return"], r.stderr[-2000:])
+    assert s["learner_stats"]["importance_weight"] <= 1.0
