@@ -35,10 +35,14 @@ def _scrape(port: int) -> dict[str, list]:
 def test_a_vtrace_run_writes_learner_statistics_everywhere(running_tianji):
     from tensorboard.backend.event_processing import event_accumulator
 
-    port = free_port()
-    run = running_tianji(PPO, "--metrics-port", str(port), "--set", "spec.algorithm.offPolicyCorrection=vtrace",
+    port, tb_port = free_port(), free_port()
+    run = running_tianji(PPO, "--metrics-port", str(port), "--tensorboard", str(tb_port),
+                         "--set", "spec.algorithm.offPolicyCorrection=vtrace",
                          "--set", "spec.stop.meanReturn=100000", "--set", "spec.stop.seconds=25")
     run.wait_for_frames(3000)
+    # `--tensorboard` serves the run dir while the run lasts.
+    wait_for(lambda: "learner/clip_fraction" in (_tb_tags(tb_port) or {}).get(".", {}), 60,
+             "TensorBoard serving the run's learner statistics")
     got = wait_for(lambda: (lambda m: m if "tianji_learner_clip_fraction" in m else None)(_scrape(port)), 60,
                    "learner statistics on /metrics")
     assert {"tianji_learner_" + k for k in PPO_STATS} <= set(got)
@@ -76,6 +80,15 @@ def test_a_vtrace_run_writes_learner_statistics_everywhere(running_tianji):
     assert "staleness/policy_lag_samples" in tags["histograms"]
     h = acc.Histograms("staleness/policy_lag_samples")[-1].histogram_value
     assert h.num == pytest.approx(sum(last["lag_hist"].values()))
+    assert _tb_tags(tb_port) == {}  # the TensorBoard server ended with the run
+
+
+def _tb_tags(port: int) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:
+            return json.loads(r.read())
+    except OSError:  # not (or no longer) listening
+        return {}
 
 
 def _learner_metrics() -> RoleMetrics:
