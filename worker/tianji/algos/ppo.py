@@ -14,7 +14,9 @@ truncation) and the following step is a reset step, masked by `valid`.
 
 With `offPolicyCorrection: vtrace`, advantages and value targets come from
 algos/vtrace.py instead (truncated importance weights between the learner's
-policy at update start and the behaviour policy).
+policy at update start and the behaviour policy). The surrogate's ratio stays
+against the behaviour log-probs: a lagged sample is weighted by rho (in its
+advantage, as IMPALA's policy gradient) and by the clipped ratio.
 """
 from __future__ import annotations
 
