@@ -112,6 +112,8 @@ def test_role_metrics_export_learner_series_and_a_per_sample_lag_histogram():
     b = {s.labels["le"]: s.value for s in fams["tianji_learner_policy_lag_samples"].samples
          if s.name.endswith("_bucket")}
     assert (b["0.0"], b["1.0"], b["4.0"], b["6.0"], b["1024.0"], b["+Inf"]) == (32, 96, 96, 128, 128, 129)
+    total = next(s.value for s in fams["tianji_learner_policy_lag_samples"].samples if s.name.endswith("_sum"))
+    assert total == pytest.approx((0 + 1 + 1 + 5 + 2000) / 5 * 129)  # mean lag x samples
     assert "tianji_learner_clip_fraction" in metric_names()
     assert "tianji_learner_policy_lag_samples_bucket" in metric_names()
     # The launcher's exporter serves the same series from the reports.

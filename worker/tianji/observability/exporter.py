@@ -48,7 +48,7 @@ class JobExporter:
             for n, v in p.gauges.items():
                 gauges[n].add_metric(lab, v)
             if role == "learner" and p.lag.get("hist"):
-                add_lag_histogram(lag_samples, lab, p.lag["hist"], p.lag.get("sum", 0.0))
+                add_lag_histogram(lag_samples, lab, p.lag)
         self._families = [*counters.values(), *gauges.values(), lag_samples]
 
     def collect(self) -> Iterator[Metric]:

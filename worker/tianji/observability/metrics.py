@@ -35,13 +35,15 @@ def lag_histogram_family(labels: list[str]) -> HistogramMetricFamily:
     return HistogramMetricFamily(PREFIX + name, doc, labels=labels)
 
 
-def add_lag_histogram(fam: HistogramMetricFamily, label_values: list[str], hist: list[float], total: float) -> None:
-    """One series of the per-sample lag histogram from bucket counts (report lag["hist"])."""
+def add_lag_histogram(fam: HistogramMetricFamily, label_values: list[str], lag: dict) -> None:
+    """One series of the per-sample lag histogram from a report's lag (its bucket counts `hist`;
+    the sum is the mean lag x samples: every lag entry stands for equally many samples)."""
     cum, buckets = 0.0, []
-    for le, n in zip([*(str(float(b)) for b in LAG_BOUNDS), "+Inf"], hist):
+    for le, n in zip([*(str(float(b)) for b in LAG_BOUNDS), "+Inf"], lag["hist"]):
         cum += n
         buckets.append((le, cum))
-    fam.add_metric(label_values, buckets, sum_value=total)
+    mean = lag["sum"] / lag["count"] if lag.get("count") else 0.0
+    fam.add_metric(label_values, buckets, sum_value=mean * cum)
 
 
 class _LagSamples:
@@ -53,8 +55,7 @@ class _LagSamples:
 
     def collect(self):
         fam = lag_histogram_family(list(LABELS))
-        lag = self.owner.lag
-        add_lag_histogram(fam, [self.owner.labels[k] for k in LABELS], lag["hist"], lag["sum"])
+        add_lag_histogram(fam, [self.owner.labels[k] for k in LABELS], dict(self.owner.lag))
         yield fam
 
 
