@@ -15,12 +15,13 @@ def to_tensor(a, device: torch.device, dtype=None) -> torch.Tensor:
 
 
 def apply_gradients(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, max_grad_norm: float,
-                    sync_grads: Optional[Callable[[nn.Module], None]] = None) -> bool:
+                    sync_grads: Optional[Callable[[nn.Module], None]] = None, stats: Optional[dict] = None) -> bool:
     """One optimizer step: backward, average across data-parallel learners (if any), clip, step.
 
     Returns False, and leaves the parameters and the optimizer's state untouched, when the loss or
     any gradient is not finite. The check is on the (averaged) gradient norm, after the all-reduce,
-    so data-parallel learners all take the same decision and stay in step."""
+    so data-parallel learners all take the same decision and stay in step. `stats`, if given,
+    accumulates the pre-clip gradient norm of the steps taken (`grad_norm`)."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if sync_grads is not None:
@@ -30,6 +31,8 @@ def apply_gradients(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optim
         opt.zero_grad(set_to_none=True)
         return False
     opt.step()
+    if stats is not None:
+        stats["grad_norm"] = stats.get("grad_norm", 0.0) + float(norm)
     return True
 
 

@@ -63,7 +63,7 @@ class DQNLearner:
         ret, disc = to_tensor(b["returns"], dev, np.float32), to_tensor(b["discounts"], dev, np.float32)
         total = obs.shape[0]
         bs = c.batch_size
-        loss_sum, q_sum, steps, skipped = 0.0, 0.0, 0, 0
+        loss_sum, q_sum, steps, skipped, norms = 0.0, 0.0, 0, 0, {"grad_norm": 0.0}
         for s in range(0, total - bs + 1, bs):
             sl = slice(s, s + bs)
             with torch.no_grad():
@@ -72,7 +72,7 @@ class DQNLearner:
                 y = ret[sl] + disc[sl] * q_next_t.gather(1, a_star).squeeze(1)
             q = self.model(obs[sl]).gather(1, act[sl, None]).squeeze(1)
             loss = F.smooth_l1_loss(q, y)
-            if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads):
+            if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads, norms):
                 skipped += 1
                 continue
             self.steps += 1
@@ -81,7 +81,8 @@ class DQNLearner:
                 self._sync_target()
             loss_sum += loss.item()
             q_sum += q.detach().mean().item()
-        return {"loss": loss_sum / max(steps, 1), "q_mean": q_sum / max(steps, 1),
+        return {"dqn_loss": loss_sum / max(steps, 1), "q_mean": q_sum / max(steps, 1),
+                "grad_norm": norms["grad_norm"] / max(steps, 1),
                 "train_steps": steps, "samples": steps * bs, "skipped_steps": skipped}
 
     def state(self) -> dict:

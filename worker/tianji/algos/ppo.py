@@ -11,6 +11,12 @@ actor recorded, so residual policy lag is corrected by the clip (the paper's
 on-policy "1:1" consumption plus staleness bound). With Gymnasium's NEXT_STEP
 autoreset, o_{t+1} after a done is the final observation (bootstraps a
 truncation) and the following step is a reset step, masked by `valid`.
+
+With `offPolicyCorrection: vtrace`, advantages and value targets come from
+algos/vtrace.py instead (truncated importance weights between the learner's
+policy at update start and the behaviour policy). The surrogate's ratio stays
+against the behaviour log-probs: a lagged sample is weighted by rho (in its
+advantage, as IMPALA's policy gradient) and by the clipped ratio.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import torch
 from torch import nn
 
 from tianji.algos import apply_gradients, to_tensor
+from tianji.algos.vtrace import vtrace
 from tianji.control.spec import PPOConfig
 
 
@@ -48,6 +55,14 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, last_value: torch.Tensor, d
     return adv
 
 
+def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """1 - Var(target - pred) / Var(target): 1 is a perfect critic, 0 no better than a constant."""
+    if target.numel() < 2:
+        return 0.0
+    var = float(target.var())
+    return 0.0 if var < 1e-12 else 1.0 - float((target - pred).var()) / var
+
+
 class PPOLearner:
     def __init__(self, model: nn.Module, cfg: PPOConfig, seed: int):
         self.model, self.cfg = model, cfg
@@ -74,12 +89,23 @@ class PPOLearner:
         rewards, dones, terminated = f("rewards"), f("dones"), f("terminated")
         with torch.no_grad():
             flat_obs = obs.reshape(T * N, *obs.shape[2:])
-            _, values = self.model(flat_obs)
+            logits0, values = self.model(flat_obs)
             values = values.reshape(T, N)
             _, last_value = self.model(to_tensor(b["last_obs"], dev))
-            adv = gae(rewards, values, last_value, dones, terminated, c.gamma, c.gae_lambda)
-            ret = adv + values
-        valid = to_tensor(b["valid"], dev, bool).reshape(-1)
+            valid_tn = to_tensor(b["valid"], dev, bool).reshape(T, N)
+            rho_mean = 1.0
+            if c.off_policy_correction == "vtrace":
+                act0 = to_tensor(b["actions"], dev, np.int64).reshape(-1, 1)
+                target_logp = torch.log_softmax(logits0, -1).gather(1, act0).reshape(T, N)
+                vt = vtrace(target_logp, f("logp"), rewards, values, last_value, dones, terminated, c.gamma,
+                            c.gae_lambda, c.vtrace_rho_bar, c.vtrace_c_bar, valid_tn)
+                adv, ret = vt.advantages, vt.vs
+                rho_mean = float(vt.rhos[valid_tn].mean()) if bool(valid_tn.any()) else 1.0
+            else:
+                adv = gae(rewards, values, last_value, dones, terminated, c.gamma, c.gae_lambda)
+                ret = adv + values
+            explained_var = explained_variance(values[valid_tn], ret[valid_tn])
+        valid = valid_tn.reshape(-1)
         idx_valid = torch.nonzero(valid).squeeze(-1)
         mb_obs = flat_obs[idx_valid]
         mb_act = to_tensor(b["actions"], dev, np.int64).reshape(-1)[idx_valid]
@@ -89,7 +115,8 @@ class PPOLearner:
         n = int(idx_valid.numel())
         for g in self.opt.param_groups:
             g["lr"] = self._lr()
-        stats = {"pg_loss": 0.0, "v_loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "approx_kl": 0.0}
+        stats = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0,
+                 "grad_norm": 0.0}
         steps = skipped = 0
         # A fixed number of minibatch steps per epoch (batchSize // minibatchSize), whatever the count of
         # valid samples: data-parallel learners must take the same number of synchronised steps.
@@ -111,21 +138,22 @@ class PPOLearner:
                 vl = 0.5 * (v - mb_ret[i]).pow(2).mean()
                 ent = -(logp_all.exp() * logp_all).sum(-1).mean()
                 loss = pg + c.vf_coef * vl - c.ent_coef * ent
-                if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads):
+                if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads, stats):
                     skipped += 1
                     continue
                 steps += 1
                 with torch.no_grad():
-                    stats["pg_loss"] += pg.item()
-                    stats["v_loss"] += vl.item()
+                    stats["policy_loss"] += pg.item()
+                    stats["value_loss"] += vl.item()
                     stats["entropy"] += ent.item()
-                    stats["clipfrac"] += ((ratio - 1).abs() > c.clip_coef).float().mean().item()
+                    stats["clip_fraction"] += ((ratio - 1).abs() > c.clip_coef).float().mean().item()
                     stats["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()
         # Nominal count (batch size x learners), not the valid-sample count: the lr schedule must be the
         # same on every data-parallel learner or their parameters drift apart.
         self.samples_seen += c.batch_size * self.world
         out = {k: v / max(steps, 1) for k, v in stats.items()}
-        out.update(train_steps=steps, samples=n, skipped_steps=skipped)
+        out.update(explained_variance=explained_var, importance_weight=rho_mean, train_steps=steps, samples=n,
+                   skipped_steps=skipped)
         return out
 
     def state(self) -> dict:

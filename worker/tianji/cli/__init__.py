@@ -33,7 +33,8 @@ def _run(a: argparse.Namespace) -> int:
             return 2
     try:
         return run_job(a.job, overrides=a.set, run_dir=a.run_dir, max_seconds=a.max_seconds,
-                       progress=not a.quiet, resume=a.resume, metrics_port=a.metrics_port, profile=profile)
+                       progress=not a.quiet, resume=a.resume, metrics_port=a.metrics_port, profile=profile,
+                       tensorboard_port=a.tensorboard)
     except RunDirError as e:
         print(f"tianji run: {e}", file=sys.stderr)
         return 2
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--metrics-port", type=int, metavar="N",
                    help="serve every role's Prometheus metrics on 127.0.0.1:N/metrics")
     r.add_argument("--profile", help="profile JSON from `tianji profile` for the planner (default: built-in estimates)")
+    r.add_argument("--tensorboard", type=int, nargs="?", const=6006, metavar="PORT",
+                   help="also serve the run's TensorBoard on 127.0.0.1:PORT (default 6006) while it runs "
+                        "(event files are written into the run dir either way)")
     r.set_defaults(fn=_run)
 
     w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")

@@ -136,6 +136,8 @@ class Accounting:
             lag = dict(p.lag)
             lag["count"] -= held.lag.get("count", 0)
             lag["sum"] -= held.lag.get("sum", 0.0)
+            if lag.get("hist") and held.lag.get("hist"):
+                lag["hist"] = [a - b for a, b in zip(lag["hist"], held.lag["hist"])]
             self.retired_lag = _merge_lag_raw(self.retired_lag, lag)
             self.gone[report.incarnation] = p
         else:
@@ -201,6 +203,11 @@ class Accounting:
 
     def lag(self) -> dict[str, Optional[float]]:
         return _merge_lag([self.retired_lag] + [p.lag for (r, _, _), p in self.procs.items() if r == "learner"])
+
+    def lag_hist(self) -> Optional[list[float]]:
+        """Consumed samples per policy-lag bucket (report.LAG_BOUNDS, then beyond), whole job."""
+        return merge_hist([self.retired_lag.get("hist")] +
+                          [p.lag.get("hist") for (r, _, _), p in self.procs.items() if r == "learner"])
 
     def processes(self) -> dict[str, dict[str, Any]]:
         """Per-process latest counters and gauges (metrics.jsonl's `processes`)."""
@@ -299,9 +306,19 @@ def _merge_lag_raw(a: dict, b: dict) -> dict:
     if not b.get("count"):
         return dict(a)
     if not a.get("count"):
-        return {k: b.get(k) for k in ("count", "sum", "min", "max")}
-    return {"count": a["count"] + b["count"], "sum": a["sum"] + b["sum"],
-            "min": min(a["min"], b["min"]), "max": max(a["max"], b["max"])}
+        return {k: b.get(k) for k in ("count", "sum", "min", "max", "hist") if b.get(k) is not None}
+    out = {"count": a["count"] + b["count"], "sum": a["sum"] + b["sum"],
+           "min": min(a["min"], b["min"]), "max": max(a["max"], b["max"])}
+    hist = merge_hist([a.get("hist"), b.get("hist")])
+    if hist is not None:
+        out["hist"] = hist
+    return out
+
+
+def merge_hist(parts: list) -> Optional[list[float]]:
+    """Bucket-wise sum of per-sample lag histograms (report lag["hist"]); None if there is none."""
+    parts = [h for h in parts if h]
+    return [float(sum(x)) for x in zip(*parts)] if parts else None
 
 
 # ----------------------------------------------------------------- the status view

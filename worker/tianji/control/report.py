@@ -40,10 +40,27 @@ GAUGES = {
     "replay_ratio": "Samples consumed / samples inserted",
     "learner_capacity_sps": "Learner consumption capacity (samples per busy second)",
 }
-HISTOGRAMS = {
-    "policy_lag": ("Mean policy lag (learner version - behaviour version) of each consumed batch",
-                   (0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 1024)),
+# What a learner computes on each update (gauges `learner_<name>`: the value of its latest batch).
+LEARNER_STATS = {
+    "policy_loss": "PPO clipped surrogate loss",
+    "value_loss": "PPO value loss (0.5 x squared error to the value targets)",
+    "entropy": "PPO policy entropy (nats)",
+    "clip_fraction": "PPO fraction of samples whose probability ratio left the clip range",
+    "approx_kl": "PPO approximate KL(behaviour || current), (r - 1) - log r",
+    "grad_norm": "Gradient norm before clipping",
+    "explained_variance": "PPO 1 - Var(target - V) / Var(target) at update start",
+    "importance_weight": "PPO mean truncated importance weight rho (V-trace; 1 without correction)",
+    "dqn_loss": "DQN Huber TD loss",
+    "q_mean": "DQN mean Q(o, a) of the replayed actions",
 }
+GAUGES.update({"learner_" + k: d for k, d in LEARNER_STATS.items()})
+LAG_BOUNDS = (0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 1024)  # policy-lag bucket upper bounds (versions)
+HISTOGRAMS = {
+    "policy_lag": ("Mean policy lag (learner version - behaviour version) of each consumed batch", LAG_BOUNDS),
+}
+# Per-sample lag of consumed samples, counted in LAG_BOUNDS buckets (the last one: beyond them) by the
+# role and carried in its report's lag["hist"]; exported as a histogram built from those counts.
+LAG_SAMPLES_HISTOGRAM = ("learner_policy_lag_samples", "Policy lag of each consumed sample (versions)")
 REASON_LABELED = frozenset({"samples_dropped_total", "messages_rejected_total"})
 ROLES = ("actor", "buffer", "learner")
 
@@ -157,6 +174,11 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
                                                                            -MAX_COUNT)}
     for k in ("min", "max"):
         lag[k] = None if lag_in.get(k) is None else _num(lag_in[k], f"lag.{k}", -MAX_COUNT)
+    if lag_in.get("hist") is not None:
+        hist = lag_in["hist"]
+        if not isinstance(hist, list) or len(hist) != len(LAG_BOUNDS) + 1:
+            raise ReportError(f"lag.hist: expected {len(LAG_BOUNDS) + 1} bucket counts")
+        lag["hist"] = [_num(x, f"lag.hist[{i}]") for i, x in enumerate(hist)]
     recent_in = d.get("recent", [])
     if not isinstance(recent_in, list) or len(recent_in) > MAX_EPISODES_PER_REPORT:
         raise ReportError(f"recent: expected a list of at most {MAX_EPISODES_PER_REPORT} episodes")

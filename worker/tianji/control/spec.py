@@ -103,6 +103,20 @@ class PPOConfig(_Model):
     vf_coef: float = Field(0.5, ge=0)
     max_grad_norm: float = Field(0.5, gt=0)
     norm_adv: bool = True
+    off_policy_correction: Literal["none", "vtrace"] = Field(
+        "none", description="none: GAE on the learner's critic; vtrace: value targets and advantages corrected by "
+        "truncated importance weights between the learner's policy at update start and the behaviour policy "
+        "(IMPALA's V-trace, with gaeLambda as its lambda)")
+    vtrace_rho_bar: float = Field(1.0, gt=0, le=100, description="V-trace truncation of the weights in the TD "
+                                  "error and the advantage (rho-bar)")
+    vtrace_c_bar: float = Field(1.0, gt=0, le=100, description="V-trace truncation of the trace weights (c-bar); "
+                                "at most vtraceRhoBar")
+
+    @model_validator(mode="after")
+    def _vtrace_bars(self) -> "PPOConfig":
+        if self.vtrace_c_bar > self.vtrace_rho_bar:  # IMPALA assumes c-bar <= rho-bar (its Theorem 1)
+            raise ValueError("vtraceCBar must be <= vtraceRhoBar")
+        return self
 
 
 class DQNConfig(_Model):
@@ -593,6 +607,15 @@ def deprecated_fields(spec: Any) -> list[str]:
             if old in spec]
 
 
+class WandbConfig(_Model):
+    """Weights & Biases logging by `tianji run` (its launcher logs what it writes to metrics.jsonl)."""
+
+    project: str = Field(min_length=1, max_length=128, description="W&B project")
+    entity: Optional[str] = Field(None, min_length=1, max_length=128, description="W&B entity (team or user)")
+    group: Optional[str] = Field(None, min_length=1, max_length=128, description="W&B run group")
+    mode: Literal["online", "offline"] = Field("online", description="offline: write under the run dir, sync later")
+
+
 class JobSpec(_Model):
     @model_validator(mode="before")
     @classmethod
@@ -635,6 +658,8 @@ class JobSpec(_Model):
                        description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0")
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     pods: Pods = Field(default_factory=Pods)
+    wandb: Optional[WandbConfig] = Field(None, description="optional Weights & Biases logging, local runs "
+                                         "(`tianji run`; needs the `tianji[wandb]` extra); the operator ignores it")
 
     @field_validator("image")
     @classmethod

@@ -7,8 +7,9 @@ gives a run its meaning is tianji.control's, shared with the operator: the plan
 resolved job to the run dir, start the workers (ipc:// sockets), feed their
 pushed reports to the accounting, restart a worker that died or went silent
 (exponential back-off, capped), show progress, stop everyone at the stop rule
-or on Ctrl-C/SIGTERM, and write `summary.json`, `metrics.jsonl` and
-`accounting.json` (what `--resume` continues counting from). Workers ask the
+or on Ctrl-C/SIGTERM, and write `summary.json`, `metrics.jsonl` (with the learners'
+statistics and the lag histogram), TensorBoard event files (and W&B, if `spec.wandb`),
+all from the same records, and `accounting.json` (what `--resume` continues counting from). Workers ask the
 kernel to kill them if the launcher dies (PR_SET_PDEATHSIG), so no process
 outlives a run. `--metrics-port` serves every role's metrics for Prometheus.
 """
@@ -37,6 +38,8 @@ from tianji.control.spec import TianJiJob, dump_job, load_job
 from tianji.envs import check_env_spec, spaces_of
 from tianji.local.worker_logs import last_exception
 from tianji.observability.exporter import JobExporter
+from tianji.observability.learnerstats import lag_histogram, learner_stats
+from tianji.observability.runlog import RunLog
 from tianji.observability.progress import Progress
 from tianji.runtime.wire import WireError, decode
 
@@ -85,7 +88,7 @@ class RunDirError(ValueError):
 
 def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None, max_seconds: Optional[float] = None,
             progress: bool = True, resume: Optional[str] = None, metrics_port: Optional[int] = None,
-            profile: Optional[Profile] = None) -> int:
+            profile: Optional[Profile] = None, tensorboard_port: Optional[int] = None) -> int:
     """Start a run (job_path) or continue one (resume=RUN_DIR, its job.yaml and newest checkpoints).
     `profile`: what the planner sizes the job with (`--profile`, as the operator's TIANJI_PROFILE)."""
     prof = profile
@@ -102,16 +105,25 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
         if (rd / "job.yaml").exists():
             raise RunDirError(f"{rd} already holds a run; continue it with `tianji run --resume {rd}` "
                               "or choose another --run-dir")
+    if job.spec.wandb is not None:  # W&B is optional: say what to install before anything starts
+        from tianji.observability.wandb_log import WandbMissing, require_wandb
+
+        try:
+            require_wandb()
+        except WandbMissing as e:
+            raise RunDirError(str(e)) from None
     summary = Launcher(job, rd.resolve(), max_seconds=max_seconds, progress=progress, resume=bool(resume),
-                       metrics_port=metrics_port).run()
+                       metrics_port=metrics_port, tensorboard_port=tensorboard_port).run()
     return 0 if summary["exit_reason"] in ("target", "frames", "seconds") else (
         130 if summary["exit_reason"] == "interrupted" else 1)
 
 
 class Launcher:
     def __init__(self, job: TianJiJob, run_dir: Path, max_seconds: Optional[float] = None, progress: bool = True,
-                 resume: bool = False, metrics_port: Optional[int] = None):
+                 resume: bool = False, metrics_port: Optional[int] = None, tensorboard_port: Optional[int] = None):
         self.job, self.run_dir = job, run_dir
+        self.tensorboard_port = tensorboard_port
+        self.runlog: Optional[RunLog] = None
         self.stop_rule = StopRule(job.spec.stop, max_seconds)
         self.metrics_port = metrics_port
         self.exporter: Optional[JobExporter] = None
@@ -324,8 +336,12 @@ class Launcher:
         row = self._row(now)
         row["t"] = round(row.pop("elapsed"), 3)
         row["dropped_by_reason"] = self.acc.reasons("samples_dropped_total")
+        row["learner"] = learner_stats(self.acc)
+        row["lag_hist"] = lag_histogram(self.acc)
         row["processes"] = self.acc.processes()
         f.append(json.dumps(row) + "\n")
+        if self.runlog is not None:
+            self.runlog.write(row)
         self._export()
 
     def _export(self) -> None:
@@ -380,6 +396,8 @@ class Launcher:
             "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
             "throughput": v["throughput"],
             "policy_lag": {k: (x if x is not None else 0.0) for k, x in v["policy_lag"].items()},
+            "policy_lag_hist": lag_histogram(acc),
+            "learner_stats": learner_stats(acc),
             "processes": {"actors": t.groups * t.actors, "buffers": t.groups * t.buffers,
                           "learners": t.groups * t.learners},
             "bytes_sent": v["bytes_sent"],
@@ -418,6 +436,7 @@ class Launcher:
         t0 = self.started = time.monotonic()
         self.exporter = JobExporter(self.job.name) if self.metrics_port else None
         try:
+            self.runlog = RunLog(self.job, self.run_dir, self.tensorboard_port)
             if self.exporter is not None:
                 self.exporter.serve(self.metrics_port)
             with _Appender(self.run_dir / "metrics.jsonl", self) as mf, \
@@ -466,6 +485,8 @@ class Launcher:
                 (self.run_dir / "sock").unlink(missing_ok=True)
             if self.exporter is not None:
                 self.exporter.close()
+            if self.runlog is not None:
+                self.runlog.close()
             for s, h in old.items():
                 signal.signal(s, h)
         wall = time.monotonic() - t0

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from tianji.control.accounting import Accounting
 
 from tianji.control.report import COUNTERS, GAUGES, REASON_LABELED
-from tianji.observability.metrics import LABELS, PREFIX, serve_registry
+from tianji.observability.metrics import LABELS, PREFIX, add_lag_histogram, lag_histogram_family, serve_registry
 
 
 class JobExporter:
@@ -36,6 +36,7 @@ class JobExporter:
                                            labels=[*LABELS, *(["reason"] if n in REASON_LABELED else [])])
                     for n, d in COUNTERS.items()}
         gauges = {n: GaugeMetricFamily(PREFIX + n, d, labels=list(LABELS)) for n, d in GAUGES.items()}
+        lag_samples = lag_histogram_family(list(LABELS))
         for (role, g, i), p in sorted(acc.procs.items()):
             lab = [self.job, role, str(g), str(i)]
             for n, fam in counters.items():
@@ -46,7 +47,9 @@ class JobExporter:
                     fam.add_metric(lab, p.counts[n])
             for n, v in p.gauges.items():
                 gauges[n].add_metric(lab, v)
-        self._families = [*counters.values(), *gauges.values()]
+            if role == "learner" and p.lag.get("hist"):
+                add_lag_histogram(lag_samples, lab, p.lag)
+        self._families = [*counters.values(), *gauges.values(), lag_samples]
 
     def collect(self) -> Iterator[Metric]:
         yield from self._families

@@ -13,9 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 
 from tianji.control.fabric import FABRIC_PATH, fabric_reply
-from tianji.control.report import COUNTERS, GAUGES, HISTOGRAMS, REASON_LABELED
+from tianji.control.report import (COUNTERS, GAUGES, HISTOGRAMS, LAG_BOUNDS, LAG_SAMPLES_HISTOGRAM, LEARNER_STATS,
+                                   REASON_LABELED)
 
 PREFIX = "tianji_"
 LABELS = ("job", "role", "group", "index")
@@ -24,9 +26,38 @@ LABELS = ("job", "role", "group", "index")
 def metric_names() -> set[str]:
     """Every exported series name (as Prometheus exposes it), for dashboards and tests."""
     names = {PREFIX + n for n in COUNTERS} | {PREFIX + n for n in GAUGES}
-    for h in HISTOGRAMS:
+    for h in (*HISTOGRAMS, LAG_SAMPLES_HISTOGRAM[0]):
         names |= {PREFIX + h + s for s in ("_bucket", "_sum", "_count")}
     return names
+
+
+def lag_histogram_family(labels: list[str]) -> HistogramMetricFamily:
+    name, doc = LAG_SAMPLES_HISTOGRAM
+    return HistogramMetricFamily(PREFIX + name, doc, labels=labels)
+
+
+def add_lag_histogram(fam: HistogramMetricFamily, label_values: list[str], lag: dict) -> None:
+    """One series of the per-sample lag histogram from a report's lag (its bucket counts `hist`;
+    the sum is the mean lag x samples: every lag entry stands for equally many samples)."""
+    cum, buckets = 0.0, []
+    for le, n in zip([*(str(float(b)) for b in LAG_BOUNDS), "+Inf"], lag["hist"]):
+        cum += n
+        buckets.append((le, cum))
+    mean = lag["sum"] / lag["count"] if lag.get("count") else 0.0
+    fam.add_metric(label_values, buckets, sum_value=mean * cum)
+
+
+class _LagSamples:
+    """Collector: the per-sample lag histogram from RoleMetrics' bucket counts (a Prometheus
+    Histogram takes one observe() per value: too slow for every sample of a batch)."""
+
+    def __init__(self, owner: "RoleMetrics"):
+        self.owner = owner
+
+    def collect(self):
+        fam = lag_histogram_family(list(LABELS))
+        add_lag_histogram(fam, [self.owner.labels[k] for k in LABELS], dict(self.owner.lag))
+        yield fam
 
 
 class RoleMetrics:
@@ -46,8 +77,11 @@ class RoleMetrics:
         # Plain mirrors: cheap to read for reports, no registry walk on the hot path.
         self.counts: dict[str, float] = {n: 0.0 for n in COUNTERS}
         self.reasons: dict[str, dict[str, float]] = {n: {} for n in REASON_LABELED}
-        self.gauges: dict[str, float] = {n: 0.0 for n in GAUGES}
-        self.lag = {"min": None, "max": None, "sum": 0.0, "count": 0}
+        # Learner statistics appear once computed: a PPO learner reports no DQN loss of 0.
+        self.gauges: dict[str, float] = {n: 0.0 for n in GAUGES if n.removeprefix("learner_") not in LEARNER_STATS}
+        self.lag = {"min": None, "max": None, "sum": 0.0, "count": 0, "hist": [0.0] * (len(LAG_BOUNDS) + 1)}
+        if role == "learner":
+            self.registry.register(_LagSamples(self))
 
     def inc(self, name: str, value: float = 1.0, reason: Optional[str] = None) -> None:
         if value <= 0:
@@ -65,8 +99,9 @@ class RoleMetrics:
         self._g[name].labels(**self.labels).set(value)
         self.gauges[name] = float(value)
 
-    def observe_lag(self, lags) -> None:
-        """Record per-sample policy lags (an iterable or numpy array of ints)."""
+    def observe_lag(self, lags, samples_each: int = 1) -> None:
+        """Record policy lags (an iterable or numpy array of ints), each the lag of `samples_each`
+        consumed samples (a PPO batch carries one version per env column of T steps)."""
         import numpy as np
 
         lags = np.asarray(lags)
@@ -80,10 +115,13 @@ class RoleMetrics:
         self.lag["max"] = hi if self.lag["max"] is None else max(self.lag["max"], hi)
         self.lag["sum"] += float(lags.sum())
         self.lag["count"] += int(lags.size)
+        # Bucket i counts lags <= LAG_BOUNDS[i] (and > the bound before); the last, lags beyond them all.
+        counts = np.bincount(np.searchsorted(LAG_BOUNDS, lags.ravel(), side="left"), minlength=len(LAG_BOUNDS) + 1)
+        self.lag["hist"] = [h + float(c) * samples_each for h, c in zip(self.lag["hist"], counts)]
 
     def snapshot(self) -> dict:
         return {"counts": dict(self.counts), "reasons": {k: dict(v) for k, v in self.reasons.items()},
-                "gauges": dict(self.gauges), "lag": dict(self.lag)}
+                "gauges": dict(self.gauges), "lag": {**self.lag, "hist": list(self.lag["hist"])}}
 
     def serve(self, port: int, addr: str = "0.0.0.0", report: Optional[Callable[[], bytes]] = None,
               fabric: Optional[str] = None) -> ThreadingHTTPServer:

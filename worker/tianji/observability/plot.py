@@ -1,4 +1,5 @@
-"""`tianji plot RUN_DIR`: return vs time and vs frames, and throughput by role, from metrics.jsonl."""
+"""`tianji plot RUN_DIR`: return vs time and vs frames, throughput by role, and PPO's clip fraction
+and approx-KL against policy lag, from metrics.jsonl."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     t = [r["t"] for r in recs]
     ret = [r["mean_return"] if r["mean_return"] is not None else float("nan") for r in recs]
     frames = [r["env_frames"] for r in recs]
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    fig, ax = plt.subplots(1, 4, figsize=(20, 4))
     ax[0].plot(t, ret)
     ax[0].set(xlabel="seconds", ylabel="mean return (last 100)", title="return vs time")
     ax[1].plot(frames, ret)
@@ -29,6 +30,7 @@ def plot_run(run_dir: Path, out: Path) -> Path:
         ax[2].plot(t, [r[key] for r in recs], label=label)
     ax[2].set(xlabel="seconds", ylabel="per second", title="throughput by role")
     ax[2].legend(fontsize=8)
+    _stats_vs_lag(ax[3], recs)
     for a in ax:
         a.grid(alpha=0.3)
     fig.suptitle(str(run_dir.name))
@@ -36,6 +38,31 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def interval_lags(recs: list[dict]) -> list[float]:
+    """Mean policy lag of the samples consumed between consecutive records, from the cumulative
+    per-sample histogram (`lag_hist`; a bucket counts as its upper bound, exact for lags <= 4)."""
+    out, prev = [], None
+    for r in recs:
+        h = r.get("lag_hist") or {}
+        d = {k: n - (prev or {}).get(k, 0) for k, n in h.items()}
+        n = sum(d.values())
+        finite = {k: v for k, v in d.items() if k != "inf"}
+        out.append(sum(float(k) * v for k, v in finite.items()) / n if n and n == sum(finite.values())
+                   else float("nan"))
+        prev = h or prev
+    return out
+
+
+def _stats_vs_lag(ax, recs: list[dict]) -> None:
+    lag = interval_lags(recs)
+    for key, label, marker in (("clip_fraction", "clip fraction", "o"), ("approx_kl", "approx-KL", "x")):
+        ys = [(r.get("learner") or {}).get(key, float("nan")) for r in recs]
+        ax.scatter(lag, ys, s=10, marker=marker, label=label, alpha=0.6)
+    ax.set(xlabel="mean policy lag of the interval's samples (versions)", ylabel="latest PPO update",
+           title="clip fraction / approx-KL vs policy lag")
+    ax.legend(fontsize=8)
 
 
 def plot_command(a: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from tianji.algos.ppo import PPOLearner
 from tianji.envs import declared_info
 from tianji.algos import params_finite
 from tianji.algos.models import build_model, state_arrays
+from tianji.control.report import LEARNER_STATS
 from tianji.control.spec import dump_job
 from tianji.runtime.validate import batch_bytes, check_batch, limits_for
 from tianji.runtime.wire import Message, WireError
@@ -211,11 +212,15 @@ class Learner(Role):
         self.version += int(stats["train_steps"]) if self.algo_name == "dqn" else 1
         self.consumed += n
         self.train_steps += int(stats["train_steps"])
-        self.metrics.observe_lag(lag_version - versions)
+        self.metrics.observe_lag(lag_version - versions,
+                                 len(msg.arrays["obs"]) if self.algo_name == "ppo" else 1)  # PPO: per column
         self.metrics.inc("samples_consumed_total", n)
         self.metrics.inc("samples_received_total", n)
         self.metrics.inc("train_steps_total", int(stats["train_steps"]))
         self.metrics.set("policy_version", self.version)
+        for k in LEARNER_STATS:  # what this algorithm computed (PPO or DQN), not the other's zeros
+            if k in stats and np.isfinite(stats[k]):
+                self.metrics.set("learner_" + k, float(stats[k]))
         if self.capacity:
             self.metrics.set("learner_capacity_sps", self.capacity)
         if self.version - self.last_pub_version >= self.spec.staleness.publish_every:
