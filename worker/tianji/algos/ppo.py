@@ -18,13 +18,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos import apply_gradients, to_tensor
+from tianji.algos import apply_gradients, distributions, to_tensor
+from tianji.algos.normalize import scale_rewards
 from tianji.control.spec import PPOConfig
 
 
 @torch.inference_mode()
 def act(model: nn.Module, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Sample a ~ softmax(logits) by inverse CDF in numpy (3x cheaper than torch.distributions per step)."""
+    """Sample a ~ softmax(logits) by inverse CDF in numpy (3x cheaper than torch.distributions per step);
+    a diagonal Gaussian for continuous actions (distributions.py)."""
+    if getattr(model, "continuous", False):
+        return distributions.act_gaussian(model, obs, rng)
     logits = model.logits(torch.from_numpy(obs)).numpy().astype(np.float64)
     logits -= logits.max(-1, keepdims=True)
     logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -72,17 +76,22 @@ class PPOLearner:
         T, N = obs.shape[:2]
         f = lambda k: to_tensor(b[k], dev, np.float32)  # noqa: E731
         rewards, dones, terminated = f("rewards"), f("dones"), f("terminated")
+        valid = to_tensor(b["valid"], dev, bool).reshape(-1)
+        flat_obs = obs.reshape(T * N, *obs.shape[2:])
+        if getattr(self.model, "obs_rms", None) is not None:  # learner-owned statistics (normalize.py), from raw valid observations
+            self.model.obs_rms.update(flat_obs[valid])
+        if getattr(self.model, "ret_rms", None) is not None:
+            rewards = scale_rewards(self.model.ret_rms, rewards, dones, c.gamma)
         with torch.no_grad():
-            flat_obs = obs.reshape(T * N, *obs.shape[2:])
             _, values = self.model(flat_obs)
             values = values.reshape(T, N)
             _, last_value = self.model(to_tensor(b["last_obs"], dev))
             adv = gae(rewards, values, last_value, dones, terminated, c.gamma, c.gae_lambda)
             ret = adv + values
-        valid = to_tensor(b["valid"], dev, bool).reshape(-1)
         idx_valid = torch.nonzero(valid).squeeze(-1)
         mb_obs = flat_obs[idx_valid]
-        mb_act = to_tensor(b["actions"], dev, np.int64).reshape(-1)[idx_valid]
+        continuous = getattr(self.model, "continuous", False)
+        mb_act = distributions.flat_actions(b["actions"], T * N, continuous, dev)[idx_valid]
         mb_logp = f("logp").reshape(-1)[idx_valid]
         mb_adv = adv.reshape(-1)[idx_valid]
         mb_ret = ret.reshape(-1)[idx_valid]
@@ -100,8 +109,7 @@ class PPOLearner:
             for s in range(0, per_epoch * mbs, mbs):
                 i = perm[s:s + mbs]
                 logits, v = self.model(mb_obs[i])
-                logp_all = torch.log_softmax(logits, -1)
-                logp = logp_all.gather(1, mb_act[i, None]).squeeze(1)
+                logp, entropy = distributions.logp_entropy(self.model, logits, mb_act[i], continuous)
                 log_ratio = logp - mb_logp[i]
                 ratio = log_ratio.exp()
                 a = mb_adv[i]
@@ -109,7 +117,7 @@ class PPOLearner:
                     a = (a - a.mean()) / (a.std() + 1e-8)
                 pg = torch.max(-a * ratio, -a * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)).mean()
                 vl = 0.5 * (v - mb_ret[i]).pow(2).mean()
-                ent = -(logp_all.exp() * logp_all).sum(-1).mean()
+                ent = entropy.mean()
                 loss = pg + c.vf_coef * vl - c.ent_coef * ent
                 if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads):
                     skipped += 1

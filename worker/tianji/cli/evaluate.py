@@ -41,7 +41,7 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int) -> dict:
     job = parse_job(yaml.safe_load(state["manifest"]), f"{ckpt_path}:manifest")
     env = make_vec_env(job.spec.env, min(episodes, 8))
     info = env_info(env)
-    model = build_model(job.spec.algorithm.name, job.spec.model, info, job.spec.env.seed)
+    model = build_model(job.spec.algorithm, job.spec.model, info, job.spec.env.seed)
     model.load_state_dict(state["model"])
     model.eval()
     obs, _ = env.reset(seed=seed)
@@ -51,7 +51,9 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int) -> dict:
         while len(done_eps) < episodes:
             x = torch.from_numpy(obs)
             q = model.logits(x) if job.spec.algorithm.name == "ppo" else model(x)
-            obs, r, term, trunc, inf = env.step(q.argmax(-1).numpy())
+            # greedy: the argmax, or for continuous actions the Gaussian's mean clipped to the Box
+            a = np.clip(q.numpy(), info.act_low, info.act_high) if info.continuous else q.argmax(-1).numpy()
+            obs, r, term, trunc, inf = env.step(a)
             ret += r
             ended = inf.get("episode_end", term | trunc) if isinstance(inf, dict) else term | trunc
             for i in np.nonzero(ended)[0]:

@@ -102,6 +102,14 @@ class PPOConfig(_Model):
     vf_coef: float = Field(0.5, ge=0)
     max_grad_norm: float = Field(0.5, gt=0)
     norm_adv: bool = True
+    normalize_observations: Optional[bool] = Field(
+        None, description="normalise vector observations by running statistics the learner owns and publishes "
+                          "with the parameters (default: on for continuous actions)")
+    normalize_rewards: Optional[bool] = Field(
+        None, description="scale rewards by the running std of discounted returns, at the learner "
+                          "(default: on for continuous actions)")
+    init_log_std: float = Field(0.0, ge=-5, le=2, description="continuous actions: initial log-std of the "
+                                                               "Gaussian policy (state-independent)")
 
 
 class DQNConfig(_Model):

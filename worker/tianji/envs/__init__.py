@@ -20,11 +20,18 @@ from tianji.control.spec import EnvConfig
 class EnvInfo:
     obs_shape: tuple[int, ...]
     obs_dtype: str
-    n_actions: int
+    n_actions: int  # Discrete: the count; 0 for a continuous (Box) action space
+    act_shape: tuple[int, ...] = ()  # Box: (act_dim,)
+    act_low: tuple[float, ...] = ()
+    act_high: tuple[float, ...] = ()
 
     @property
     def is_image(self) -> bool:
         return len(self.obs_shape) == 3
+
+    @property
+    def continuous(self) -> bool:
+        return bool(self.act_shape)
 
 
 def is_atari(env_id: str) -> bool:
@@ -48,11 +55,15 @@ def make_vec_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.Vect
 def env_info(env: gym.vector.VectorEnv) -> EnvInfo:
     obs = env.single_observation_space
     act = env.single_action_space
-    if not isinstance(act, gym.spaces.Discrete):
-        raise ValueError(f"PPO and DQN here need a discrete action space, got {act}")
     if not isinstance(obs, gym.spaces.Box):
         raise ValueError(f"observations must be a Box space, got {obs}")
-    return EnvInfo(tuple(int(d) for d in obs.shape), np.dtype(obs.dtype).name, int(act.n))
+    obs_info = (tuple(int(d) for d in obs.shape), np.dtype(obs.dtype).name)
+    if isinstance(act, gym.spaces.Discrete):
+        return EnvInfo(*obs_info, int(act.n))
+    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1 and act.shape[0] >= 1:
+        return EnvInfo(*obs_info, 0, (int(act.shape[0]),), tuple(float(x) for x in act.low),
+                       tuple(float(x) for x in act.high))
+    raise ValueError(f"actions must be Discrete or a 1-D Box space, got {act}")
 
 
 def probe_env(cfg: EnvConfig) -> EnvInfo:
@@ -63,11 +74,11 @@ def probe_env(cfg: EnvConfig) -> EnvInfo:
         env.close()
 
 
-def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
+def check_env_spec(cfg: EnvConfig, source: str, algorithm: str | None = None) -> EnvInfo:
     """Resolve `env.id` and check its spaces before anything starts (`tianji run`): an unknown id,
-    a continuous action space (PPO and DQN here act in Discrete spaces) or an observation space
-    without a fixed shape is a SpecError naming the file and the field. The operator cannot do
-    this (it has no Gymnasium); its workers fail the same way at start."""
+    an action space that is neither Discrete nor a 1-D Box, a continuous one for DQN, or an
+    observation space without a fixed shape is a SpecError naming the file and the field. The
+    operator cannot do this (it has no Gymnasium); its workers fail the same way at start."""
     from tianji.control.spec import SpecError
 
     try:
@@ -84,4 +95,11 @@ def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
     if not info.obs_shape or np.dtype(info.obs_dtype).name not in ("uint8", "float32", "float64"):
         raise SpecError(f"{source}: spec.env.id: {cfg.id!r} observations {info.obs_dtype}{list(info.obs_shape)} "
                         "are not a fixed-shape uint8/float array")
+    if algorithm is not None and algorithm != "ppo" and info.continuous:
+        raise SpecError(f"{source}: spec.algorithm.name: {algorithm} needs a Discrete action space, but "
+                        f"{cfg.id!r} has a continuous one, {continuous_space_text(info)}; use ppo")
     return info
+
+
+def continuous_space_text(info: EnvInfo) -> str:
+    return f"Box(low={list(info.act_low)}, high={list(info.act_high)}, shape={list(info.act_shape)})"

@@ -244,7 +244,7 @@ def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cp
         cfg = s.algorithm.model_copy(update={"batch_size": B})
         if isinstance(cfg, PPOConfig):
             cfg = cfg.model_copy(update={"minibatch_size": min(cfg.minibatch_size, B)})
-        model = build_model(s.algorithm.name, s.model, info, s.env.seed).to(device)  # the learner follows its model
+        model = build_model(s.algorithm, s.model, info, s.env.seed).to(device)  # the learner follows its model
         learner = cls(model, cfg, 0)
         batch = synthetic_batch(job, B, info.obs_shape, info.obs_dtype, info.n_actions, rng)
         res = _time_updates(lambda: learner.update(batch), budget, sync)
