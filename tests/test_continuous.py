@@ -22,6 +22,8 @@ from tianji.runtime.validate import (GAUSS_LOGP_MAX_PER_DIM, POSITIVE_PARAMS, ch
                                      check_params)
 from tianji.runtime.wire import Message, WireError
 
+torch.set_num_threads(1)  # deliberately, as every TianJi process does (a 2-core CI box)
+
 PENDULUM = EXAMPLES / "pendulum-ppo.yaml"
 INFO = EnvInfo((3,), "float32", 0, (1,), (-2.0,), (2.0,))
 
@@ -133,7 +135,7 @@ def test_reward_scale_is_the_std_of_discounted_returns():
 
 
 def test_learner_statistics_reach_the_actor_with_the_parameters_and_are_checked():
-    job = pendulum_job()
+    job = pendulum_job(batch_size=1024, epochs=1)  # one fragment, one pass: the statistics are the point
     learner_model = build_model(job.spec.algorithm, job.spec.model, INFO, 1)
     actor_model = build_model(job.spec.algorithm, job.spec.model, INFO, 1)
     assert learner_model.obs_rms is not None and learner_model.ret_rms is not None  # default on for Box actions
