@@ -190,6 +190,54 @@ def test_dqn_refuses_a_box_action_space_naming_it():
         build_model(job.spec.algorithm, job.spec.model, INFO, 1)
 
 
+def _data_parallel_learner(rank: int, world: int, init: str, out) -> None:
+    torch.set_num_threads(1)
+    from tianji.runtime.distributed import GradientAverager
+
+    job = pendulum_job(minibatch_size=256, epochs=2)
+    model = build_model(job.spec.algorithm, job.spec.model, INFO, job.spec.env.seed)
+    learner = PPOLearner(model, job.spec.algorithm, seed=rank)
+    avg = GradientAverager(rank, world, init, backend="gloo")
+    learner.sync_grads, learner.world = avg, world
+    rng = np.random.default_rng(rank)  # different observations and rewards per rank
+    T, N = 64, 4
+    for _ in range(2):
+        b = {"obs": rng.normal(rank, 1 + rank, (T, N, 3)).astype(np.float32),
+             "actions": rng.normal(size=(T, N, 1)).astype(np.float32), "logp": np.full((T, N), -1.5, np.float32),
+             "rewards": rng.normal(-5 * (rank + 1), 1, (T, N)).astype(np.float32),
+             "dones": rng.random((T, N)) < 0.05, "terminated": np.zeros((T, N), bool),
+             "valid": np.ones((T, N), bool), "last_obs": rng.normal(size=(N, 3)).astype(np.float32)}
+        learner.update(b)
+        out.put((rank, {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}))
+    avg.close()
+
+
+def test_data_parallel_learners_share_one_set_of_normalisation_statistics():
+    import torch.multiprocessing as mp
+
+    from helpers import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_data_parallel_learner, args=(r, 2, init, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {0: [], 1: []}
+    for _ in range(4):
+        rank, state = q.get(timeout=120)
+        got[rank].append(state)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for step in range(2):
+        for k in got[0][step]:
+            assert np.array_equal(got[0][step][k], got[1][step][k]), f"{k} differs after update {step}"
+    # the statistics are those of both ranks' observations (rank 0 ~ N(0, 1), rank 1 ~ N(1, 2))
+    assert got[0][0]["obs_rms.count"][0] == pytest.approx(2 * 64 * 4, rel=1e-6)
+    assert 0.3 < got[0][1]["obs_rms.mean"].mean() < 0.7
+
+
 @pytest.mark.slow
 def test_ppo_learns_pendulum_through_tianji_run(tmp_path):
     run = tmp_path / "run"
