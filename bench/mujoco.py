@@ -37,11 +37,11 @@ def main() -> int:
         print(json.dumps(out))
         return 0
     with tempfile.TemporaryDirectory(prefix="tianji-mujoco-") as tmp:
-        run = Path(tmp) / "run"
+        run = Path(tmp) / "run"  # also the working directory: MuJoCo writes MUJOCO_LOG.TXT there
         cmd = [sys.executable, "-m", "tianji.cli", "run", str(JOB), "--run-dir", str(run), "--quiet",
                "--set", f"spec.stop.envFrames={a.frames}", "--set", f"spec.stop.seconds={a.seconds}",
                "--set", f"spec.env.seed={a.seed}"]
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.seconds + 180)
+        p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=a.seconds + 180)
         if not (run / "summary.json").is_file():
             out["error"] = p.stderr[-2000:]
             print(json.dumps(out))

@@ -78,7 +78,8 @@ class PPOLearner:
         rewards, dones, terminated = f("rewards"), f("dones"), f("terminated")
         valid = to_tensor(b["valid"], dev, bool).reshape(-1)
         flat_obs = obs.reshape(T * N, *obs.shape[2:])
-        if getattr(self.model, "obs_rms", None) is not None:  # learner-owned statistics (normalize.py), from raw valid observations
+        # learner-owned statistics (normalize.py), from the batch's raw valid observations
+        if getattr(self.model, "obs_rms", None) is not None:
             self.model.obs_rms.update(flat_obs[valid])
         if getattr(self.model, "ret_rms", None) is not None:
             rewards = scale_rewards(self.model.ret_rms, rewards, dones, c.gamma)

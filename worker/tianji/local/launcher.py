@@ -91,7 +91,8 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
         job, _ = resolve(load_job(rd / "job.yaml", overrides))
     else:
         job, _ = resolve(load_job(job_path, overrides))
-        check_env_spec(job.spec.env, str(job_path), job.spec.algorithm.name)  # before any process starts (needs Gymnasium: not in control)
+        # before any process starts (needs Gymnasium: not in control)
+        check_env_spec(job.spec.env, str(job_path), job.spec.algorithm.name)
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
             raise RunDirError(f"{rd} already holds a run; continue it with `tianji run --resume {rd}` "

@@ -128,7 +128,8 @@ def measure_actor(job: TianJiJob, seconds: float, env_seconds: Optional[float] =
 
 # ----------------------------------------------------------------- (b) learner
 def synthetic_fragment(job: TianJiJob, obs_shape: tuple, obs_dtype: str, n_actions: int,
-                       rng: np.random.Generator, n: Optional[int] = None, act_shape: tuple = ()) -> dict[str, np.ndarray]:
+                       rng: np.random.Generator, n: Optional[int] = None,
+                       act_shape: tuple = ()) -> dict[str, np.ndarray]:
     """A fragment with the actor's shapes and dtypes (random content, ~1% episode ends);
     `act_shape` (act_dim,) for continuous actions."""
     s = job.spec

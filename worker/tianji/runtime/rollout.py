@@ -51,7 +51,8 @@ class Rollout:
         """Fresh arrays per fragment: a zero-copy send may still own the previous ones."""
         T, n = self.T, self.n
         buf = {"obs": np.empty((T, n, *self.info.obs_shape), dtype=self.obs.dtype),
-               "actions": np.empty((T, n, *self.info.act_shape), dtype=np.float32 if self.info.continuous else np.int64),
+               "actions": np.empty((T, n, *self.info.act_shape),
+                                   dtype=np.float32 if self.info.continuous else np.int64),
                "rewards": np.empty((T, n), dtype=np.float32),
                "dones": np.empty((T, n), dtype=bool), "terminated": np.empty((T, n), dtype=bool),
                "valid": np.empty((T, n), dtype=bool)}
