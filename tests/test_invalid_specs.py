@@ -200,9 +200,10 @@ def _unknown_env(tmp_path):
         "spec.env.id: 'NoSuchEnv-v9' is not a registered Gymnasium environment"
 
 
-def _continuous_env(tmp_path):
-    return _write(tmp_path, PPO_TEXT.replace("CartPole-v1", "Pendulum-v1")), \
-        "spec.env.id: 'Pendulum-v1' cannot be used: PPO and DQN here need a discrete action space"
+def _dqn_continuous_env(tmp_path):
+    text = (EXAMPLES / "cartpole-dqn.yaml").read_text().replace("CartPole-v1", "Pendulum-v1")
+    return _write(tmp_path, text), ("spec.algorithm.name: dqn needs a Discrete action space, but 'Pendulum-v1' "
+                                    "has a continuous one, Box(low=[-2.0], high=[2.0], shape=[1])")
 
 
 def _set_alias(tmp_path):
@@ -219,7 +220,7 @@ def _set_duplicate(tmp_path):
 
 @pytest.mark.parametrize("make", [_top_level_typo, _metadata_unknown_key, _annotation_not_a_string, _duplicate_key,
                                   _billion_laughs, _deep_nesting, _huge_file, _mean_return_nan, _seed_1e30,
-                                  _seed_past_31_bits, _unknown_env, _continuous_env, _set_alias, _set_nan,
+                                  _seed_past_31_bits, _unknown_env, _dqn_continuous_env, _set_alias, _set_nan,
                                   _set_duplicate], ids=lambda f: f.__name__.strip("_"))
 def test_tianji_run_refuses_hostile_manifests_quickly_in_one_line(tmp_path, make):
     import time

@@ -11,8 +11,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.envs import EnvInfo
+from tianji.envs import EnvInfo, continuous_space_text
 from tianji.control.spec import ModelConfig
+from tianji.algos.normalize import RunningMeanStd, enabled
 
 
 def _init(layer: nn.Module, gain: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:
@@ -54,31 +55,47 @@ def _use_cnn(cfg: ModelConfig, info: EnvInfo) -> bool:
 
 
 class ActorCritic(nn.Module):
-    """Separate policy and value heads (shared CNN trunk for images)."""
+    """Separate policy and value heads (shared CNN trunk for images). For a Box action space the
+    policy head outputs the Gaussian's mean and `log_std` is a state-independent parameter
+    (algos/distributions.py). `obs_rms` / `ret_rms`: the learner's normalisation statistics
+    (algos/normalize.py), present when enabled, so they travel and checkpoint with the parameters."""
 
-    def __init__(self, cfg: ModelConfig, info: EnvInfo):
+    def __init__(self, cfg: ModelConfig, info: EnvInfo, normalize_obs: bool = False, normalize_rewards: bool = False,
+                 init_log_std: float = 0.0):
         super().__init__()
+        self.continuous = info.continuous
+        self.obs_rms = RunningMeanStd(info.obs_shape) if normalize_obs else None
+        self.ret_rms = RunningMeanStd() if normalize_rewards else None
         if _use_cnn(cfg, info):
             self.encoder: nn.Module = NatureCNN(info.obs_shape[0])
             d, hidden = self.encoder.out_dim, []
         else:
             self.encoder = nn.Flatten()
             d, hidden = int(np.prod(info.obs_shape)), list(cfg.hidden)
-        self.pi = mlp(d, hidden, cfg.activation, info.n_actions, 0.01)
+        self.pi = mlp(d, hidden, cfg.activation, info.act_shape[0] if self.continuous else info.n_actions, 0.01)
         self.vf = mlp(d, hidden, cfg.activation, 1, 1.0)
+        if self.continuous:
+            self.log_std = nn.Parameter(torch.full(info.act_shape, float(init_log_std)))
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        if obs.dtype == torch.uint8:
+            return self.encoder(obs)
+        return self.encoder(self.obs_rms.normalize(obs) if self.obs_rms is not None else obs.float())
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.encoder(obs if obs.dtype == torch.uint8 else obs.float())
+        z = self._features(obs)
         return self.pi(z), self.vf(z).squeeze(-1)
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
-        z = self.encoder(obs if obs.dtype == torch.uint8 else obs.float())
-        return self.pi(z)
+        """Discrete: action logits; continuous: the Gaussian's mean."""
+        return self.pi(self._features(obs))
 
 
 class QNetwork(nn.Module):
     def __init__(self, cfg: ModelConfig, info: EnvInfo):
         super().__init__()
+        if info.continuous:
+            raise ValueError(f"dqn needs a Discrete action space, got {continuous_space_text(info)}; use ppo")
         if _use_cnn(cfg, info):
             enc = NatureCNN(info.obs_shape[0])
             self.net = nn.Sequential(enc, _init(nn.Linear(enc.out_dim, info.n_actions), 1.0))
@@ -90,14 +107,21 @@ class QNetwork(nn.Module):
         return self.net(obs if obs.dtype == torch.uint8 else obs.float())
 
 
-def build_model(algorithm: str, cfg: ModelConfig, info: EnvInfo, seed: int, imports: Iterable[str] = ()) -> nn.Module:
-    """`imports`: spec.env.imports, the modules a user model (cfg.entry_point) may come from."""
+def build_model(algorithm, cfg: ModelConfig, info: EnvInfo, seed: int, imports: Iterable[str] = ()) -> nn.Module:
+    """`algorithm`: the spec's algorithm config (or just its name, for the defaults); `imports`:
+    spec.env.imports, the modules a user model (cfg.entry_point) may come from."""
     torch.manual_seed(seed)  # same seed → same version-0 weights in every process
+    name = algorithm if isinstance(algorithm, str) else algorithm.name
     if cfg.entry_point:
         from tianji.algos.usermodel import build_user_model
 
-        return build_user_model(algorithm, cfg, info, imports)
-    return ActorCritic(cfg, info) if algorithm == "ppo" else QNetwork(cfg, info)
+        return build_user_model(name, cfg, info, imports)
+    if name != "ppo":
+        return QNetwork(cfg, info)
+    get = lambda k, d=None: d if isinstance(algorithm, str) else getattr(algorithm, k)  # noqa: E731
+    return ActorCritic(cfg, info, normalize_obs=enabled(get("normalize_observations"), info),
+                       normalize_rewards=enabled(get("normalize_rewards"), info),
+                       init_log_std=get("init_log_std", 0.0))
 
 
 def state_arrays(model: nn.Module) -> dict[str, np.ndarray]:

@@ -24,14 +24,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos import apply_gradients, to_tensor
+from tianji.algos import apply_gradients, distributions, to_tensor
+from tianji.algos.normalize import scale_rewards
 from tianji.algos.vtrace import vtrace
 from tianji.control.spec import PPOConfig
 
 
 @torch.inference_mode()
 def act(model: nn.Module, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Sample a ~ softmax(logits) by inverse CDF in numpy (3x cheaper than torch.distributions per step)."""
+    """Sample a ~ softmax(logits) by inverse CDF in numpy (3x cheaper than torch.distributions per step);
+    a diagonal Gaussian for continuous actions (distributions.py)."""
+    if getattr(model, "continuous", False):
+        return distributions.act_gaussian(model, obs, rng)
     logits = model.logits(torch.from_numpy(obs)).numpy().astype(np.float64)
     logits -= logits.max(-1, keepdims=True)
     logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -87,16 +91,23 @@ class PPOLearner:
         T, N = obs.shape[:2]
         f = lambda k: to_tensor(b[k], dev, np.float32)  # noqa: E731
         rewards, dones, terminated = f("rewards"), f("dones"), f("terminated")
+        valid = to_tensor(b["valid"], dev, bool).reshape(-1)
+        flat_obs = obs.reshape(T * N, *obs.shape[2:])
+        # learner-owned statistics (normalize.py), from the batch's raw valid observations
+        if getattr(self.model, "obs_rms", None) is not None:
+            self.model.obs_rms.update(flat_obs[valid])
+        if getattr(self.model, "ret_rms", None) is not None:
+            rewards = scale_rewards(self.model.ret_rms, rewards, dones, c.gamma)
         with torch.no_grad():
-            flat_obs = obs.reshape(T * N, *obs.shape[2:])
             logits0, values = self.model(flat_obs)
             values = values.reshape(T, N)
             _, last_value = self.model(to_tensor(b["last_obs"], dev))
-            valid_tn = to_tensor(b["valid"], dev, bool).reshape(T, N)
+            valid_tn = valid.reshape(T, N)
             rho_mean = 1.0
             if c.off_policy_correction == "vtrace":
-                act0 = to_tensor(b["actions"], dev, np.int64).reshape(-1, 1)
-                target_logp = torch.log_softmax(logits0, -1).gather(1, act0).reshape(T, N)
+                continuous0 = getattr(self.model, "continuous", False)
+                act0 = distributions.flat_actions(b["actions"], T * N, continuous0, dev)
+                target_logp = distributions.logp_entropy(self.model, logits0, act0, continuous0)[0].reshape(T, N)
                 vt = vtrace(target_logp, f("logp"), rewards, values, last_value, dones, terminated, c.gamma,
                             c.gae_lambda, c.vtrace_rho_bar, c.vtrace_c_bar, valid_tn)
                 adv, ret = vt.advantages, vt.vs
@@ -105,10 +116,10 @@ class PPOLearner:
                 adv = gae(rewards, values, last_value, dones, terminated, c.gamma, c.gae_lambda)
                 ret = adv + values
             explained_var = explained_variance(values[valid_tn], ret[valid_tn])
-        valid = valid_tn.reshape(-1)
         idx_valid = torch.nonzero(valid).squeeze(-1)
         mb_obs = flat_obs[idx_valid]
-        mb_act = to_tensor(b["actions"], dev, np.int64).reshape(-1)[idx_valid]
+        continuous = getattr(self.model, "continuous", False)
+        mb_act = distributions.flat_actions(b["actions"], T * N, continuous, dev)[idx_valid]
         mb_logp = f("logp").reshape(-1)[idx_valid]
         mb_adv = adv.reshape(-1)[idx_valid]
         mb_ret = ret.reshape(-1)[idx_valid]
@@ -127,8 +138,7 @@ class PPOLearner:
             for s in range(0, per_epoch * mbs, mbs):
                 i = perm[s:s + mbs]
                 logits, v = self.model(mb_obs[i])
-                logp_all = torch.log_softmax(logits, -1)
-                logp = logp_all.gather(1, mb_act[i, None]).squeeze(1)
+                logp, entropy = distributions.logp_entropy(self.model, logits, mb_act[i], continuous)
                 log_ratio = logp - mb_logp[i]
                 ratio = log_ratio.exp()
                 a = mb_adv[i]
@@ -136,7 +146,7 @@ class PPOLearner:
                     a = (a - a.mean()) / (a.std() + 1e-8)
                 pg = torch.max(-a * ratio, -a * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)).mean()
                 vl = 0.5 * (v - mb_ret[i]).pow(2).mean()
-                ent = -(logp_all.exp() * logp_all).sum(-1).mean()
+                ent = entropy.mean()
                 loss = pg + c.vf_coef * vl - c.ent_coef * ent
                 if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads, stats):
                     skipped += 1

@@ -91,7 +91,7 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float]
         raise ValueError(f"--epsilon {eps} is not in [0, 1]")
     env = make_vec_env(job.spec.env, min(episodes, num_envs))
     info = env_info(env)
-    model = build_model(algo, job.spec.model, info, job.spec.env.seed, job.spec.env.imports)
+    model = build_model(job.spec.algorithm, job.spec.model, info, job.spec.env.seed, job.spec.env.imports)
     model.load_state_dict(state["model"])
     model.eval()
     rng = np.random.default_rng(seed)
@@ -102,7 +102,9 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float]
         while not quota.done:
             x = torch.from_numpy(obs)
             scores = model.logits(x) if algo == "ppo" else model(x)
-            obs, r, term, trunc, inf = env.step(eval_actions(scores, eps, rng))
+            # continuous actions: the Gaussian's mean clipped to the Box (no ε: there is no argmax to replace)
+            a = np.clip(scores.numpy(), info.act_low, info.act_high) if info.continuous else eval_actions(scores, eps, rng)
+            obs, r, term, trunc, inf = env.step(a)
             ret += r
             ended = inf.get("episode_end", term | trunc) if isinstance(inf, dict) else term | trunc
             for i in np.nonzero(ended)[0]:

@@ -117,6 +117,14 @@ class PPOConfig(_Model):
         if self.vtrace_c_bar > self.vtrace_rho_bar:  # IMPALA assumes c-bar <= rho-bar (its Theorem 1)
             raise ValueError("vtraceCBar must be <= vtraceRhoBar")
         return self
+    normalize_observations: Optional[bool] = Field(
+        None, description="normalise vector observations by running statistics the learner owns and publishes "
+                          "with the parameters (default: on for continuous actions)")
+    normalize_rewards: Optional[bool] = Field(
+        None, description="scale rewards by the running std of discounted returns, at the learner "
+                          "(default: on for continuous actions)")
+    init_log_std: float = Field(0.0, ge=-5, le=2, description="continuous actions: initial log-std of the "
+                                                               "Gaussian policy (state-independent)")
 
 
 class DQNConfig(_Model):
@@ -198,7 +206,27 @@ class ObservationSpace(_Model):
 
 
 class ActionSpace(_Model):
-    n: int = Field(..., ge=1, le=1 << 20, description="Discrete(n) actions")
+    """Discrete(n), or a 1-D Box: shape [d] with its bounds."""
+
+    n: Optional[int] = Field(None, ge=1, le=1 << 20, description="Discrete(n) actions")
+    shape: Optional[list[Annotated[int, Field(ge=1, le=1 << 12)]]] = Field(
+        None, min_length=1, max_length=1, description="Box actions: [dimensions]")
+    low: Optional[list[float]] = Field(None, max_length=1 << 12, description="Box: lower bound per dimension")
+    high: Optional[list[float]] = Field(None, max_length=1 << 12, description="Box: upper bound per dimension")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ActionSpace":
+        box = (self.shape, self.low, self.high)
+        if (self.n is None) == all(x is None for x in box):
+            raise ValueError("give either n (Discrete) or shape, low and high (Box)")
+        if self.n is None:
+            if any(x is None for x in box):
+                raise ValueError("a Box needs shape, low and high")
+            if not len(self.low) == len(self.high) == self.shape[0]:
+                raise ValueError(f"low and high need {self.shape[0]} values each (shape {self.shape})")
+            if any(not lo <= hi for lo, hi in zip(self.low, self.high)):
+                raise ValueError("low must not exceed high")
+        return self
 
 
 class EnvSpaces(_Model):

@@ -22,11 +22,18 @@ from tianji.envs.custom import UserCodeError, carried_observation_problem, gym_i
 class EnvInfo:
     obs_shape: tuple[int, ...]
     obs_dtype: str
-    n_actions: int
+    n_actions: int  # Discrete: the count; 0 for a continuous (Box) action space
+    act_shape: tuple[int, ...] = ()  # Box: (act_dim,)
+    act_low: tuple[float, ...] = ()
+    act_high: tuple[float, ...] = ()
 
     @property
     def is_image(self) -> bool:
         return len(self.obs_shape) == 3
+
+    @property
+    def continuous(self) -> bool:
+        return bool(self.act_shape)
 
 
 ATARI_KWARGS = "spec.env.kwargs: Atari ids take frameStack, episodicLife and clipRewards, not kwargs"
@@ -56,18 +63,25 @@ def make_vec_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.Vect
 def env_info(env: gym.vector.VectorEnv) -> EnvInfo:
     obs = env.single_observation_space
     act = env.single_action_space
-    if not isinstance(act, gym.spaces.Discrete):
-        raise ValueError(f"PPO and DQN here need a discrete action space, got {act}")
     problem = carried_observation_problem(obs)
     if problem:
         raise ValueError(problem)
-    return EnvInfo(tuple(int(d) for d in obs.shape), np.dtype(obs.dtype).name, int(act.n))
+    obs_info = (tuple(int(d) for d in obs.shape), np.dtype(obs.dtype).name)
+    if isinstance(act, gym.spaces.Discrete):
+        return EnvInfo(*obs_info, int(act.n))
+    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1 and act.shape[0] >= 1:
+        return EnvInfo(*obs_info, 0, (int(act.shape[0]),), tuple(float(x) for x in act.low),
+                       tuple(float(x) for x in act.high))
+    raise ValueError(f"actions must be Discrete or a 1-D Box space, got {act}")
 
 
 def spaces_of(info: EnvInfo) -> EnvSpaces:
     """The spec's declaration of what `info` describes (tianji run writes it into the run's job)."""
-    return EnvSpaces(observation={"shape": list(info.obs_shape), "dtype": info.obs_dtype},
-                     action={"n": info.n_actions})
+    big = float(np.finfo(np.float32).max)  # an unbounded Box side (the spec holds no inf): clipping is moot there
+    bound = lambda xs: [min(max(x, -big), big) for x in xs]  # noqa: E731
+    action = ({"shape": list(info.act_shape), "low": bound(info.act_low), "high": bound(info.act_high)}
+              if info.continuous else {"n": info.n_actions})
+    return EnvSpaces(observation={"shape": list(info.obs_shape), "dtype": info.obs_dtype}, action=action)
 
 
 def declared_info(cfg: EnvConfig) -> EnvInfo:
@@ -75,8 +89,10 @@ def declared_info(cfg: EnvConfig) -> EnvInfo:
     with no declaration is probed as before; a user env (env.imports, an entry point) must be
     declared: its modules are imported only where envs are built."""
     if cfg.spaces is not None:
-        o = cfg.spaces.observation
-        return EnvInfo(tuple(o.shape), o.dtype, cfg.spaces.action.n)
+        o, a = cfg.spaces.observation, cfg.spaces.action
+        if a.n is None:  # a Box
+            return EnvInfo(tuple(o.shape), o.dtype, 0, tuple(a.shape), tuple(a.low), tuple(a.high))
+        return EnvInfo(tuple(o.shape), o.dtype, a.n)
     problem = missing_spaces(cfg)
     if problem:
         raise ValueError(problem)
@@ -98,11 +114,11 @@ def probe_env(cfg: EnvConfig) -> EnvInfo:
         env.close()
 
 
-def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
+def check_env_spec(cfg: EnvConfig, source: str, algorithm: str | None = None) -> EnvInfo:
     """Resolve `env.id` and check its spaces before anything starts (`tianji run`): an unknown id,
-    a continuous action space (PPO and DQN here act in Discrete spaces) or an observation space
-    without a fixed shape is a SpecError naming the file and the field. The operator cannot do
-    this (it has no Gymnasium); its workers fail the same way at start."""
+    an action space that is neither Discrete nor a 1-D Box, a continuous one for DQN, or an
+    observation space without a fixed shape is a SpecError naming the file and the field. The
+    operator cannot do this (it has no Gymnasium); its workers fail the same way at start."""
     from tianji.control.spec import SpecError
 
     if is_atari(cfg.id) and cfg.kwargs:
@@ -131,4 +147,11 @@ def check_env_spec(cfg: EnvConfig, source: str) -> EnvInfo:
     if cfg.spaces is not None and declared_info(cfg) != info:
         raise SpecError(f"{source}: spec.env.spaces: declares {spaces_of(declared_info(cfg)).model_dump()}, "
                         f"but {cfg.id!r} has {spaces_of(info).model_dump()}")
+    if algorithm is not None and algorithm != "ppo" and info.continuous:
+        raise SpecError(f"{source}: spec.algorithm.name: {algorithm} needs a Discrete action space, but "
+                        f"{cfg.id!r} has a continuous one, {continuous_space_text(info)}; use ppo")
     return info
+
+
+def continuous_space_text(info: EnvInfo) -> str:
+    return f"Box(low={list(info.act_low)}, high={list(info.act_high)}, shape={list(info.act_shape)})"

@@ -41,7 +41,7 @@ def measure_thread_curve(job, seconds: float, info, threads: Optional[list[int]]
 
     s = job.spec
     threads = threads or thread_counts()
-    model = build_model(s.algorithm.name, s.model, info, s.env.seed)
+    model = build_model(s.algorithm, s.model, info, s.env.seed, s.env.imports)
     learner = _learner_cls(s.algorithm.name)(model, s.algorithm, 0)
     batch = synthetic_batch(job, s.algorithm.batch_size, info.obs_shape, info.obs_dtype, info.n_actions,
                             np.random.default_rng(2))
@@ -73,7 +73,7 @@ def param_bytes(job, info) -> int:
     from tianji.algos.models import build_model, state_arrays
     from tianji.runtime.wire import encode
 
-    model = build_model(job.spec.algorithm.name, job.spec.model, info, job.spec.env.seed)
+    model = build_model(job.spec.algorithm, job.spec.model, info, job.spec.env.seed, job.spec.env.imports)
     frames = encode("params", job.name, "learner-0-0", 0, 0, state_arrays(model), {"version": 0})
     return sum(len(f) for f in frames)
 
@@ -167,7 +167,7 @@ def measure_scaling(job, seconds: float, info, max_ranks: Optional[int] = None) 
 
     curve = measure_thread_curve(job, seconds, info)
     pbytes = param_bytes(job, info)
-    model = build_model(job.spec.algorithm.name, job.spec.model, info, job.spec.env.seed)
+    model = build_model(job.spec.algorithm, job.spec.model, info, job.spec.env.seed, job.spec.env.imports)
     numel = sum(p.numel() for p in model.parameters())
     cores = thread_counts()[-1]
     ranks = list(range(2, max(2, min(max_ranks or cores, 4)) + 1))

@@ -86,7 +86,8 @@ class ActorLoop(Rollout):
         rng = np.random.default_rng(seed)
         clock, steps = _Clock(), 0
         while True:
-            self.env.step(rng.integers(0, self.info.n_actions, self.n))
+            self.env.step(self.env.action_space.sample() if self.info.continuous
+                          else rng.integers(0, self.info.n_actions, self.n))
             steps += 1
             if steps % 8 == 0 and clock.wall() >= seconds:
                 break
@@ -128,8 +129,10 @@ def measure_actor(job: TianJiJob, seconds: float, env_seconds: Optional[float] =
 
 # ----------------------------------------------------------------- (b) learner
 def synthetic_fragment(job: TianJiJob, obs_shape: tuple, obs_dtype: str, n_actions: int,
-                       rng: np.random.Generator, n: Optional[int] = None) -> dict[str, np.ndarray]:
-    """A fragment with the actor's shapes and dtypes (random content, ~1% episode ends)."""
+                       rng: np.random.Generator, n: Optional[int] = None,
+                       act_shape: tuple = ()) -> dict[str, np.ndarray]:
+    """A fragment with the actor's shapes and dtypes (random content, ~1% episode ends);
+    `act_shape` (act_dim,) for continuous actions."""
     s = job.spec
     T, n = s.env.fragment_length, n or s.env.num_envs
 
@@ -141,23 +144,26 @@ def synthetic_fragment(job: TianJiJob, obs_shape: tuple, obs_dtype: str, n_actio
     dones = rng.random((T, n)) < 0.01
     valid = np.ones((T, n), dtype=bool)
     valid[1:] = ~dones[:-1]
-    frag = {"obs": obs(T, n), "actions": rng.integers(0, n_actions, (T, n), dtype=np.int64),
+    actions = (rng.standard_normal((T, n, *act_shape)).astype(np.float32) if act_shape
+               else rng.integers(0, n_actions, (T, n), dtype=np.int64))
+    frag = {"obs": obs(T, n), "actions": actions,
             "rewards": rng.standard_normal((T, n)).astype(np.float32), "dones": dones,
             "terminated": dones.copy(), "valid": valid, "last_obs": obs(n)}
     if s.algorithm.name == "ppo":
-        frag["logp"] = np.full((T, n), -np.log(n_actions), dtype=np.float32)
+        frag["logp"] = np.full((T, n), -np.log(n_actions) if not act_shape else -1.0, dtype=np.float32)
     return frag
 
 
 def synthetic_batch(job: TianJiJob, batch_size: int, obs_shape: tuple, obs_dtype: str, n_actions: int,
-                    rng: np.random.Generator) -> dict[str, np.ndarray]:
+                    rng: np.random.Generator, act_shape: tuple = ()) -> dict[str, np.ndarray]:
     """A learner batch as the buffer sends it: PPO [T, B/T] fragments; DQN batchSize x stepsPerBatch transitions."""
     from tianji.runtime.fields import BATCH
 
     s = job.spec
     if s.algorithm.name == "ppo":
         T = s.env.fragment_length
-        frag = synthetic_fragment(job, obs_shape, obs_dtype, n_actions, rng, n=max(1, batch_size // T))
+        frag = synthetic_fragment(job, obs_shape, obs_dtype, n_actions, rng, n=max(1, batch_size // T),
+                                  act_shape=act_shape)
         frag["valid"][:] = True  # count exactly batch_size samples
         frag["versions"] = np.zeros(frag["last_obs"].shape[0], dtype=np.int64)
         return {k: frag[k] for k in BATCH["ppo"]}
@@ -245,9 +251,9 @@ def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cp
         cfg = s.algorithm.model_copy(update={"batch_size": B})
         if isinstance(cfg, PPOConfig):
             cfg = cfg.model_copy(update={"minibatch_size": min(cfg.minibatch_size, B)})
-        model = build_model(s.algorithm.name, s.model, info, s.env.seed, s.env.imports).to(device)  # the learner follows its model
+        model = build_model(s.algorithm, s.model, info, s.env.seed, s.env.imports).to(device)  # the learner follows its model
         learner = cls(model, cfg, 0)
-        batch = synthetic_batch(job, B, info.obs_shape, info.obs_dtype, info.n_actions, rng)
+        batch = synthetic_batch(job, B, info.obs_shape, info.obs_dtype, info.n_actions, rng, info.act_shape)
         res = _time_updates(lambda: learner.update(batch), budget, sync)
         res["batch_size"] = B
         out["candidates"][str(B)] = res
@@ -270,7 +276,7 @@ def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
     s = job.spec
     info = info or probe_env(s.env)
     rng = np.random.default_rng(1)
-    frag = synthetic_fragment(job, info.obs_shape, info.obs_dtype, info.n_actions, rng)
+    frag = synthetic_fragment(job, info.obs_shape, info.obs_dtype, info.n_actions, rng, act_shape=info.act_shape)
     meta = {"frames": s.env.num_envs * s.env.fragment_length}
     frames = encode("fragment", job.name, "actor-0-0", 0, 0, frag, meta)
     msg_bytes = sum(len(f) for f in frames)

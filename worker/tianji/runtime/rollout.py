@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tianji.algos import dqn, ppo
+from tianji.algos.distributions import clip_to_bounds
 from tianji.envs import check_declared, env_info, make_vec_env
 from tianji.algos.models import build_model
 from tianji.control.spec import JobSpec
@@ -27,7 +28,7 @@ class Rollout:
         self.env = make_vec_env(spec.env)
         self.info = env_info(self.env)
         check_declared(spec.env, self.info)
-        self.model = build_model(self.algo, spec.model, self.info, spec.env.seed, spec.env.imports)
+        self.model = build_model(spec.algorithm, spec.model, self.info, spec.env.seed, spec.env.imports)
         self.model.eval()
         self.rng = np.random.default_rng(seed)
         self.seed = seed
@@ -36,6 +37,9 @@ class Rollout:
         self.clip_rewards = bool(getattr(self.env, "clip_rewards", False))
         self.frames = 0
         self.frames_scale = frames_scale
+        if self.info.continuous:  # actions are stored unclipped; env.step gets them clipped to the Box
+            self.act_low = np.asarray(self.info.act_low, dtype=np.float32)
+            self.act_high = np.asarray(self.info.act_high, dtype=np.float32)
 
     def reset(self) -> None:
         """Start every env afresh (also after an env produced non-finite observations)."""
@@ -54,7 +58,9 @@ class Rollout:
         """Fresh arrays per fragment: a zero-copy send may still own the previous ones."""
         T, n = self.T, self.n
         buf = {"obs": np.empty((T, n, *self.info.obs_shape), dtype=self.obs.dtype),
-               "actions": np.empty((T, n), dtype=np.int64), "rewards": np.empty((T, n), dtype=np.float32),
+               "actions": np.empty((T, n, *self.info.act_shape),
+                                   dtype=np.float32 if self.info.continuous else np.int64),
+               "rewards": np.empty((T, n), dtype=np.float32),
                "dones": np.empty((T, n), dtype=bool), "terminated": np.empty((T, n), dtype=bool),
                "valid": np.empty((T, n), dtype=bool)}
         if self.algo == "ppo":
@@ -75,7 +81,8 @@ class Rollout:
         for t in range(self.T):
             obs = self.obs
             actions, extra = self.act(obs)
-            next_obs, reward, term, trunc, info = self.env.step(actions)
+            env_actions = clip_to_bounds(actions, self.act_low, self.act_high) if self.info.continuous else actions
+            next_obs, reward, term, trunc, info = self.env.step(env_actions)
             done = np.asarray(term) | np.asarray(trunc)
             buf["obs"][t] = obs
             buf["actions"][t] = actions

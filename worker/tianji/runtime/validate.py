@@ -27,6 +27,17 @@ VERSION_SLACK = 1024
 LOGP_MIN = -50.0
 LOGP_MAX = 1e-5
 MAX_CAPACITY_SPS = 1e9
+# Continuous actions are stored unclipped (a Gaussian sample); an honest one stays within this many
+# times the Box's largest finite bound (at least ACTION_ABS_MIN).
+ACTION_BOUND_FACTOR = 100.0
+ACTION_ABS_MIN = 1e3
+# Normalisation statistics in the parameters (algos/normalize.py) that must be positive; the
+# names are the model's attribute paths, kept here too because this module is torch-free.
+POSITIVE_PARAMS = ("obs_rms.var", "obs_rms.count", "ret_rms.var", "ret_rms.count")
+# Gaussian log-probs (algos/distributions.py): the density per dimension is at most that of the smallest
+# std, e^-5, at its mean (5 - log sqrt(2 pi) = 4.08 nats); the floor leaves |z| <= ~9.7 at the widest std.
+GAUSS_LOGP_MAX_PER_DIM = 4.1
+GAUSS_LOGP_MIN_PER_DIM = -50.0
 HEADER_ALLOWANCE = 64 * 1024
 
 
@@ -35,11 +46,22 @@ def ppo_batch_fragments(spec) -> int:
     return max(1, spec.algorithm.batch_size // (spec.env.num_envs * spec.env.fragment_length))
 
 
+def step_dtype(k: str, info) -> str:
+    """dtype of a per-step array: actions are float32 for a continuous (Box) action space."""
+    return "float32" if k == "actions" and info.continuous else STEP_DTYPES[k]
+
+
+def step_shape(k: str, info, T: int, N: int) -> tuple:
+    """[T, N] per step, [T, N, act_dim] for continuous actions."""
+    return (T, N, *info.act_shape) if k == "actions" else (T, N)
+
+
 def fragment_bytes(spec, info) -> int:
     """Bytes of one honest fragment (uncompressed observations): the base of every size cap."""
     T, N = spec.env.fragment_length, spec.env.num_envs
     obs = int(np.prod(info.obs_shape)) * np.dtype(info.obs_dtype).itemsize
-    steps = sum(np.dtype(STEP_DTYPES[k]).itemsize for k in FRAGMENT[spec.algorithm.name] if k in STEP_DTYPES)
+    steps = sum(np.dtype(step_dtype(k, info)).itemsize * int(np.prod(step_shape(k, info, 1, 1)))
+                for k in FRAGMENT[spec.algorithm.name] if k in STEP_DTYPES)
     return T * N * (obs + steps) + N * obs
 
 
@@ -83,9 +105,26 @@ def _bool(k: str, x: np.ndarray) -> None:
         raise WireError("value", f"{k}: booleans must be 0 or 1")
 
 
-def _actions(x: np.ndarray, n_actions: int) -> None:
-    if x.size and (x.min() < 0 or x.max() >= n_actions):
+def action_abs_max(info) -> float:
+    bounds = [abs(b) for b in (*info.act_low, *info.act_high) if math.isfinite(b)]
+    return max(ACTION_ABS_MIN, ACTION_BOUND_FACTOR * max(bounds, default=0.0))
+
+
+def _actions(x: np.ndarray, info) -> None:
+    if not x.size:
+        return
+    if info.continuous:
+        if not np.isfinite(x).all() or np.abs(x).max() > action_abs_max(info):
+            raise WireError("value", "continuous action not finite or out of range")
+    elif x.min() < 0 or x.max() >= info.n_actions:
         raise WireError("value", "action out of range")
+
+
+def _logp(x: np.ndarray, info) -> None:
+    d = info.act_shape[0] if info.continuous else 0
+    lo, hi = (GAUSS_LOGP_MIN_PER_DIM * d, GAUSS_LOGP_MAX_PER_DIM * d) if d else (LOGP_MIN, LOGP_MAX)
+    if x.size and (x.min() < lo or x.max() > hi):
+        raise WireError("value", "log-prob out of range")
 
 
 def _versions(x, high: int) -> None:
@@ -128,13 +167,13 @@ def check_fragment(msg: Message, spec, info) -> dict:
     for k in fields:
         if k in ("obs", "last_obs"):
             continue
-        x = _arr(a, k, (T, N), STEP_DTYPES[k])
+        x = _arr(a, k, step_shape(k, info, T, N), step_dtype(k, info))
         if x.dtype.kind == "b":
             _bool(k, x)
         _finite(k, x)
-    _actions(a["actions"], info.n_actions)
-    if "logp" in a and a["logp"].size and (a["logp"].min() < LOGP_MIN or a["logp"].max() > LOGP_MAX):
-        raise WireError("value", "log-prob out of range")
+    _actions(a["actions"], info)
+    if "logp" in a:
+        _logp(a["logp"], info)
     if (a["terminated"] & ~a["dones"]).any():
         raise WireError("value", "terminated without done")
     return {k: a[k] for k in fields}
@@ -150,11 +189,10 @@ def check_batch(msg: Message, spec, info) -> dict:
         _arr(a, "obs", (T, B, *info.obs_shape), info.obs_dtype)
         _arr(a, "last_obs", (B, *info.obs_shape), info.obs_dtype)
         for k in ("actions", "logp", "rewards", "dones", "terminated", "valid"):
-            x = _arr(a, k, (T, B), STEP_DTYPES[k])
+            x = _arr(a, k, step_shape(k, info, T, B), step_dtype(k, info))
             if x.dtype.kind == "b":
                 _bool(k, x)
-        if a["logp"].size and (a["logp"].min() < LOGP_MIN or a["logp"].max() > LOGP_MAX):
-            raise WireError("value", "log-prob out of range")
+        _logp(a["logp"], info)
         if not a["valid"].any():
             raise WireError("value", "batch without a valid step")
         _arr(a, "versions", (B,), "int64")
@@ -170,7 +208,7 @@ def check_batch(msg: Message, spec, info) -> dict:
             raise WireError("value", "discount outside [0, 1]")
     for k, x in a.items():
         _finite(k, x)
-    _actions(a["actions"], info.n_actions)
+    _actions(a["actions"], info)
     _versions(a["versions"], MAX_INT)
     return a
 
@@ -186,5 +224,8 @@ def check_capacity(cap) -> Optional[float]:
 
 
 def check_params(msg: Message) -> None:
+    """Every array finite; normalisation variances and counts positive (an actor divides by them)."""
     for k, x in msg.arrays.items():
         _finite(k, x)
+        if k in POSITIVE_PARAMS and x.size and not x.min() > 0:
+            raise WireError("value", f"{k} must be positive")

@@ -55,7 +55,7 @@ class Learner(Role):
         s = self.spec
         self.info = declared_info(s.env)  # no env here: user env modules load in actors only
         self.algo_name = s.algorithm.name
-        self.model = build_model(self.algo_name, s.model, self.info, s.env.seed, s.env.imports).to(self._device())
+        self.model = build_model(s.algorithm, s.model, self.info, s.env.seed, s.env.imports).to(self._device())
         seed = s.env.seed + 31 * self.group + self.index
         self.algo = (PPOLearner if self.algo_name == "ppo" else DQNLearner)(self.model, s.algorithm, seed)
         self.batch_limits = limits_for(batch_bytes(s, self.info))
@@ -198,6 +198,9 @@ class Learner(Role):
             return
         dt = time.perf_counter() - t0
         self.busy += dt
+        # Silence is counted from the end of an update: an update longer than CREDIT_REFRESH_S must not
+        # read as a silent buffer (its top-up credits would queue batches here and grow the policy lag).
+        self.last_batch_from[buffer] = time.monotonic()
         if stats.get("skipped_steps"):
             log.warning("%s: skipped %d update steps with a non-finite loss or gradient", self.sender,
                         int(stats["skipped_steps"]))
@@ -242,8 +245,9 @@ class Learner(Role):
         if now - self.last_refresh > CREDIT_REFRESH_S:
             # A buffer silent for a while may have lost its credits (restart, dropped batch): top it up.
             self.last_refresh = now
+            idle = not self.pending and not self.batch_in.poll(0)
             for b, t in self.last_batch_from.items():
-                if now - t > CREDIT_REFRESH_S:
+                if idle and now - t > CREDIT_REFRESH_S:
                     self._credit(b, self.spec.staleness.credit_window)
             self.publish()  # late subscribers (slow joiners, restarted actors) catch up within a second
         if now - self.last_ckpt_t > self.spec.checkpoint.interval_seconds:

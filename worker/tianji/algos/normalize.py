@@ -1,0 +1,83 @@
+"""Observation and reward normalisation owned by the learner (continuous control, as SB3's VecNormalize).
+
+The statistics are buffers of the model, so they travel with the parameters
+(every actor normalises with the same, learner-published statistics), are
+checkpointed and resumed with it, and are checked on receipt like any
+parameter (finite; validate.check_params adds var > 0, count > 0).
+
+Fragments carry *raw* observations. Before each PPO update the learner folds
+the batch's valid observations into `obs_rms` (Chan et al. parallel update,
+all-reduced across data-parallel learners so their models stay identical) and
+then recomputes everything with the new statistics; actors catch up at the
+next publish. Rewards are scaled only at the learner (actors never use them):
+r / sqrt(Var[R] + eps), with R_t = gamma * R_{t-1} * (1 - done_{t-1}) + r_t
+accumulated along each fragment column (the accumulator restarts at each
+fragment, so it underestimates returns in a fragment's first ~1/(1-gamma)
+steps; the scale is what matters, not its exact value).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+EPS = 1e-8
+CLIP = 10.0  # normalised observations and scaled rewards are clipped to +-CLIP (SB3's default)
+
+
+def enabled(flag: Optional[bool], info) -> bool:
+    """A normalisation switch from the spec: explicit, or on for continuous actions with vector observations."""
+    if info.is_image:
+        return False  # images are scaled by the encoder (x / 255)
+    return info.continuous if flag is None else bool(flag)
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean/variance of a stream of arrays of `shape` (float64 buffers: exact over long runs).
+    No 0-d buffers: the wire carries arrays of rank >= 1."""
+
+    def __init__(self, shape: tuple[int, ...] = (1,)):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.full((1,), EPS, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Fold a batch [n, *shape] in; data-parallel learners fold in the union of their batches."""
+        x = x.detach().to(torch.float64).reshape(-1, *self.mean.shape)
+        moments = torch.cat([torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device),
+                             x.sum(0).reshape(-1), x.pow(2).sum(0).reshape(-1)])
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(moments, op=dist.ReduceOp.SUM)
+        n = moments[0]
+        if n < 1:
+            return
+        k = self.mean.numel()
+        b_mean = (moments[1:1 + k] / n).reshape(self.mean.shape)
+        b_var = (moments[1 + k:] / n).reshape(self.mean.shape) - b_mean.pow(2)
+        b_var = b_var.clamp_min(0.0)
+        delta = b_mean - self.mean
+        total = self.count + n
+        m2 = self.var * self.count + b_var * n + delta.pow(2) * self.count * n / total
+        self.mean += delta * n / total
+        self.var.copy_((m2 / total).clamp_min(EPS))
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        m, s = self.mean.to(torch.float32), torch.sqrt(self.var + EPS).to(torch.float32)
+        return ((x.float() - m) / s).clamp(-CLIP, CLIP)
+
+
+def scale_rewards(rms: RunningMeanStd, rewards: torch.Tensor, dones: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Update the return statistics from a [T, B] batch and return the rewards divided by their std."""
+    ret = torch.zeros_like(rewards[0], dtype=torch.float64)
+    returns = torch.empty_like(rewards, dtype=torch.float64)
+    for t in range(rewards.shape[0]):
+        ret = ret * gamma + rewards[t]
+        returns[t] = ret
+        ret = ret * (1.0 - dones[t].to(torch.float64))
+    rms.update(returns.reshape(-1, 1))
+    return (rewards / torch.sqrt(rms.var + EPS).to(rewards.dtype)).clamp(-CLIP, CLIP)
