@@ -52,6 +52,7 @@ def test_send_noblock_on_a_full_queue_raises_again():
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.IMMEDIATE, 1)  # queue only to completed connections
     push.connect("tcp://127.0.0.1:9")  # nobody listens: no peer, so nothing can be queued
     with pytest.raises(zmq.Again):
         wire.send(push, encode("credit", "job", "a", 0, 0), zmq.NOBLOCK)

@@ -37,6 +37,8 @@ MAX_INT = 1 << 62  # seq and policy_version: non-negative and far inside int64
 _DT = {n: np.dtype(n) for n in DTYPES}
 _NAME = {dt: n for n, dt in _DT.items()}
 _SNDMORE = zmq.SNDMORE
+_Frame = zmq.Frame
+_SCALARS = frozenset({type(None), bool, int, float, str})
 
 
 class WireError(ValueError):
@@ -157,8 +159,11 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
     meta = h.get("meta", {})
     if type(meta) is not dict:
         raise WireError("meta", "meta is not a map")
-    if meta:
-        _check_meta(meta)
+    for k, x in meta.items():  # flat scalars (the usual meta) need no recursion
+        if type(k) is not str:
+            raise WireError("meta", "non-string key")
+        if type(x) not in _SCALARS:
+            _check_meta(x, 1)
     specs = h.get("arr", [])
     if type(specs) is not list or len(specs) > MAX_ARRAYS:
         raise WireError("header", "bad array list")
@@ -175,15 +180,20 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
         dt = _DT.get(dtype)
         if dt is None:
             raise WireError("dtype", f"{name}: dtype {dtype!r}")
-        if len(shape) > MAX_NDIM or not all(map(_int, shape)):
+        if len(shape) > MAX_NDIM:
             raise WireError("shape", f"{name}: shape {shape!r}")
+        for d in shape:
+            if type(d) is not int or not 0 <= d < MAX_INT:  # bool is refused too
+                raise WireError("shape", f"{name}: shape {shape!r}")
         count = math.prod(shape)
         if count > max_frame:
             raise WireError("size", f"{name}: shape {shape!r}")
         want = count * dt.itemsize
         if want > max_frame:
             raise WireError("size", f"{name}: {want} bytes > {max_frame}")
-        buf = _buffer(frames[i])
+        buf = frames[i]
+        if type(buf) is not _Frame:  # a zmq.Frame is a byte buffer already (len = bytes)
+            buf = _buffer(buf)
         if len(buf) != want:
             raise WireError("shape", f"{name}: frame has {len(buf)} bytes, shape x itemsize = {want}")
         total += want
@@ -191,8 +201,9 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
             raise WireError("size", f"message over {limits.max_total_bytes} bytes")
         if name in arrays:
             raise WireError("header", f"duplicate array {name!r}")
-        a = np.frombuffer(buf, dtype=dt)
-        arrays[name] = a if len(shape) == 1 else a.reshape(shape)
+        # a view of the frame, no copy; the array holds the frame (its `base`), so libzmq cannot
+        # free or reuse the memory while the array lives
+        arrays[name] = np.ndarray(shape, dt, buf)
     return Message(kind=kind, sender=sender, seq=seq, policy_version=pv, arrays=arrays, meta=meta,
                    nbytes=total + len(head))
 
