@@ -12,7 +12,8 @@ with validation). `memcpy` is the in-process time to copy the same bytes once in
 preallocated ring, the least any transport that delivers them can cost.
 
 A point streams `m` = min(samples, max(MIN_MESSAGES, budget_bytes / size)) messages
-and reports time_to_N = N * (time of the m messages) / m, with m in the JSON: the
+and reports time_to_N = N * (time of the m messages) / m (in (a) the median of
+`reps` interleaved runs), with m in the JSON: the
 rate is steady (constant size; actors paced on a fixed schedule), so large sizes need
 not move 80 GB. One sample per message, as the paper's experiment sends.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -145,7 +147,7 @@ def _onset(points: list[dict]) -> int | None:
 
 
 def run(sizes: list[int], actor_counts: list[int], sims: list[float], size_b: int, transports: list[str],
-        samples: int, budget_bytes: float, samples_b: int, wire_fns) -> dict:
+        samples: int, budget_bytes: float, samples_b: int, wire_fns, reps: int = 3) -> dict:
     tmp = tempfile.mkdtemp(prefix="tianji-collect-")
     bases = {"ipc": f"ipc://{tmp}/c", "tcp": "tcp://127.0.0.1:*"}
     t_start = time.perf_counter()
@@ -157,9 +159,12 @@ def run(sizes: list[int], actor_counts: list[int], sims: list[float], size_b: in
                "memcpy_seconds": samples * memcpy_seconds(size, m) / m,
                "planner_default_seconds": samples * planner_default_mu(size)}
         for tr in transports:
-            for mode in ("raw", "wire"):
-                sec = collect(bases[tr], mode, size, m, 1, 0.0, wire_fns)
-                row[f"{tr}_{mode}_seconds"] = samples * sec / m
+            secs: dict[str, list] = {"raw": [], "wire": []}
+            for _ in range(reps):  # interleaved, so that load from other work hits both alike
+                for mode in ("raw", "wire"):
+                    secs[mode].append(collect(bases[tr], mode, size, m, 1, 0.0, wire_fns))
+            for mode, xs in secs.items():
+                row[f"{tr}_{mode}_seconds"] = samples * statistics.median(xs) / m
             mu_wire[(tr, size)] = row[f"{tr}_wire_seconds"] / samples
             row[f"{tr}_wire_over_raw_time"] = round(row[f"{tr}_wire_seconds"] / row[f"{tr}_raw_seconds"], 3)
         print(f"  (a) {size:>8} B: " + "  ".join(f"{k.replace('_seconds', '')} {v:.3f}s" for k, v in row.items()
@@ -196,6 +201,7 @@ def run(sizes: list[int], actor_counts: list[int], sims: list[float], size_b: in
     except OSError:
         pass
     return {"experiment": "collection", "samples": samples, "budget_bytes_per_point": budget_bytes,
+            "reps_a": reps,
             "by_size": by_size, "by_actors": by_actors,
             "onset_rule": f"first actor count whose time exceeds samples*sim/actors by > {ONSET_MARGIN:.0%}",
             "predictions": "planner_default: mu = 100 µs + bytes/0.5 GB/s (control/plan.default_profile, "

@@ -278,7 +278,7 @@ def main(argv=None) -> int:
             actor_counts=[int(x) for x in a.actors.split(",") if x], sims=[float(x) for x in a.sims.split(",") if x],
             size_b=a.collect_size, transports=a.transports.split(","), samples=a.samples,
             budget_bytes=a.budget_mb * 1e6, samples_b=a.samples_b,
-            wire_fns=(encode, send_frames, recv_frames, decode))
+            wire_fns=(encode, send_frames, recv_frames, decode), reps=a.reps)
         res["host"] = {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg()), "pyzmq": zmq.pyzmq_version(),
                        "libzmq": zmq.zmq_version(), "malloc": a.malloc}
         if a.png:
