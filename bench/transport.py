@@ -27,6 +27,11 @@ max(raw send, raw recv) / max(wire send, wire recv) is the throughput ratio to
 expect when the slower side is CPU-bound, and is stable under load. Also
 reported: the in-process CPU cost of encode and decode per message.
 
+Both sides run with the workers' malloc settings (GLIBC_TUNABLES from control/launch.py,
+which every worker gets), unless `--malloc glibc`: with glibc's defaults a receiver of
+multi-MB messages returns their pages to the OS and faults them back in, which shows as
+`recv_page_faults_per_msg` and costs more than the wire itself (see --malloc glibc).
+
 Prints one JSON object.
 """
 from __future__ import annotations
