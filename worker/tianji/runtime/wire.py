@@ -214,8 +214,14 @@ def send(sock: Any, frames: Sequence[Any], flags: int = 0) -> None:
     costs more than the send of a small part. Raises zmq.Again (nothing sent) under NOBLOCK
     when the peer's queue is full: ZeroMQ queues the parts after the first atomically."""
     last = len(frames) - 1
-    for i, f in enumerate(frames):
-        sock.send(f, flags | _SNDMORE if i < last else flags, copy=False)
+    if last == 0:
+        sock.send(frames[0], flags)
+        return
+    more = flags | _SNDMORE
+    sock.send(frames[0], more)  # the header: a few hundred bytes, copied
+    for i in range(1, last):
+        sock.send(frames[i], more, copy=False)
+    sock.send(frames[last], flags, copy=False)
 
 
 def recv(sock: Any, flags: int = 0) -> list:
