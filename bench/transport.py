@@ -1,6 +1,7 @@
 """TianJi's wire vs raw pyzmq, PUSH/PULL, ipc:// and tcp://127.0.0.1, 4 KB ... 2 MB.
 
     python bench/transport.py [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3] [--encryption curve]
+    python bench/transport.py --experiment collection [--png collection.png]   # the paper's Fig. 5
 
 `--encryption curve` runs every transfer (raw and wire alike) over CurveZMQ with a job key
 pair and a ZAP handler, as a job with `spec.network.encryption: curve` does; compare its
@@ -26,12 +27,18 @@ max(raw send, raw recv) / max(wire send, wire recv) is the throughput ratio to
 expect when the slower side is CPU-bound, and is stable under load. Also
 reported: the in-process CPU cost of encode and decode per message.
 
+Both sides run with the workers' malloc settings (GLIBC_TUNABLES from control/launch.py,
+which every worker gets), unless `--malloc glibc`: with glibc's defaults a receiver of
+multi-MB messages returns their pages to the OS and faults them back in, which shows as
+`recv_page_faults_per_msg` and costs more than the wire itself (see --malloc glibc).
+
 Prints one JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import resource
@@ -46,12 +53,12 @@ import zmq
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "worker"))
 from tianji.runtime import wire as _wire  # noqa: E402
 
-encode, decode = _wire.encode, _wire.decode
+encode, decode, send_frames, recv_frames = _wire.encode, _wire.decode, _wire.send, _wire.recv
 
 
 def _use_wire_module(path: str) -> None:
     """Benchmark another implementation of the wire (same API), e.g. a proposed change."""
-    global encode, decode
+    global encode, decode, send_frames, recv_frames
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("wire_under_test", path)
@@ -59,8 +66,11 @@ def _use_wire_module(path: str) -> None:
     sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     encode, decode = mod.encode, mod.decode
+    send_frames = getattr(mod, "send", lambda s, frames: s.send_multipart(frames, copy=False))
+    recv_frames = getattr(mod, "recv", lambda s: s.recv_multipart(copy=False))
 
 DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20]
+COLLECTION_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20]
 HWM = 64
 JOB = "bench"
 
@@ -102,7 +112,7 @@ def _sender(addr: str, mode: str, size: int, n: int, done, cpu_q) -> None:
             s.send(arr, copy=False)
     else:
         for i in range(n):
-            s.send_multipart(encode("fragment", JOB, "actor-0-0", i, 7, {"obs": arr}, {"frames": 256}), copy=False)
+            send_frames(s, encode("fragment", JOB, "actor-0-0", i, 7, {"obs": arr}, {"frames": 256}))
     # Close only after the receiver has everything: libzmq 4.3 can lose the last queued
     # messages of an ipc PUSH with a send HWM at close despite linger (cf. zeromq/libzmq#4660).
     done.wait(RECV_TIMEOUT_S)
@@ -115,7 +125,7 @@ class Stalled(RuntimeError):
     """A transfer stopped mid-stream (seen rarely on this loaded 2-core machine); it is retried."""
 
 
-def _run_retry(addr_base: str, mode: str, size: int, n: int, stalls: list) -> tuple[float, float, float]:
+def _run_retry(addr_base: str, mode: str, size: int, n: int, stalls: list) -> tuple[float, ...]:
     for attempt in range(3):
         try:
             return _run(addr_base, mode, size, n)
@@ -125,9 +135,11 @@ def _run_retry(addr_base: str, mode: str, size: int, n: int, stalls: list) -> tu
     raise RuntimeError(f"{mode} {size} B: stalled 3 times")
 
 
-def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, float]:
-    """Payload MB/s of one transfer of n messages (timed from the first one received), and the
-    CPU µs per message of the sending and of the receiving process."""
+def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, float, float]:
+    """Payload MB/s of one transfer of n messages (timed from the first one received), the
+    CPU µs per message of the sending and of the receiving process, and the receiver's minor
+    page faults per message (glibc returning freed message buffers to the OS and faulting
+    them back in shows here)."""
     ctx = zmq.Context()
     curve = None
     r = ctx.socket(zmq.PULL)
@@ -146,7 +158,7 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
     p = mpc.Process(target=_sender, args=(addr, mode, size, n, done, cpu_q))
     p.start()
     got = 0
-    c0 = _cpu()
+    c0, f0 = _cpu(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     try:
         if mode == "raw":
             r.recv(copy=False)
@@ -156,11 +168,11 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
                 r.recv(copy=False)
                 got += 1
         else:
-            decode(r.recv_multipart(copy=False), job=JOB)
+            decode(recv_frames(r), job=JOB)
             got = 1
             t0 = time.perf_counter()
             while got < n:
-                msg = decode(r.recv_multipart(copy=False), job=JOB)
+                msg = decode(recv_frames(r), job=JOB)
                 if msg.arrays["obs"].nbytes != size:
                     raise RuntimeError("payload size mismatch")
                 # Release before the next receive, as the raw loop does: holding two multi-MB
@@ -170,6 +182,7 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
                 got += 1
         dt = time.perf_counter() - t0
         recv_cpu = _cpu() - c0
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         done.set()
         send_cpu = cpu_q.get(timeout=RECV_TIMEOUT_S)
     except zmq.Again:
@@ -184,54 +197,84 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
         if curve is not None:
             curve.close()
         ctx.term()
-    return (n - 1) * size / dt / 1e6, send_cpu / n * 1e6, recv_cpu / n * 1e6
+    return (n - 1) * size / dt / 1e6, send_cpu / n * 1e6, recv_cpu / n * 1e6, faults / n
+
+
+def _min_cpu_us(fn, reps: int, chunks: int = 10) -> float:
+    """CPU µs per call of this thread (time.thread_time: time spent descheduled on a loaded
+    machine is not counted), best of `chunks` chunks of reps // chunks calls."""
+    k = max(1, reps // chunks)
+    best = math.inf
+    for _ in range(chunks):
+        t0 = time.thread_time()
+        for _ in range(k):
+            fn()
+        best = min(best, (time.thread_time() - t0) / k)
+    return best * 1e6
 
 
 def overhead_us(size: int = 4096, reps: int = 20_000) -> dict:
-    """CPU µs per message of encode and of decode (validation included), in process."""
+    """CPU µs per message of encode and of decode (validation included), in process; decode of
+    zmq.Frames received zero-copy, as a receiver gets them."""
     arr = np.zeros(size, dtype=np.uint8)
     meta = {"frames": 256}
-    t0 = time.perf_counter()
-    for i in range(reps):
-        frames = encode("fragment", JOB, "actor-0-0", i, 7, {"obs": arr}, meta)
-    t_enc = (time.perf_counter() - t0) / reps
-    frames = [bytes(f) for f in frames]
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        decode(frames, job=JOB)
-    t_dec = (time.perf_counter() - t0) / reps
     # a realistic PPO CartPole fragment: 8 arrays
     T, n = 32, 4
     frag = {"obs": np.zeros((T, n, 4), np.float32), "actions": np.zeros((T, n), np.int64),
             "logp": np.zeros((T, n), np.float32), "rewards": np.zeros((T, n), np.float32),
             "dones": np.zeros((T, n), bool), "terminated": np.zeros((T, n), bool), "valid": np.ones((T, n), bool),
             "last_obs": np.zeros((n, 4), np.float32)}
-    t0 = time.perf_counter()
-    for i in range(reps // 4):
-        f8 = encode("fragment", JOB, "actor-0-0", i, 7, frag, meta)
-    t_enc8 = (time.perf_counter() - t0) / (reps // 4)
-    f8 = [bytes(f) for f in f8]
-    t0 = time.perf_counter()
-    for _ in range(reps // 4):
-        decode(f8, job=JOB)
-    t_dec8 = (time.perf_counter() - t0) / (reps // 4)
-    return {"encode_1_array_us": t_enc * 1e6, "decode_1_array_us": t_dec * 1e6,
-            "encode_8_arrays_us": t_enc8 * 1e6, "decode_8_arrays_us": t_dec8 * 1e6}
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a.bind("inproc://overhead")
+    b.connect("inproc://overhead")
+    out = {}
+    for label, arrays, r in (("1_array", {"obs": arr}, reps), ("8_arrays", frag, reps // 4)):
+        out[f"encode_{label}_us"] = _min_cpu_us(lambda: encode("fragment", JOB, "actor-0-0", 1, 7, arrays, meta), r)
+        send_frames(a, encode("fragment", JOB, "actor-0-0", 1, 7, arrays, meta))
+        frames = recv_frames(b)
+        out[f"decode_{label}_us"] = _min_cpu_us(lambda: decode(frames, job=JOB), r)
+    a.close()
+    b.close()
+    ctx.term()
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="message sizes in bytes")
+    ap.add_argument("--experiment", choices=("transport", "collection"), default="transport",
+                    help="transport: wire vs raw throughput and CPU (default); collection: the paper's Fig. 5, "
+                         "time to receive --samples samples against message size and actor count "
+                         "(bench/collection_time.py)")
+    ap.add_argument("--sizes", help="message sizes in bytes (default: transport "
+                    f"{','.join(str(s) for s in DEFAULT_SIZES)}; collection "
+                    f"{','.join(str(s) for s in COLLECTION_SIZES)})")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per pair (median reported)")
     ap.add_argument("--seconds", type=float, default=0.3, help="approximate seconds per transfer")
     ap.add_argument("--transports", default="ipc,tcp")
+    ap.add_argument("--samples", type=int, default=10_000, help="collection: samples to receive per point")
+    ap.add_argument("--budget-mb", type=float, default=1000.0,
+                    help="collection (a): MB streamed per point at most; time to --samples is scaled from it")
+    ap.add_argument("--actors", default="1,2,4,8,16", help="collection (b): actor counts")
+    ap.add_argument("--sims", default="0.001,0.01", help="collection (b): simulated env seconds per sample")
+    ap.add_argument("--collect-size", type=int, default=512 << 10, help="collection (b): bytes per sample")
+    ap.add_argument("--samples-b", type=int, default=500,
+                    help="collection (b): samples streamed per point (time to --samples is scaled from it)")
+    ap.add_argument("--png", help="collection: write the figure here (default: no figure)")
     ap.add_argument("--wire", help="path of an alternative wire.py to benchmark instead of tianji.runtime.wire")
-    ap.add_argument("--tuned-malloc", action="store_true",
-                    help=f"run with GLIBC_TUNABLES={TUNED_MALLOC} (no heap trimming, large buffers from the heap)")
+    ap.add_argument("--malloc", choices=("worker", "glibc"), default="worker",
+                    help=f"worker (default): GLIBC_TUNABLES={TUNED_MALLOC}, as the launcher and the operator "
+                         "start every worker (control/launch.py); glibc: glibc's defaults")
+    ap.add_argument("--tuned-malloc", action="store_true", help="same as --malloc worker (kept for old commands)")
     ap.add_argument("--encryption", choices=("none", "curve"), default="none",
                     help="curve: every transfer over CurveZMQ with a ZAP handler, as spec.network.encryption: curve")
     a = ap.parse_args(argv)
-    if a.tuned_malloc and os.environ.get("GLIBC_TUNABLES") != TUNED_MALLOC:
+    if a.tuned_malloc:
+        a.malloc = "worker"
+    if a.malloc == "glibc" and os.environ.get("GLIBC_TUNABLES") == TUNED_MALLOC:
+        os.environ.pop("GLIBC_TUNABLES")
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])])
+    if a.malloc == "worker" and os.environ.get("GLIBC_TUNABLES") != TUNED_MALLOC:
         os.environ["GLIBC_TUNABLES"] = TUNED_MALLOC  # read by glibc at process start: re-exec
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])])
     if a.wire:
@@ -241,7 +284,22 @@ def main(argv=None) -> int:
         from tianji.runtime.security import new_keys
 
         CURVE_KEYS = new_keys()
-    sizes = [int(x) for x in a.sizes.split(",") if x]
+    if a.experiment == "collection":
+        import collection_time
+
+        res = collection_time.run(
+            sizes=[int(x) for x in (a.sizes or ",".join(map(str, COLLECTION_SIZES))).split(",") if x],
+            actor_counts=[int(x) for x in a.actors.split(",") if x], sims=[float(x) for x in a.sims.split(",") if x],
+            size_b=a.collect_size, transports=a.transports.split(","), samples=a.samples,
+            budget_bytes=a.budget_mb * 1e6, samples_b=a.samples_b,
+            wire_fns=(encode, send_frames, recv_frames, decode), reps=a.reps)
+        res["host"] = {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg()), "pyzmq": zmq.pyzmq_version(),
+                       "libzmq": zmq.zmq_version(), "malloc": a.malloc}
+        if a.png:
+            res["png"] = collection_time.plot(res, a.png)
+        print(json.dumps(res))
+        return 0
+    sizes = [int(x) for x in (a.sizes or ",".join(map(str, DEFAULT_SIZES))).split(",") if x]
     tmp = tempfile.mkdtemp(prefix="tianji-bench-")
     bases = {"ipc": f"ipc://{tmp}/t", "tcp": "tcp://127.0.0.1:*"}
     guess = {"ipc": 3e9, "tcp": 1.2e9}
@@ -262,6 +320,7 @@ def main(argv=None) -> int:
             rows.append({"bytes": size, "transport": tr, "messages": n, "raw_MBps": round(r, 1),
                          "wire_MBps": round(w, 1), "ratio": round(w / r, 3),
                          "raw_cpu_us_per_msg": rc, "wire_cpu_us_per_msg": wc, "cpu_ratio": round(cpu_ratio, 3),
+                         "recv_page_faults_per_msg": {"raw": round(med(raw, 3), 1), "wire": round(med(wire, 3), 1)},
                          "raw_all": [round(x[0]) for x in raw], "wire_all": [round(x[0]) for x in wire]})
             print(f"  {tr} {size:>8} B: raw {r:8.0f} MB/s  wire {w:8.0f} MB/s  ratio {w / r:.3f}  "
                   f"cpu µs/msg raw {rc['send']:.0f}/{rc['recv']:.0f} wire {wc['send']:.0f}/{wc['recv']:.0f} "
@@ -282,7 +341,7 @@ def main(argv=None) -> int:
         "stalled_transfers_retried": stalls,
         "wire_overhead_cpu": {k: round(v, 2) for k, v in overhead_us().items()},
         "host": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg()), "pyzmq": zmq.pyzmq_version(),
-                 "libzmq": zmq.zmq_version(), "glibc_tunables": os.environ.get("GLIBC_TUNABLES")},
+                 "libzmq": zmq.zmq_version(), "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}, "malloc": a.malloc,
         "seconds": round(time.perf_counter() - t_start, 1),
     }
     print(json.dumps(out))

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import msgpack
 import numpy as np
+import zmq
 
 SCHEMA_VERSION = 1
 KINDS = frozenset({"fragment", "batch", "params", "credit", "report"})
@@ -35,6 +36,9 @@ MAX_INT = 1 << 62  # seq and policy_version: non-negative and far inside int64
 # a dict lookup ~0.1 µs. Native byte order only (a '>f4' array is not 'float32' here).
 _DT = {n: np.dtype(n) for n in DTYPES}
 _NAME = {dt: n for n, dt in _DT.items()}
+_SNDMORE = zmq.SNDMORE
+_Frame = zmq.Frame
+_SCALARS = frozenset({type(None), bool, int, float, str})
 
 
 class WireError(ValueError):
@@ -102,73 +106,94 @@ def _check_meta(v: Any, depth: int = 0) -> None:
 
 
 def _buffer(frame: Any) -> memoryview:
-    buf = getattr(frame, "buffer", frame)  # zmq.Frame (copy=False) or bytes
-    return memoryview(buf).cast("B") if not isinstance(buf, memoryview) or buf.format != "B" else buf
+    """The bytes of a frame without copying: a zmq.Frame (copy=False), bytes or a memoryview."""
+    buf = getattr(frame, "buffer", frame)
+    return memoryview(buf).cast("B") if type(buf) is not memoryview or buf.format != "B" else buf
+
+
+_HEADER_KEYS = frozenset({"k", "v", "job", "from", "seq", "pv", "arr", "meta"})
+
+
+def _int(x: Any) -> bool:
+    """A non-negative wire integer below MAX_INT (msgpack gives int or bool: bool is refused)."""
+    return type(x) is int and 0 <= x < MAX_INT
 
 
 def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limits()) -> Message:
-    """Validate and decode one multipart message. Raises WireError(reason) on anything off."""
+    """Validate and decode one multipart message. Raises WireError(reason) on anything off.
+
+    Arrays are views of the received frames (zmq.Frame buffers with copy=False): each view holds
+    its frame, so libzmq cannot reuse the memory while an array lives; a receiver that keeps data
+    past the message copies it once, where it stores it (the buffer's ring, the replay)."""
     if not frames:
         raise WireError("frames", "empty message")
     head = _buffer(frames[0])
     if len(head) > MAX_HEADER_BYTES:
         raise WireError("size", f"header of {len(head)} bytes")
-    raw = head
-    if raw[:1] == b"\x80" and raw[-1:] == b".":
+    if head[:1] == b"\x80" and head[-1:] == b".":
         raise WireError("pickle", "pickle stream refused")
     try:
-        h = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_refuse_ext,
+        h = msgpack.unpackb(head, raw=False, strict_map_key=True, ext_hook=_refuse_ext,
                             max_bin_len=MAX_HEADER_BYTES, max_str_len=MAX_HEADER_BYTES)
     except WireError:
         raise
     except Exception as e:  # msgpack raises several types for garbage
         raise WireError("header", f"not a msgpack header ({type(e).__name__})") from None
-    if not isinstance(h, dict):
+    if type(h) is not dict:
         raise WireError("header", "header is not a map")
-    if any(not isinstance(k, str) for k in h):
+    if not _HEADER_KEYS.issuperset(h) and any(type(k) is not str for k in h):
         raise WireError("header", "non-string header key")
-    if type(h.get("v")) is not int or h.get("v") != SCHEMA_VERSION:
-        raise WireError("schema", f"schema version {h.get('v')!r}, expected {SCHEMA_VERSION}")
+    v = h.get("v")
+    if type(v) is not int or v != SCHEMA_VERSION:
+        raise WireError("schema", f"schema version {v!r}, expected {SCHEMA_VERSION}")
     kind = h.get("k")
-    if not isinstance(kind, str) or kind not in limits.kinds:
+    if type(kind) is not str or kind not in limits.kinds:
         raise WireError("kind", f"kind {kind!r}")
-    if job is not None and (not isinstance(h.get("job"), str) or h.get("job") != job):
+    if job is not None and h.get("job") != job:  # `job` is a str: equal only to the same str
         raise WireError("job", f"job {h.get('job')!r}")
     sender, seq, pv = h.get("from", ""), h.get("seq", 0), h.get("pv", 0)
-    if not isinstance(sender, str) or not isinstance(seq, int) or not isinstance(pv, int) or isinstance(pv, bool):
+    if type(sender) is not str or not isinstance(seq, int) or not isinstance(pv, int):
         raise WireError("header", "bad sender/seq/pv types")
-    if isinstance(seq, bool) or not (0 <= seq < MAX_INT) or not (0 <= pv < MAX_INT) or len(sender) > 256:
+    if not (_int(seq) and _int(pv)) or len(sender) > 256:
         raise WireError("header", "sender/seq/pv out of range")
     meta = h.get("meta", {})
-    if not isinstance(meta, dict):
+    if type(meta) is not dict:
         raise WireError("meta", "meta is not a map")
-    if meta:
-        _check_meta(meta)
+    for k, x in meta.items():  # flat scalars (the usual meta) need no recursion
+        if type(k) is not str:
+            raise WireError("meta", "non-string key")
+        if type(x) not in _SCALARS:
+            _check_meta(x, 1)
     specs = h.get("arr", [])
-    if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
+    if type(specs) is not list or len(specs) > MAX_ARRAYS:
         raise WireError("header", "bad array list")
     if len(frames) != len(specs) + 1:
         raise WireError("frames", f"{len(frames) - 1} array frames for {len(specs)} arrays")
     arrays: dict[str, np.ndarray] = {}
     total = 0
-    for spec, frame in zip(specs, frames[1:]):
-        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str)
-                and isinstance(spec[1], str) and isinstance(spec[2], list)):
+    max_frame = limits.max_frame_bytes
+    for i, spec in enumerate(specs, 1):
+        if not (type(spec) is list and len(spec) == 3 and type(spec[0]) is str
+                and type(spec[1]) is str and type(spec[2]) is list):
             raise WireError("header", "bad array spec")
         name, dtype, shape = spec
-        if dtype not in DTYPES:
+        dt = _DT.get(dtype)
+        if dt is None:
             raise WireError("dtype", f"{name}: dtype {dtype!r}")
-        if len(shape) > MAX_NDIM or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_INT
-                                            for d in shape):
+        if len(shape) > MAX_NDIM:
             raise WireError("shape", f"{name}: shape {shape!r}")
-        dt = _DT[dtype]
-        itemsize = dt.itemsize
-        if math.prod(shape) > limits.max_frame_bytes:
+        for d in shape:
+            if type(d) is not int or not 0 <= d < MAX_INT:  # bool is refused too
+                raise WireError("shape", f"{name}: shape {shape!r}")
+        count = math.prod(shape)
+        if count > max_frame:
             raise WireError("size", f"{name}: shape {shape!r}")
-        want = math.prod(shape) * itemsize
-        if want > limits.max_frame_bytes:
-            raise WireError("size", f"{name}: {want} bytes > {limits.max_frame_bytes}")
-        buf = _buffer(frame)
+        want = count * dt.itemsize
+        if want > max_frame:
+            raise WireError("size", f"{name}: {want} bytes > {max_frame}")
+        buf = frames[i]
+        if type(buf) is not _Frame:  # a zmq.Frame is a byte buffer already (len = bytes)
+            buf = _buffer(buf)
         if len(buf) != want:
             raise WireError("shape", f"{name}: frame has {len(buf)} bytes, shape x itemsize = {want}")
         total += want
@@ -176,9 +201,40 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
             raise WireError("size", f"message over {limits.max_total_bytes} bytes")
         if name in arrays:
             raise WireError("header", f"duplicate array {name!r}")
-        arrays[name] = np.frombuffer(buf, dtype=dt).reshape(shape)
+        # a view of the frame, no copy; the array holds the frame (its `base`), so libzmq cannot
+        # free or reuse the memory while the array lives
+        arrays[name] = np.ndarray(shape, dt, buf)
     return Message(kind=kind, sender=sender, seq=seq, policy_version=pv, arrays=arrays, meta=meta,
                    nbytes=total + len(head))
+
+
+def send(sock: Any, frames: Sequence[Any], flags: int = 0) -> None:
+    """Send `encode`'s frames zero-copy (pyzmq copies parts under its copy_threshold anyway).
+    One `send` per part: `send_multipart` re-checks every part's type in Python first, which
+    costs more than the send of a small part. Raises zmq.Again (nothing sent) under NOBLOCK
+    when the peer's queue is full: ZeroMQ queues the parts after the first atomically."""
+    last = len(frames) - 1
+    if last == 0:
+        sock.send(frames[0], flags)
+        return
+    more = flags | _SNDMORE
+    sock.send(frames[0], more)  # the header: a few hundred bytes, copied
+    for i in range(1, last):
+        sock.send(frames[i], more, copy=False)
+    sock.send(frames[last], flags, copy=False)
+
+
+def recv(sock: Any, flags: int = 0) -> list:
+    """One multipart message as zmq.Frames (copy=False: no copy of the payload), for `decode`.
+    A message with more parts than any valid one is drained to its end and returned cut at
+    MAX_ARRAYS + 2 parts (decode refuses it), so a peer cannot make a receiver hold them all."""
+    f = sock.recv(flags, copy=False)
+    frames = [f]
+    while f.more:
+        f = sock.recv(flags, copy=False)
+        if len(frames) <= MAX_ARRAYS + 1:
+            frames.append(f)
+    return frames
 
 
 def require(msg: Message, names: Sequence[str]) -> None:

@@ -23,6 +23,7 @@ from tianji.control.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 from tianji.observability.metrics import RoleMetrics
 from tianji.control.spec import TianJiJob
 from tianji.runtime import security
+from tianji.runtime import wire
 from tianji.runtime.wire import Limits, Message, WireError, decode, encode
 
 log = logging.getLogger("tianji")
@@ -96,7 +97,7 @@ class Role:
         """Non-blocking send; False (nothing sent) if the peer's queue is full."""
         frames = encode(kind, self.job.name, self.sender, self.seq, policy_version, arrays, meta)
         try:
-            sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            wire.send(sock, frames, zmq.NOBLOCK)
         except zmq.Again:
             return False
         self.seq += 1
@@ -108,7 +109,7 @@ class Role:
         """One validated message, or None if nothing is queued or the message was rejected.
         Any exception while decoding is a reject (reason "decode"), never a crash."""
         try:
-            frames = sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+            frames = wire.recv(sock, zmq.NOBLOCK)
         except zmq.Again:
             return None
         try:
