@@ -41,6 +41,8 @@ DEFAULT_JOBS = {"pong": ROOT / "examples" / "pong-dqn.yaml", "cartpole": ROOT / 
 # ----------------------------------------------------------------- pong
 def _pong_worker(job_path: str, overrides: list, mode: str, index: int, seconds: float, barrier, out) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if mode == "raw":  # the bare env: one native vector env, not the actor's double-buffered halves
+        os.environ["TIANJI_DOUBLE_BUFFER"] = "0"
     import torch
 
     torch.set_num_threads(1)
