@@ -46,3 +46,12 @@ def test_double_buffered_fragments_equal_sequential_ones(monkeypatch, env_id):
     assert seq[-1][0]["obs"][-1].std() > 0 and not np.array_equal(seq[0][0]["obs"][0], seq[-1][0]["obs"][-1])
     if env_id == "ALE/Breakout-v5":
         assert any(f[0]["dones"].any() for f in seq)
+
+
+def test_actors_double_buffer_only_with_a_second_core(monkeypatch):
+    monkeypatch.delenv(split.ENV_DOUBLE_BUFFER, raising=False)
+    assert not split.wanted(1) and not split.wanted(1.5) and split.wanted(2)
+    monkeypatch.setenv(split.ENV_DOUBLE_BUFFER, "0")
+    assert not split.wanted(4)
+    monkeypatch.setenv(split.ENV_DOUBLE_BUFFER, "1")
+    assert split.wanted(0.5)

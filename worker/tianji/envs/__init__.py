@@ -31,12 +31,13 @@ def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or "NoFrameskip" in env_id
 
 
-def make_vec_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.VectorEnv:
+def make_vec_env(cfg: EnvConfig, num_envs: int | None = None, halves: bool = False) -> gym.vector.VectorEnv:
+    """`halves`: Atari (native backend) as two halves an actor steps double-buffered (envs/split.py)."""
     n = num_envs or cfg.num_envs
     if is_atari(cfg.id):
         from tianji.envs.atari import make_atari_vec
 
-        return make_atari_vec(cfg, n)
+        return make_atari_vec(cfg, n, halves=halves)
     try:
         spec = gym.spec(cfg.id)
     except gym.error.Error as e:

@@ -45,7 +45,6 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from tianji.control.spec import EnvConfig
-from tianji.envs import split
 
 SCREEN = 84
 FRAME_SKIP = 4
@@ -212,13 +211,15 @@ class AtariVec(VectorEnv):
         return self.env.close(**kwargs)
 
 
-def make_atari_vec(cfg: EnvConfig, n: int) -> VectorEnv:
+def make_atari_vec(cfg: EnvConfig, n: int, halves: bool = False) -> VectorEnv:
     """n preprocessed Atari envs for `cfg.id` (e.g. ALE/Pong-v5); see the module docstring.
-    Native backend, n >= 2: two halves (envs/split.py) that actors step double-buffered."""
+    `halves` (native backend, n >= 2): two halves that an actor steps double-buffered (envs/split.py)."""
     if n < 1:
         raise ValueError(f"num_envs must be >= 1, got {n}")
     name = backend()
-    if name == "native" and n >= 2 and split.enabled():
+    if name == "native" and n >= 2 and halves:
+        from tianji.envs import split
+
         return split.SplitVec([_make_atari_vec(cfg, n // 2, name), _make_atari_vec(cfg, n - n // 2, name)])
     return _make_atari_vec(cfg, n, name)
 

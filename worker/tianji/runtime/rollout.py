@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tianji.algos import dqn, ppo
-from tianji.envs import env_info, make_vec_env
+from tianji.envs import env_info, make_vec_env, split
 from tianji.algos.models import build_model
 from tianji.control.spec import JobSpec
 
@@ -24,7 +24,7 @@ class Rollout:
         """`frames_scale`: actors sharing the exploration schedule (own frames × this ≈ global frames)."""
         self.spec = spec
         self.algo = spec.algorithm.name
-        self.env = make_vec_env(spec.env)
+        self.env = make_vec_env(spec.env, halves=split.wanted(spec.resources.actor.cpu))
         self.info = env_info(self.env)
         self.model = build_model(self.algo, spec.model, self.info, spec.env.seed)
         self.model.eval()
