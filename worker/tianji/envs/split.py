@@ -9,9 +9,11 @@ unchanged; only the two halves interleave.
 
 The overlap needs a second core: the policy and the emulators then run at the
 same time. On one core it gains nothing and costs CPU (policy batches of n/2,
-twice the thread hand-offs: ~20-30 % more CPU per frame on Pong). So an actor
-splits its envs when its role has at least two cores (`resources.actor.cpu >= 2`);
-`TIANJI_DOUBLE_BUFFER=1` / `0` forces it on / off.
+twice the thread hand-offs): on Pong 0.36 instead of 0.47 of the bare env's
+frames per CPU second (`bench/throughput.py --env pong --max-actors 1 --set
+spec.resources.actor.cpu=2`, and `=1`). So an actor splits its envs when its
+role has at least two cores (`resources.actor.cpu >= 2`); `TIANJI_DOUBLE_BUFFER=1`
+or `0` forces it on or off.
 
 `SplitVec` is also an ordinary VectorEnv over all n envs (step = both halves,
 concatenated), so evaluation and env probing need not know about halves.
