@@ -38,7 +38,9 @@ PR_SET_CHILD_SUBREAPER = 36
 TITLE_ROOM = 4096  # bytes of argv the zygote is started with: a forked worker's command line goes there
 REPARENT_TIMEOUT_S = 5.0
 ENV_DISABLE = "TIANJI_ZYGOTE"  # "0": spawn each worker as its own process (imports torch every time)
-PRELOAD = ("numpy", "zmq", "torch", "gymnasium", "msgpack", "tianji.cli", "tianji.runtime.worker",
+# torch._dynamo: the first optimizer a learner builds imports it (~800 modules, sympy among them: 1.2 s
+# of CPU), which held the first update back by 7-9 s on a busy 2-core machine.
+PRELOAD = ("numpy", "zmq", "torch", "torch._dynamo", "gymnasium", "msgpack", "tianji.cli", "tianji.runtime.worker",
            "tianji.runtime.roles.actor", "tianji.runtime.roles.buffer", "tianji.runtime.roles.learner")
 
 
