@@ -194,9 +194,7 @@ class Launcher:
                                report=self.report_addr, sock_dir=str(self.sock_dir), parent_pid=os.getpid(),
                                dist_init=self.dist_init,
                                curve_keys=str(self.curve_file) if self.curve_file else None)
-        env = {**os.environ, **launch.env}
-        if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
-            env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
+        env = _worker_env(launch)
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
         c.proc = None
@@ -260,14 +258,14 @@ class Launcher:
 
     def _start_zygote(self) -> None:
         """The pre-imported worker template (local/zygote.py); without it each worker imports torch."""
-        if not zygote.enabled():
+        if not zygote.enabled() or self.job.spec.resources.learner.gpu > 0:  # CUDA and fork do not mix
             return
         c = self.children[0]
         launch = worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
                                run_dir=str(self.run_dir), sock_dir=str(self.sock_dir), parent_pid=os.getpid())
         try:
             zygote.set_subreaper(True)  # forked workers are re-parented to us, not to init
-            self.zygote = zygote.Zygote({**os.environ, **launch.env}, str(self.run_dir / "logs" / "zygote.log"))
+            self.zygote = zygote.Zygote(_worker_env(launch), str(self.run_dir / "logs" / "zygote.log"))
         except OSError as e:
             print(f"tianji: no worker template ({e}); starting workers as new processes", file=sys.stderr)
             self.zygote = None
@@ -495,6 +493,13 @@ class Launcher:
               f"mean return {summary['mean_return']:.1f}; summary: {self.run_dir / 'summary.json'}",
               file=sys.stderr)
         return summary
+
+
+def _worker_env(launch) -> dict[str, str]:
+    env = {**os.environ, **launch.env}
+    if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
+        env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
+    return env
 
 
 def _write_json(path: Path, doc: dict) -> None:

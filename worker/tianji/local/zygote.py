@@ -18,6 +18,9 @@ calls setsid (its own session, as start_new_session) and writes its log file.
 Its command line (/proc/PID/cmdline, what `ps` shows) is rewritten in place to
 the worker's argv, in the room the zygote's padded argv leaves.
 
+Jobs whose learner has a GPU spawn their workers: a driver initialised before
+fork (torch may probe CUDA while importing) is unusable in the child.
+
 Protocol, one JSON line each way: {"argv", "env", "log"} -> {"pid"} or {"error"}.
 The zygote exits at end of input (the launcher closed the pipe) or with the
 launcher (PDEATHSIG).
