@@ -2,7 +2,8 @@
 
 Runs, side by side in one invocation, for each algorithm and seed:
   * TianJi on examples/cartpole-{ppo,dqn}.yaml, stopping at mean-100 >= 475;
-  * SB3 with rl-zoo's CartPole hyperparameters, in its own process, torch threads = cores.
+  * SB3 with rl-zoo's CartPole hyperparameters, in its own process, one torch thread (--sb3-threads);
+  * with --spawn, TianJi again with each worker spawned afresh (no pre-imported template).
 Both clocks start when the process is launched (imports and start-up included)
 and read the first time the mean of the last 100 finished episodes reaches 300
 and 475. TianJi's 300-crossing is read from metrics.jsonl (1 s records), its
@@ -10,8 +11,9 @@ and 475. TianJi's 300-crossing is read from metrics.jsonl (1 s records), its
 
     python bench/converge.py [--algos ppo,dqn] [--seeds 1,2,3] [--budget-s 300]
     python bench/converge.py --topology auto     # TianJi with `topology: auto` vs the hand-picked one
+    python bench/converge.py --algos ppo --spawn # start-up: forked from the template vs spawned
 
-SB3 is a benchmark-only dependency (`pip install stable-baselines3`); without
+SB3 is a benchmark-only dependency (`pip install -e .[bench]`); without
 it the baseline is reported as unavailable.
 """
 from __future__ import annotations
@@ -72,14 +74,18 @@ print(json.dumps({str(k): v for k, v in w.hit.items()}))
 '''
 
 
-def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str]) -> dict:
+def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env: dict | None = None) -> dict:
     run = Path(tempfile.mkdtemp(prefix=f"conv-{algo}-"))
     job = ROOT / "examples" / f"cartpole-{algo}.yaml"
     cmd = [sys.executable, "-m", "tianji.cli", "run", str(job), "--run-dir", str(run), "--quiet",
            "--set", f"spec.env.seed={seed}", "--set", "spec.stop.meanReturn=475",
            "--set", f"spec.stop.seconds={budget_s}", *sum((["--set", o] for o in overrides), [])]
-    subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=budget_s + 120)
+    t_launch = time.time()
+    subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=budget_s + 120, env={**os.environ, **(env or {})})
     s = json.loads((run / "summary.json").read_text())
+    # The launcher's clock starts after its own imports; job.yaml is written just before it starts,
+    # so its mtime moves TianJi's times onto the same launch-to-target clock as SB3's.
+    pre = max(0.0, (run / "job.yaml").stat().st_mtime - t_launch)
     hit = {}
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -88,16 +94,17 @@ def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str]) -> d
     if s["seconds_to_target"] is not None:
         hit["475.0"] = s["seconds_to_target"]
         hit.setdefault("300.0", s["seconds_to_target"])
-    return {"seconds": hit, "env_frames": s["env_frames"], "policy_lag_mean": s["policy_lag"]["mean"],
+    hit = {k: round(v + pre, 3) for k, v in hit.items()}
+    return {"seconds": hit, "launcher_start_s": round(pre, 3), "env_frames": s["env_frames"], "policy_lag_mean": s["policy_lag"]["mean"],
             "consumed_sps": round(s["throughput"]["consumed_sps"]), "exit_reason": s["exit_reason"]}
 
 
-def sb3_run(algo: str, seed: int, budget_s: float) -> dict:
+def sb3_run(algo: str, seed: int, budget_s: float, threads: int) -> dict:
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         return {"unavailable": "pip install stable-baselines3"}
-    script = SB3_SCRIPT % {"threads": os.cpu_count() or 1, "thresholds": THRESHOLDS}
+    script = SB3_SCRIPT % {"threads": threads, "thresholds": THRESHOLDS}
     t = time.time()
     try:
         p = subprocess.run([sys.executable, "-c", script, algo, str(seed), repr(t)], capture_output=True, text=True,
@@ -122,18 +129,24 @@ def main() -> None:
     ap.add_argument("--topology", choices=["hand", "auto", "both"], default="hand",
                     help="TianJi topology: the example's hand-picked one, the planner's (`auto`), or both")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--sb3-threads", type=int, default=1, help="torch threads of the SB3 process (issue: one)")
+    ap.add_argument("--spawn", action="store_true",
+                    help="also run TianJi with every worker spawned afresh (TIANJI_ZYGOTE=0): start-up before/after")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
-    out = {"machine_cores": os.cpu_count(), "thresholds": THRESHOLDS, "results": {}}
-    variants = {"hand": [], "auto": ["spec.topology=auto"]}
+    out = {"machine_cores": os.cpu_count(), "sb3_threads": a.sb3_threads, "thresholds": THRESHOLDS, "results": {},
+           "loadavg_start": list(os.getloadavg())}
+    variants = {"hand": ([], None), "auto": (["spec.topology=auto"], None), "spawn": ([], {"TIANJI_ZYGOTE": "0"})}
     chosen = ["hand", "auto"] if a.topology == "both" else [a.topology]
+    if a.spawn:
+        chosen.append("spawn")
     for algo in a.algos.split(","):
         res: dict = {}
         for seed in seeds:  # interleave systems per seed: shared-machine noise hits both alike
             for v in chosen:
-                res.setdefault(f"tianji_{v}", []).append(tianji_run(algo, seed, a.budget_s, variants[v]))
+                res.setdefault(f"tianji_{v}", []).append(tianji_run(algo, seed, a.budget_s, *variants[v]))
             if not a.no_baseline:
-                res.setdefault("sb3", []).append(sb3_run(algo, seed, a.budget_s))
+                res.setdefault("sb3", []).append(sb3_run(algo, seed, a.budget_s, a.sb3_threads))
         summary = {k: {str(th): med(v, str(th)) for th in THRESHOLDS} | {
             "solved": sum(1 for r in v if str(THRESHOLDS[-1]) in r.get("seconds", {})), "runs": len(v)}
             for k, v in res.items()}

@@ -11,6 +11,9 @@ pong: produced frames/s of k = 1..N actor processes running the actor's loop
   are run back to back; `ratio` = actor / raw, `actor_fps_per_process` the
   per-actor-core figure. (Fragment sending is not included: one 256-frame
   Pong fragment costs ~3 ms through the wire, ~1 % of producing it.)
+  `--set spec.resources.actor.cpu=2` measures the double-buffered actor (envs/split.py:
+  the policy on one half of the envs while ALE steps the other); the raw env is
+  always one native vector env.
 
 cartpole: the paper's Figure 6(a) shape - k = 1..N actors with the learner
   (and buffer) fixed, each point a real `tianji run` of S seconds. Reported:
@@ -41,6 +44,8 @@ DEFAULT_JOBS = {"pong": ROOT / "examples" / "pong-dqn.yaml", "cartpole": ROOT / 
 # ----------------------------------------------------------------- pong
 def _pong_worker(job_path: str, overrides: list, mode: str, index: int, seconds: float, barrier, out) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if mode == "raw":  # the bare env: one native vector env, not the actor's double-buffered halves
+        os.environ["TIANJI_DOUBLE_BUFFER"] = "0"
     import torch
 
     torch.set_num_threads(1)

@@ -43,14 +43,15 @@ def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or "NoFrameskip" in env_id
 
 
-def make_vec_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.VectorEnv:
+def make_vec_env(cfg: EnvConfig, num_envs: int | None = None, halves: bool = False) -> gym.vector.VectorEnv:
+    """`halves`: Atari (native backend) as two halves an actor steps double-buffered (envs/split.py)."""
     n = num_envs or cfg.num_envs
     if is_atari(cfg.id):
         if cfg.kwargs:  # the Atari maker sets its own (frameskip, repeat_action_probability): not silently ignored
             raise ValueError(ATARI_KWARGS)
         from tianji.envs.atari import make_atari_vec
 
-        return make_atari_vec(cfg, n)
+        return make_atari_vec(cfg, n, halves=halves)
     target = gym_id(cfg)  # imports env.imports; an entry point becomes an EnvSpec
     try:
         spec = gym.spec(target) if isinstance(target, str) else target

@@ -152,6 +152,7 @@ class AtariVec(VectorEnv):
         self._lives: Optional[np.ndarray] = None
         self._after_life_loss = np.zeros(self.num_envs, dtype=bool)
         self._after_real_done = np.zeros(self.num_envs, dtype=bool)
+        self._sent: Optional[np.ndarray] = None
 
     def reset(self, *, seed: Any = None, options: Optional[dict] = None):
         obs, info = self.env.reset(seed=seed, options=options)
@@ -165,10 +166,26 @@ class AtariVec(VectorEnv):
         return None if lives is None else np.asarray(lives, dtype=np.int64).copy()
 
     def step(self, actions):
+        self.send(actions)
+        return self.recv()
+
+    def send(self, actions) -> None:
+        """Start a step (native backend: ALE's own threads run it while the caller goes on)."""
         actions = np.asarray(actions, dtype=np.int64)
         if self.episodic_life and self._after_life_loss.any():
             actions = np.where(self._after_life_loss, self.life_reset_action, actions)
-        obs, reward, term, trunc, info = self.env.step(actions)
+        if hasattr(self.env, "send"):
+            self.env.send(actions)
+            self._sent = None
+        else:
+            self._sent = actions
+
+    def recv(self):
+        """Finish the step started by send()."""
+        if self._sent is None:
+            obs, reward, term, trunc, info = self.env.recv()
+        else:
+            obs, reward, term, trunc, info = self.env.step(self._sent)
         term = np.asarray(term, dtype=bool)
         trunc = np.asarray(trunc, dtype=bool)
         if not isinstance(info, dict):
@@ -194,11 +211,20 @@ class AtariVec(VectorEnv):
         return self.env.close(**kwargs)
 
 
-def make_atari_vec(cfg: EnvConfig, n: int) -> VectorEnv:
-    """n preprocessed Atari envs for `cfg.id` (e.g. ALE/Pong-v5); see the module docstring."""
+def make_atari_vec(cfg: EnvConfig, n: int, halves: bool = False) -> VectorEnv:
+    """n preprocessed Atari envs for `cfg.id` (e.g. ALE/Pong-v5); see the module docstring.
+    `halves` (native backend, n >= 2): two halves that an actor steps double-buffered (envs/split.py)."""
     if n < 1:
         raise ValueError(f"num_envs must be >= 1, got {n}")
     name = backend()
+    if name == "native" and n >= 2 and halves:
+        from tianji.envs import split
+
+        return split.SplitVec([_make_atari_vec(cfg, n // 2, name), _make_atari_vec(cfg, n - n // 2, name)])
+    return _make_atari_vec(cfg, n, name)
+
+
+def _make_atari_vec(cfg: EnvConfig, n: int, name: str) -> "AtariVec":
     inner = _native(cfg, n) if name == "native" else _gymnasium(cfg, n)
     if name == "native":
         from ale_py import Action

@@ -36,6 +36,7 @@ from tianji.control.launch import worker_launch
 from tianji.control.plan import Profile, resolve
 from tianji.control.spec import TianJiJob, dump_job, load_job
 from tianji.envs import check_env_spec, spaces_of
+from tianji.local import zygote
 from tianji.local.worker_logs import last_exception
 from tianji.observability.exporter import JobExporter
 from tianji.observability.learnerstats import lag_histogram, learner_stats
@@ -55,6 +56,7 @@ SUMMARY_RETRY_S = 10.0
 MAX_RESTARTS = 10  # consecutive failures; a worker that ran HEALTHY_S before failing starts a fresh budget
 HEALTHY_S = 60.0
 ROLE_ORDER = ("learner", "buffer", "actor")
+CLI = [sys.executable, "-m", "tianji.cli"]  # + ["worker", ...]: the worker entry point, spawned or forked
 
 
 @dataclass
@@ -177,6 +179,7 @@ class Launcher:
         self.target_reached_at: Optional[float] = None
         self.interrupted = False
         self.error: Optional[str] = None
+        self.zygote: Optional[zygote.Zygote] = None
 
     def _continue_counts(self) -> None:
         """A resumed run keeps counting (frames, episodes, the last 100 returns, lag) where the
@@ -213,19 +216,26 @@ class Launcher:
     # ---------------------------------------------------------------- processes
     def _spawn(self, c: Child) -> None:
         launch = worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
-                               command=[sys.executable, "-m", "tianji.cli", "worker"], run_dir=str(self.run_dir),
+                               command=[*CLI, "worker"], run_dir=str(self.run_dir),
                                report=self.report_addr, sock_dir=str(self.sock_dir), parent_pid=os.getpid(),
                                dist_init=self.dist_init,
                                curve_keys=str(self.curve_file) if self.curve_file else None)
-        env = {**os.environ, **launch.env}
-        if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
-            env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
+        env = _worker_env(launch)
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
-        # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
         c.log.flush()
         c.log_offset = os.fstat(c.log.fileno()).st_size
-        c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        c.proc = None
+        if self.zygote is not None:  # forked from the pre-imported template (same entry point, same env)
+            try:
+                c.proc = self.zygote.spawn(launch.argv[len(CLI):], env, c.log.name)
+            except OSError as e:
+                print(f"tianji: worker template failed ({e}); starting workers as new processes", file=sys.stderr)
+                self._close_zygote()
+        if c.proc is None:
+            # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
+            c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True)
         c.pids.add(c.proc.pid)
         c.started_at = time.monotonic()
         c.last_report = None
@@ -275,6 +285,25 @@ class Launcher:
         for c in self.children:
             if c.log:
                 c.log.close()
+
+    def _start_zygote(self) -> None:
+        """The pre-imported worker template (local/zygote.py); without it each worker imports torch."""
+        if not zygote.enabled() or self.job.spec.resources.learner.gpu > 0:  # CUDA and fork do not mix
+            return
+        c = self.children[0]
+        launch = worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
+                               run_dir=str(self.run_dir), sock_dir=str(self.sock_dir), parent_pid=os.getpid())
+        try:
+            zygote.set_subreaper(True)  # forked workers are re-parented to us, not to init
+            self.zygote = zygote.Zygote(_worker_env(launch), str(self.run_dir / "logs" / "zygote.log"))
+        except OSError as e:
+            print(f"tianji: no worker template ({e}); starting workers as new processes", file=sys.stderr)
+            self.zygote = None
+
+    def _close_zygote(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
 
     # ---------------------------------------------------------------- reports
     def _drain(self, sock: zmq.Socket, timeout: float) -> None:
@@ -442,6 +471,7 @@ class Launcher:
                 self.exporter.serve(self.metrics_port)
             with _Appender(self.run_dir / "metrics.jsonl", self) as mf, \
                     Progress(f"TianJi · {self.job.name}", self.progress_enabled, caption=str(self.run_dir)) as view:
+                self._start_zygote()
                 for c in self.children:
                     self._spawn(c)
                 last_sample = last_record = 0.0
@@ -477,6 +507,12 @@ class Launcher:
                     c.proc.kill()
                     c.proc.wait()
         finally:
+            self._close_zygote()
+            if zygote.enabled():
+                try:
+                    zygote.set_subreaper(False)
+                except OSError:
+                    pass
             sock.close()
             if curve is not None:
                 curve.close()
@@ -498,6 +534,13 @@ class Launcher:
               f"mean return {summary['mean_return']:.1f}; summary: {self.run_dir / 'summary.json'}",
               file=sys.stderr)
         return summary
+
+
+def _worker_env(launch) -> dict[str, str]:
+    env = {**os.environ, **launch.env}
+    if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
+        env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
+    return env
 
 
 def _write_json(path: Path, doc: dict) -> None:

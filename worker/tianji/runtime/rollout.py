@@ -15,7 +15,7 @@ import numpy as np
 
 from tianji.algos import dqn, ppo
 from tianji.algos.distributions import clip_to_bounds
-from tianji.envs import check_declared, env_info, make_vec_env
+from tianji.envs import check_declared, env_info, make_vec_env, split
 from tianji.algos.models import build_model
 from tianji.control.spec import JobSpec
 
@@ -25,7 +25,7 @@ class Rollout:
         """`frames_scale`: actors sharing the exploration schedule (own frames × this ≈ global frames)."""
         self.spec = spec
         self.algo = spec.algorithm.name
-        self.env = make_vec_env(spec.env)
+        self.env = make_vec_env(spec.env, halves=split.wanted(spec.resources.actor.cpu))
         self.info = env_info(self.env)
         check_declared(spec.env, self.info)
         self.model = build_model(spec.algorithm, spec.model, self.info, spec.env.seed, spec.env.imports)
@@ -76,6 +76,8 @@ class Rollout:
     def fragment(self) -> tuple[dict[str, np.ndarray], list[float]]:
         """Step T times. Returns the fragment's arrays (`last_obs` is `self.obs` after it) and
         the raw returns of the episodes that ended during it."""
+        if hasattr(self.env, "halves"):
+            return self._fragment_double_buffered()
         buf = self._new_fragment()
         finished: list[float] = []
         for t in range(self.T):
@@ -100,6 +102,52 @@ class Rollout:
                 self.ep_return[ended] = 0.0
             self.prev_done, self.obs = done, next_obs
             self.frames += self.n
+        return buf, finished
+
+    def _fragment_double_buffered(self) -> tuple[dict[str, np.ndarray], list[float]]:
+        """As fragment(), with the policy for one half of the envs computed while the other half
+        steps in ALE's threads (envs/split.py). Each env's transitions are those of fragment()."""
+        buf = self._new_fragment()
+        finished: list[float] = []
+        self.obs = self.obs.copy()  # updated in place below; the previous fragment's last_obs may be in flight
+        halves, slices = self.env.halves, self.env.slices
+
+        def launch(h: int, t: int) -> None:
+            s = slices[h]
+            obs = self.obs[s]
+            actions, extra = self.act(obs)
+            buf["obs"][t, s] = obs
+            buf["actions"][t, s] = actions
+            if "logp" in extra:
+                buf["logp"][t, s] = extra["logp"]
+            halves[h].send(actions)
+
+        def land(h: int, t: int) -> None:
+            s = slices[h]
+            next_obs, reward, term, trunc, info = halves[h].recv()
+            done = np.asarray(term) | np.asarray(trunc)
+            buf["valid"][t, s] = ~self.prev_done[s]
+            buf["dones"][t, s] = done
+            buf["terminated"][t, s] = term
+            raw = np.asarray(reward, dtype=np.float64)
+            ret = self.ep_return[s]
+            ret += raw
+            buf["rewards"][t, s] = np.sign(raw) if self.clip_rewards else raw
+            ended = self._episode_ends(done, info)
+            if ended.any():
+                finished.extend(ret[ended].tolist())
+                ret[ended] = 0.0
+            self.prev_done[s] = done
+            self.obs[s] = next_obs
+            self.frames += s.stop - s.start
+
+        for t in range(self.T):
+            for h in range(len(halves)):
+                if t > 0:
+                    land(h, t - 1)
+                launch(h, t)
+        for h in range(len(halves)):
+            land(h, self.T - 1)
         return buf, finished
 
     def close(self) -> None:

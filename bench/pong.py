@@ -1,0 +1,151 @@
+"""Pong learning on a wall-clock budget: the return curve of a real `tianji run`. Prints one JSON object.
+
+    python bench/pong.py --minutes 60                       # examples/pong-ppo.yaml
+    python bench/pong.py --algo dqn --minutes 60            # examples/pong-dqn.yaml
+    python bench/pong.py --minutes 3 --out /tmp/pong        # a short check that it runs
+
+Trains the example for `--minutes` (no other stop rule) and writes into --out:
+  curve.json   the 100-episode mean return against seconds and env frames (one row per
+               metrics.jsonl record, i.e. per second), plus the run's summary;
+  curve.png    return vs time, return vs frames, throughput by role (`tianji plot`);
+  run/         the run directory itself (summary.json, metrics.jsonl, logs).
+Printed: the learner's device, produced frames/s and consumed samples/s, the return at
+the start and end and its best, and the first time the mean crossed -10 (if it did).
+
+Sizing. With a GPU (torch.cuda) the learner gets it (`resources.learner.gpu=1`) and the
+example's sizes stay. Without one, a preset for a small CPU box (`--preset cpu`, the
+default then): one actor, the learner on one core with one torch thread (the example
+asks for 4 cores: on 2 cores that is oversubscription), and smaller updates, so that
+learning keeps up with a single actor (PPO: 2 epochs of 4 minibatches of 128 on batches
+of 512; DQN: a smaller replay warm-up). `--preset none` runs the example as it is;
+`--set` adds overrides on top. Frames are agent steps (4 emulator frames each).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "worker"))
+
+JOBS = {"ppo": ROOT / "examples" / "pong-ppo.yaml", "dqn": ROOT / "examples" / "pong-dqn.yaml"}
+RANDOM_RETURN = -20.5  # a random policy's Pong score
+GOAL_RETURN = -10.0
+PRESETS = {
+    "cpu": {
+        "common": ["spec.topology.actors=1", "spec.resources.actor.cpu=1", "spec.resources.learner.cpu=1",
+                   "spec.resources.learner.threads=1", "spec.resources.buffer.cpu=0.5"],
+        "ppo": ["spec.algorithm.batchSize=512", "spec.algorithm.minibatchSize=128", "spec.algorithm.epochs=2",
+                "spec.env.fragmentLength=64", "spec.env.numEnvs=8"],
+        "dqn": ["spec.algorithm.learningStarts=20000", "spec.algorithm.explorationFrames=250000",
+                "spec.algorithm.targetUpdateInterval=500"],
+    },
+    "gpu": {"common": ["spec.resources.learner.gpu=1"], "ppo": [], "dqn": []},
+    "none": {"common": [], "ppo": [], "dqn": []},
+}
+
+
+def device_info() -> dict:
+    import torch
+
+    if torch.cuda.is_available():
+        return {"device": "cuda", "name": torch.cuda.get_device_name(0), "cpus": os.cpu_count()}
+    return {"device": "cpu", "name": _cpu_name(), "cpus": os.cpu_count()}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def curve(run_dir: Path) -> list[dict]:
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        rows.append({"t": r["t"], "env_frames": r["env_frames"], "episodes": r["episodes"],
+                     "mean_return": r["mean_return"], "produced_fps": round(r.get("produced_fps", 0.0), 1),
+                     "consumed_sps": round(r.get("consumed_sps", 0.0), 1)})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--algo", choices=sorted(JOBS), default="ppo")
+    ap.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of the run")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="default: gpu when CUDA is there, else cpu")
+    ap.add_argument("--out", help="output folder (default: a new temp folder)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a = ap.parse_args(argv)
+    if not a.minutes > 0:
+        ap.error("--minutes must be positive")
+    dev = device_info()
+    preset = a.preset or ("gpu" if dev["device"] == "cuda" else "cpu")
+    out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix=f"pong-{a.algo}-"))
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = out / "run"
+    if (run_dir / "job.yaml").exists():
+        ap.error(f"{run_dir} already holds a run")
+    seconds = a.minutes * 60
+    sets = [*PRESETS[preset]["common"], *PRESETS[preset][a.algo], "spec.stop.meanReturn=null",
+            "spec.stop.envFrames=null", f"spec.stop.seconds={seconds:g}", *a.set]
+    cmd = [sys.executable, "-m", "tianji.cli", "run", str(JOBS[a.algo]), "--run-dir", str(run_dir), "--quiet",
+           *sum((["--set", s] for s in sets), [])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "worker"),
+                                                                    os.environ.get("PYTHONPATH")])))
+    print(f"pong bench: {a.algo} for {a.minutes:g} min on {dev['device']} ({dev['name']}), preset {preset}; "
+          f"run dir {run_dir}", file=sys.stderr)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=seconds + 300)
+    wall = time.monotonic() - t0
+    if not (run_dir / "summary.json").exists():
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = curve(run_dir)
+    rets = [r for r in rows if r["mean_return"] is not None]
+    crossed = next((r for r in rets if r["episodes"] >= 10 and r["mean_return"] >= GOAL_RETURN), None)
+    th = summary.get("throughput", {})
+    result = {
+        "bench": "pong", "algo": a.algo, "job": str(JOBS[a.algo]), "preset": preset, "overrides": sets,
+        **dev, "minutes": a.minutes, "wall_seconds": round(wall, 1), "exit_reason": summary.get("exit_reason"),
+        "env_frames": summary.get("env_frames"), "episodes": summary.get("episodes"),
+        "produced_fps": round(th.get("produced_fps", 0.0), 1), "consumed_sps": round(th.get("consumed_sps", 0.0), 1),
+        "return_first": rets[0]["mean_return"] if rets else None,
+        "return_last": rets[-1]["mean_return"] if rets else None,
+        "return_best": max(r["mean_return"] for r in rets) if rets else None,
+        "random_policy_return": RANDOM_RETURN, "goal_return": GOAL_RETURN,
+        "seconds_to_goal": crossed["t"] if crossed else None,
+        "policy_lag": summary.get("policy_lag"), "dropped_samples": summary.get("dropped_samples"),
+        "restarts": summary.get("restarts"),
+        "host": {"loadavg": list(os.getloadavg())},
+        "out": str(out),
+    }
+    (out / "curve.json").write_text(json.dumps({**result, "curve": rows, "summary": summary}, indent=1))
+    try:
+        from tianji.observability.plot import plot_run
+
+        plot_run(run_dir, out / "curve.png")
+        result["png"] = str(out / "curve.png")
+    except Exception as e:  # noqa: BLE001 - the JSON is the result; a plot failure is reported, not fatal
+        result["png_error"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(result))
+    return 0 if summary.get("exit_reason") == "seconds" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
