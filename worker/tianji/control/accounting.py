@@ -241,6 +241,9 @@ class Accounting:
         tot = self.totals()
         w = max(elapsed, 1e-9)
         mean = self.mean_return()
+        dropped = self.reasons("samples_dropped_total")
+        buf = self.role_totals("buffer")
+        inserted = buf.get("samples_inserted_total", 0.0)
         return {
             "env_frames": int(tot["env_frames"]),
             "episodes": int(self.episodes_total),
@@ -250,7 +253,11 @@ class Accounting:
             "throughput": {v: tot[k] / w for k, v in RATE_KEYS.items()},
             "rates": self.rates(),
             "bytes_sent": int(tot["bytes_sent"]),
-            "dropped_samples": {k: int(v) for k, v in self.reasons("samples_dropped_total").items()},
+            "dropped_samples": {k: int(v) for k, v in dropped.items()},
+            # every sample dropped, for any reason by any role, per env frame stepped
+            "dropped_fraction": sum(dropped.values()) / tot["env_frames"] if tot["env_frames"] else None,
+            # samples buffers sent to learners per sample they stored (off-policy: since learningStarts)
+            "replay_ratio": buf.get("samples_sent_total", 0.0) / inserted if inserted else None,
             "rejected_messages": int(sum(self.reasons("messages_rejected_total").values())) + self.rejected,
         }
 
@@ -322,6 +329,9 @@ def status_numbers(view: dict) -> dict:
     }
     if view["mean_return"] is not None:
         out["meanReturn"] = view["mean_return"]
+    for k, name in (("dropped_fraction", "droppedFraction"), ("replay_ratio", "replayRatio")):
+        if view.get(k) is not None:
+            out[name] = round(view[k], 4)
     return out
 
 

@@ -26,7 +26,8 @@ COUNTERS = {
     "samples_sent_total": "Samples pushed to the next role",
     "samples_received_total": "Samples received from the previous role",
     "samples_consumed_total": "Samples used by learner updates",
-    "samples_dropped_total": "Samples dropped, by reason (stale, overflow, hwm)",
+    "samples_inserted_total": "Samples a buffer stored for training (off-policy: counted from learningStarts)",
+    "samples_dropped_total": "Samples dropped, by reason (stale, overflow, hwm, ratio)",
     "train_steps_total": "Learner gradient steps",
     "bytes_sent_total": "Payload bytes sent on data sockets",
     "bytes_received_total": "Payload bytes received on data sockets",
@@ -37,7 +38,8 @@ GAUGES = {
     "policy_version": "Policy version this role holds",
     "episode_return_mean": "Mean return of the last 100 episodes this actor finished",
     "queue_depth": "Samples queued in this role",
-    "replay_ratio": "Samples consumed / samples inserted",
+    "replay_ratio": "Samples sent to the learner / samples inserted (off-policy: since learningStarts)",
+    "pace_headroom": "Production / learner capacity the learner asks actors for (adaptive pacing)",
     "learner_capacity_sps": "Learner consumption capacity (samples per busy second)",
 }
 HISTOGRAMS = {

@@ -36,11 +36,14 @@ class Rollout:
         self.clip_rewards = bool(getattr(self.env, "clip_rewards", False))
         self.frames = 0
         self.frames_scale = frames_scale
+        self.global_frames = 0  # the learner's count (published with its parameters)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
         if self.algo == "ppo":
             return ppo.act(self.model, obs, self.rng)
-        eps = dqn.epsilon(self.spec.algorithm, self.frames * self.frames_scale)
+        # The learner's count lags by a publish and counts only frames that reached a buffer; before
+        # the first publish (and until it catches up) this actor's own frames x actors stand in.
+        eps = dqn.epsilon(self.spec.algorithm, max(self.global_frames, self.frames * self.frames_scale))
         return dqn.act(self.model, obs, eps, self.rng, self.info.n_actions)
 
     def _new_fragment(self) -> dict[str, np.ndarray]:

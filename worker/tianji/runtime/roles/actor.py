@@ -7,11 +7,17 @@ waiting and swap in the newest version. The fragment carries the
 `policy_version` that produced every one of its steps.
 
 Pacing: the learner advertises its consumption capacity C (samples per busy
-second) with each parameter publish; an actor sharing that learner with k
-others produces at most C / ratio * headroom / k frames/s (planner.pace_fps).
-That is a local token bucket, not a wait on another role: it keeps
-production near the planned balance so 2-core machines don't spend their
-cycles on samples that would only be dropped as stale.
+second) and a headroom h (adapted to what is dropped, runtime/pacing.py) with
+each parameter publish; an actor sharing that learner with k others produces
+at most C / ratio * h / k frames/s (planner.pace_fps). That is a local token
+bucket, not a wait on another role: it keeps production near the balance so
+2-core machines don't spend their cycles on samples that would only be dropped.
+Until the first capacity advert (the learner is still starting), an actor
+produces only its share of what the learner can use when it starts
+(pacing.startup_frames), then rests, probing for parameters.
+
+Exploration follows the learner's global frame count, published with the
+parameters (a restarted actor carries on where the job is, not at epsilon = 1).
 """
 from __future__ import annotations
 
@@ -26,9 +32,10 @@ from tianji.control.addressing import buffer_for_actor, learner_for_actor
 from tianji.runtime import framestack
 from tianji.algos.models import load_arrays, state_arrays
 from tianji.control.plan import pace_fps
+from tianji.runtime.pacing import startup_frames
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.roles.base import Role
-from tianji.runtime.validate import check_capacity, check_params, limits_for
+from tianji.runtime.validate import check_capacity, check_frames, check_headroom, check_params, limits_for
 from tianji.runtime.wire import WireError
 
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
@@ -76,6 +83,8 @@ class Actor(Role):
                                max_msg=self.param_limits.max_total_bytes * 4)
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
+        self.learner_paced = False  # a capacity advert has arrived
+        self.startup_frames = startup_frames(s, self.peers)
         self.recent = deque(maxlen=100)
 
     def _rest(self, seconds: float) -> None:
@@ -89,6 +98,9 @@ class Actor(Role):
                 self.probe_params()
 
     def step(self) -> None:
+        if self.pacer.fps and not self.learner_paced and self.rollout.frames >= self.startup_frames:
+            self._rest(0.05)  # the learner is not training yet: more would only be dropped
+            return
         version = self.version
         arrays, finished = self.rollout.fragment()
         frames = self.rollout.n * self.rollout.T
@@ -135,6 +147,10 @@ class Actor(Role):
         if msg.sender != self.learner_name:
             raise WireError("sender", f"params from {msg.sender!r}")
         cap = check_capacity(msg.meta.get("capacity_sps"))
+        headroom = check_headroom(msg.meta.get("headroom"))
+        frames = check_frames(msg.meta.get("frames"))
+        if set(msg.meta) - {"capacity_sps", "headroom", "frames"}:
+            raise WireError("meta", f"unexpected params meta {sorted(msg.meta)}")
         check_params(msg)
         # Not "only newer versions": a learner restarted from its checkpoint restarts the numbering.
         try:
@@ -143,8 +159,12 @@ class Actor(Role):
             raise WireError("params", str(e)) from None
         self.version = msg.policy_version
         self.metrics.set("policy_version", self.version)
+        if frames is not None:
+            self.rollout.global_frames = frames
         if self.spec.staleness.pace_actors and cap:
-            self.pacer.set_rate(pace_fps(cap, self.spec.replay_ratio, self.peers, self.spec.staleness.pace_headroom))
+            self.learner_paced = True
+            self.pacer.set_rate(pace_fps(cap, self.spec.replay_ratio, self.peers,
+                                         headroom or self.spec.staleness.pace_headroom))
 
     def report_extra(self) -> dict:
         return {"version": self.version, "pace_fps": self.pacer.fps}
