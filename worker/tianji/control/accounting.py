@@ -212,7 +212,8 @@ class Accounting:
                 "received": c.get("samples_received_total", 0.0), "consumed": c.get("samples_consumed_total", 0.0),
                 "bytes_sent": c.get("bytes_sent_total", 0.0), "queue_depth": p.gauges.get("queue_depth", 0.0),
                 "version": p.extra.get("version"), "pace_fps": p.extra.get("pace_fps"),
-                "capacity_sps": p.extra.get("capacity_sps")}
+                "capacity_sps": p.extra.get("capacity_sps"),
+                **({"epsilon": p.extra["epsilon"]} if "epsilon" in p.extra else {})}
         return out
 
     def checkpoint(self) -> Optional[str]:

@@ -39,6 +39,7 @@ GAUGES = {
     "episode_return_mean": "Mean return of the last 100 episodes this actor finished",
     "queue_depth": "Samples queued in this role",
     "replay_ratio": "Samples sent to the learner / samples inserted (off-policy: since learningStarts)",
+    "epsilon": "DQN exploration rate this actor acts with (from the learner's global frame count)",
     "pace_headroom": "Production / learner capacity the learner asks actors for (adaptive pacing)",
     "learner_capacity_sps": "Learner consumption capacity (samples per busy second)",
 }
@@ -77,7 +78,7 @@ class Report:
     lag: dict[str, Any]
     episodes_total: int
     recent: list[tuple[float, float]]  # (finish time, return) of the last <= 100 episodes, oldest first
-    extra: dict[str, Any] = field(default_factory=dict)  # version, pace_fps, capacity_sps, checkpoint
+    extra: dict[str, Any] = field(default_factory=dict)  # version, pace_fps, epsilon, capacity_sps, checkpoint
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -171,7 +172,7 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
     extra: dict[str, Any] = {}
     if extra_in.get("version") is not None:
         extra["version"] = _int(extra_in["version"], "extra.version")
-    for k in ("pace_fps", "capacity_sps", "busy_s"):
+    for k in ("pace_fps", "epsilon", "capacity_sps", "busy_s"):
         if extra_in.get(k) is not None:
             extra[k] = _num(extra_in[k], f"extra.{k}")
     if isinstance(extra_in.get("checkpoint"), str):

@@ -38,13 +38,15 @@ class Rollout:
         self.frames_scale = frames_scale
         self.global_frames = 0  # the learner's count (published with its parameters)
 
+    def epsilon(self) -> float:
+        """DQN exploration now. The learner's count lags by a publish and counts only frames that
+        reached a buffer; before its first publish this actor's own frames x actors stand in."""
+        return dqn.epsilon(self.spec.algorithm, max(self.global_frames, self.frames * self.frames_scale))
+
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
         if self.algo == "ppo":
             return ppo.act(self.model, obs, self.rng)
-        # The learner's count lags by a publish and counts only frames that reached a buffer; before
-        # the first publish (and until it catches up) this actor's own frames x actors stand in.
-        eps = dqn.epsilon(self.spec.algorithm, max(self.global_frames, self.frames * self.frames_scale))
-        return dqn.act(self.model, obs, eps, self.rng, self.info.n_actions)
+        return dqn.act(self.model, obs, self.epsilon(), self.rng, self.info.n_actions)
 
     def _new_fragment(self) -> dict[str, np.ndarray]:
         """Fresh arrays per fragment: a zero-copy send may still own the previous ones."""

@@ -110,6 +110,8 @@ class Actor(Role):
             self.metrics.inc("episodes_total", len(finished))
             self.metrics.set("episode_return_mean", float(np.mean(self.recent)))
         self.metrics.inc("env_frames_total", frames)
+        if self.rollout.algo == "dqn":
+            self.metrics.set("epsilon", self.rollout.epsilon())
         self.pacer.add(frames)
         self._send_fragment(arrays, version, frames)
         self.probe_params()
@@ -167,7 +169,10 @@ class Actor(Role):
                                          headroom or self.spec.staleness.pace_headroom))
 
     def report_extra(self) -> dict:
-        return {"version": self.version, "pace_fps": self.pacer.fps}
+        extra = {"version": self.version, "pace_fps": self.pacer.fps}
+        if self.rollout.algo == "dqn":
+            extra["epsilon"] = self.rollout.epsilon()
+        return extra
 
     def teardown(self) -> None:
         self.rollout.close()
