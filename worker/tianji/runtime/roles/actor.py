@@ -13,8 +13,8 @@ at most C / ratio * h / k frames/s (planner.pace_fps). That is a local token
 bucket, not a wait on another role: it keeps production near the balance so
 2-core machines don't spend their cycles on samples that would only be dropped.
 Until the first capacity advert (the learner is still starting), an actor
-produces only its share of what the learner can use when it starts
-(pacing.startup_frames), then rests, probing for parameters.
+produces its share of what the learner can use when it starts
+(pacing.startup_frames) at INITIAL_FPS, then slows to a trickle.
 
 Exploration follows the learner's global frame count, published with the
 parameters (a restarted actor carries on where the job is, not at epsilon = 1).
@@ -39,6 +39,7 @@ from tianji.runtime.validate import check_capacity, check_frames, check_headroom
 from tianji.runtime.wire import WireError
 
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
+STARTUP_TRICKLE_S = 5.0  # once its start-up share is produced, an actor makes it again every this many seconds
 
 
 class Pacer:
@@ -98,9 +99,10 @@ class Actor(Role):
                 self.probe_params()
 
     def step(self) -> None:
-        if self.pacer.fps and not self.learner_paced and self.rollout.frames >= self.startup_frames:
-            self._rest(0.05)  # the learner is not training yet: more would only be dropped
-            return
+        if self.pacer.fps == INITIAL_FPS and not self.learner_paced and self.rollout.frames >= self.startup_frames:
+            # The learner is not training yet: more would only be dropped. A trickle, not a stop: what
+            # was sent may have been lost (a buffer not up yet), and DQN needs learningStarts to begin.
+            self.pacer.set_rate(self.startup_frames / STARTUP_TRICKLE_S)
         version = self.version
         arrays, finished = self.rollout.fragment()
         frames = self.rollout.n * self.rollout.T
@@ -151,8 +153,6 @@ class Actor(Role):
         cap = check_capacity(msg.meta.get("capacity_sps"))
         headroom = check_headroom(msg.meta.get("headroom"))
         frames = check_frames(msg.meta.get("frames"))
-        if set(msg.meta) - {"capacity_sps", "headroom", "frames"}:
-            raise WireError("meta", f"unexpected params meta {sorted(msg.meta)}")
         check_params(msg)
         # Not "only newer versions": a learner restarted from its checkpoint restarts the numbering.
         try:
