@@ -11,19 +11,17 @@ driven by what the learner observes over each control period:
                       (stale, overflow, replay-ratio refusals, and its own stale drops)
     idle fraction u = share of the period the learner had no batch to train on
 
-    d > target / 2            h <- h * max(1 - 2d, 1 / 2)     (waste: slow down, harder the more)
+    d > 0.8 target            h <- h * max(1 - 2d, 1 / 2)     (waste: slow down, harder the more)
     else u > starved          h <- h * (1 + u / 2)            (the learner waits: speed up, harder the more)
     then h is clamped to [MIN_HEADROOM, MAX_HEADROOM]
 
-Aiming at half the target keeps the steady-state drop fraction under it
+Aiming under the target keeps the steady-state drop fraction under it
 while the idle rule keeps the learner fed. Pure and socket-free (tested directly).
 """
 from __future__ import annotations
 
-# The rate paced against is at most 1.25 x what the learner consumed lately: well below 1 / 1.25,
-# production would spiral down; far above 1, a learner slowdown turns into a burst of stale samples.
-MIN_HEADROOM = 0.7
-MAX_HEADROOM = 2.0
+MIN_HEADROOM = 0.5
+MAX_HEADROOM = 4.0
 DROP_TARGET = 0.05  # the stale-drop fraction to stay under at steady state
 STARVED = 0.15  # idle share of a period above which the learner counts as starved
 
@@ -38,7 +36,7 @@ class HeadroomController:
     def update(self, received: int, dropped: int, idle_fraction: float) -> float:
         """One control period's observations in, the new headroom out."""
         d = dropped / received if received > 0 else 0.0
-        if d > self.target / 2:
+        if d > 0.8 * self.target:
             self.headroom *= max(1.0 - 2 * d, 0.5)
         elif idle_fraction > self.starved:
             self.headroom *= 1.0 + min(idle_fraction, 1.0) / 2

@@ -14,7 +14,7 @@ bucket, not a wait on another role: it keeps production near the balance so
 2-core machines don't spend their cycles on samples that would only be dropped.
 Until the first capacity advert (the learner is still starting), an actor
 produces its share of what the learner can use when it starts
-(pacing.startup_frames) at INITIAL_FPS, then slows to a trickle.
+(pacing.startup_frames) at INITIAL_FPS, then slows to that share per STARTUP_TRICKLE_S.
 
 Exploration follows the learner's global frame count, published with the
 parameters (a restarted actor carries on where the job is, not at epsilon = 1).
@@ -39,7 +39,7 @@ from tianji.runtime.validate import check_capacity, check_frames, check_headroom
 from tianji.runtime.wire import WireError
 
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
-STARTUP_TRICKLE_S = 5.0  # once its start-up share is produced, an actor makes it again every this many seconds
+STARTUP_TRICKLE_S = 1.0  # once its start-up share is sent, an actor sends it again every this many seconds
 
 
 class Pacer:
@@ -86,6 +86,7 @@ class Actor(Role):
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
         self.learner_paced = False  # a capacity advert has arrived
         self.startup_frames = startup_frames(s, self.peers)
+        self.sent_frames = 0  # frames of the fragments the push socket took (a buffer not up yet loses none)
         self.recent = deque(maxlen=100)
 
     def _rest(self, seconds: float) -> None:
@@ -99,7 +100,7 @@ class Actor(Role):
                 self.probe_params()
 
     def step(self) -> None:
-        if self.pacer.fps == INITIAL_FPS and not self.learner_paced and self.rollout.frames >= self.startup_frames:
+        if self.pacer.fps == INITIAL_FPS and not self.learner_paced and self.sent_frames >= self.startup_frames:
             # The learner is not training yet: more would only be dropped. A trickle, not a stop: what
             # was sent may have been lost (a buffer not up yet), and DQN needs learningStarts to begin.
             self.pacer.set_rate(self.startup_frames / STARTUP_TRICKLE_S)
@@ -128,6 +129,7 @@ class Actor(Role):
         arrays["last_obs"] = self.rollout.obs
         if self.send(self.push, "fragment", arrays, meta={"frames": frames}, policy_version=version):
             self.metrics.inc("samples_sent_total", samples)
+            self.sent_frames += frames
         else:
             self.metrics.inc("samples_dropped_total", samples, reason="hwm")
 

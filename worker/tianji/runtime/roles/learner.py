@@ -3,10 +3,8 @@
 It never waits on a particular actor: batches arrive by push from its
 buffer(s) under a credit window (one credit returned per batch consumed, so
 at most `creditWindow` batches of queueing lag), and parameters leave by
-PUB (latest-only on the actors' side). Each publish advertises the rate to
-pace against (`capacity_sps`: the learner's capacity in samples per busy
-second or, when lower, RATE_MARGIN x what it consumed per second over the
-last control periods; from the end of its first second of training) and the pacing headroom
+PUB (latest-only on the actors' side). Each publish advertises the learner's
+measured capacity (samples per busy second) and the pacing headroom
 (runtime/pacing.py, driven by the drop counts its buffers send with each
 batch and by how long it waited for batches) for actor pacing, and the global
 env frame count (frames of the fragments its buffers received, kept in the
@@ -54,7 +52,6 @@ from tianji.runtime.roles.base import Role
 log = logging.getLogger("tianji")
 CREDIT_REFRESH_S = 1.0
 CAPACITY_EMA = 0.2
-RATE_MARGIN = 1.25  # pace against at most this multiple of the recent consumption rate
 MAX_DRAIN = 64
 RECV_QUEUE_BYTES = 64 << 20  # what the batch socket may queue (credits bound honest batches anyway)
 
@@ -78,10 +75,7 @@ class Learner(Role):
         self.last_pub_version = -1
         self.frames = 0  # global env frames: fragments received by this learner's buffers x numEnvs x fragmentLength
         self.pacing = HeadroomController(s.staleness.pace_headroom)
-        self.window = {"received": 0, "dropped": 0, "consumed": 0, "idle": 0.0, "t": time.monotonic()}
-        # Samples consumed per second over the last control periods (EMA). On a shared CPU the learner
-        # is not busy all the time: what it keeps up is this, not its capacity per busy second.
-        self.consume_rate = None
+        self.window = {"received": 0, "dropped": 0, "idle": 0.0, "t": time.monotonic()}
         self.ckpt_dir = checkpoint.checkpoint_dir(self.run_dir, self.group, self.index) if self.run_dir else None
         self.last_ckpt_t = time.monotonic()
         self.last_ckpt = None
@@ -173,8 +167,8 @@ class Learner(Role):
             log.error("%s: parameters not finite; not published", self.sender)
             return
         meta = {"frames": self.frames, "headroom": round(self.pacing.headroom, 4)}
-        if self.capacity and self.consume_rate:
-            meta["capacity_sps"] = min(self.capacity, RATE_MARGIN * self.consume_rate)
+        if self.capacity:
+            meta["capacity_sps"] = self.capacity
         self.send(self.pub, "params", state_arrays(self.model), meta=meta, policy_version=self.version)
         self.last_pub_version = self.version
 
@@ -270,7 +264,6 @@ class Learner(Role):
         lag_version = self.version
         self.version += int(stats["train_steps"]) if self.algo_name == "dqn" else 1
         self.consumed += n
-        self.window["consumed"] += n
         self.train_steps += int(stats["train_steps"])
         lags = lag_version - versions
         if self.spec.max_policy_lag is not None:  # PPO keeps masked-out stale columns in the arrays
@@ -318,10 +311,7 @@ class Learner(Role):
         dt = max(now - w["t"], 1e-9)
         if self.train_steps:  # before the first update, waiting is warm-up, not starvation
             self.pacing.update(w["received"], w["dropped"], w["idle"] / dt)
-        if w["consumed"]:
-            rate = w["consumed"] / dt
-            self.consume_rate = rate if self.consume_rate is None else 0.5 * (self.consume_rate + rate)
-        self.window = {"received": 0, "dropped": 0, "consumed": 0, "idle": 0.0, "t": now}
+        self.window = {"received": 0, "dropped": 0, "idle": 0.0, "t": now}
         self.metrics.set("pace_headroom", self.pacing.headroom)
 
     def report_extra(self) -> dict:
