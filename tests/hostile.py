@@ -90,6 +90,8 @@ def classes() -> list[tuple[str, str, list, str]]:
         ("batch_wrong_dtype", "batches", batch_msg(with_(b, rewards=b["rewards"].astype(np.float64))), "dtype"),
         ("batch_unknown_buffer", "batches", batch_msg(meta={"buffer": 9}), "meta"),
         ("batch_buffer_is_list", "batches", batch_msg(meta={"buffer": [0]}), "meta"),
+        ("batch_negative_feedback", "batches", batch_msg(meta={"buffer": 0, "received": -5}), "meta"),
+        ("batch_float_feedback", "batches", batch_msg(meta={"buffer": 0, "dropped": 1e300}), "meta"),
         ("batch_forged_sender", "batches", batch_msg(sender="evil"), "sender"),
         # poisoning
         ("fragment_obs_nan", "fragments", frag_msg(with_(f, obs=nan_at(f["obs"]))), "value"),

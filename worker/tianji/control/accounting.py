@@ -219,7 +219,8 @@ class Accounting:
                 "received": c.get("samples_received_total", 0.0), "consumed": c.get("samples_consumed_total", 0.0),
                 "bytes_sent": c.get("bytes_sent_total", 0.0), "queue_depth": p.gauges.get("queue_depth", 0.0),
                 "version": p.extra.get("version"), "pace_fps": p.extra.get("pace_fps"),
-                "capacity_sps": p.extra.get("capacity_sps")}
+                "capacity_sps": p.extra.get("capacity_sps"),
+                **({"epsilon": p.extra["epsilon"]} if "epsilon" in p.extra else {})}
         return out
 
     def checkpoint(self) -> Optional[str]:
@@ -248,6 +249,9 @@ class Accounting:
         tot = self.totals()
         w = max(elapsed, 1e-9)
         mean = self.mean_return()
+        dropped = self.reasons("samples_dropped_total")
+        buf = self.role_totals("buffer")
+        inserted = buf.get("samples_inserted_total", 0.0)
         return {
             "env_frames": int(tot["env_frames"]),
             "episodes": int(self.episodes_total),
@@ -257,7 +261,11 @@ class Accounting:
             "throughput": {v: tot[k] / w for k, v in RATE_KEYS.items()},
             "rates": self.rates(),
             "bytes_sent": int(tot["bytes_sent"]),
-            "dropped_samples": {k: int(v) for k, v in self.reasons("samples_dropped_total").items()},
+            "dropped_samples": {k: int(v) for k, v in dropped.items()},
+            # every sample dropped, for any reason by any role, per env frame stepped
+            "dropped_fraction": sum(dropped.values()) / tot["env_frames"] if tot["env_frames"] else None,
+            # samples buffers sent to learners per sample they stored (off-policy: since learningStarts)
+            "replay_ratio": buf.get("samples_sent_total", 0.0) / inserted if inserted else None,
             "rejected_messages": int(sum(self.reasons("messages_rejected_total").values())) + self.rejected,
         }
 
@@ -339,6 +347,9 @@ def status_numbers(view: dict) -> dict:
     }
     if view["mean_return"] is not None:
         out["meanReturn"] = view["mean_return"]
+    for k, name in (("dropped_fraction", "droppedFraction"), ("replay_ratio", "replayRatio")):
+        if view.get(k) is not None:
+            out[name] = round(view[k], 4)
     return out
 
 

@@ -312,6 +312,9 @@ def status_schema() -> dict:
             "bytesSent": count,
             "droppedSamples": {"type": "object", "additionalProperties": count, "description": "by reason"},
             "rejectedMessages": count,
+            "droppedFraction": {**num, "description": "samples dropped (any reason) / env frames"},
+            "replayRatio": {**num, "description": "samples sent to learners / samples stored by buffers "
+                                                  "(off-policy: since learningStarts)"},
             "reportTime": {"type": "string", "format": "date-time",
                            "description": "when the numbers above were last counted"},
             "accounting": {**opaque, "description": "the counting state (restored after an operator restart)"},

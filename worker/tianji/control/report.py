@@ -26,7 +26,8 @@ COUNTERS = {
     "samples_sent_total": "Samples pushed to the next role",
     "samples_received_total": "Samples received from the previous role",
     "samples_consumed_total": "Samples used by learner updates",
-    "samples_dropped_total": "Samples dropped, by reason (stale, overflow, hwm)",
+    "samples_inserted_total": "Samples a buffer stored for training (off-policy: counted from learningStarts)",
+    "samples_dropped_total": "Samples dropped, by reason (stale, overflow, hwm, ratio)",
     "train_steps_total": "Learner gradient steps",
     "bytes_sent_total": "Payload bytes sent on data sockets",
     "bytes_received_total": "Payload bytes received on data sockets",
@@ -37,7 +38,9 @@ GAUGES = {
     "policy_version": "Policy version this role holds",
     "episode_return_mean": "Mean return of the last 100 episodes this actor finished",
     "queue_depth": "Samples queued in this role",
-    "replay_ratio": "Samples consumed / samples inserted",
+    "replay_ratio": "Samples sent to the learner / samples inserted (off-policy: since learningStarts)",
+    "epsilon": "DQN exploration rate this actor acts with (from the learner's global frame count)",
+    "pace_headroom": "Production / learner capacity the learner asks actors for (adaptive pacing)",
     "learner_capacity_sps": "Learner consumption capacity (samples per busy second)",
 }
 # What a learner computes on each update (gauges `learner_<name>`: the value of its latest batch).
@@ -92,7 +95,7 @@ class Report:
     lag: dict[str, Any]
     episodes_total: int
     recent: list[tuple[float, float]]  # (finish time, return) of the last <= 100 episodes, oldest first
-    extra: dict[str, Any] = field(default_factory=dict)  # version, pace_fps, capacity_sps, checkpoint
+    extra: dict[str, Any] = field(default_factory=dict)  # version, pace_fps, epsilon, capacity_sps, checkpoint
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -191,7 +194,7 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
     extra: dict[str, Any] = {}
     if extra_in.get("version") is not None:
         extra["version"] = _int(extra_in["version"], "extra.version")
-    for k in ("pace_fps", "capacity_sps", "busy_s"):
+    for k in ("pace_fps", "epsilon", "capacity_sps", "busy_s"):
         if extra_in.get(k) is not None:
             extra[k] = _num(extra_in[k], f"extra.{k}")
     if isinstance(extra_in.get("checkpoint"), str):

@@ -18,6 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from pydantic.alias_generators import to_camel
 
 from tianji.control.addressing import LAST_PORT_OFFSET, host_port_ranges
+from tianji.control.ratelimit import SampleToInsertRatio
 
 API_VERSION = "tianji.dev/v1alpha1"
 KIND = "TianJiJob"
@@ -92,7 +93,9 @@ class PPOConfig(_Model):
 
     name: Literal["ppo"] = "ppo"
     lr: float = Field(1e-3, gt=0, le=1)
-    lr_anneal_frames: Optional[int] = Field(None, gt=0, description="linear lr decay to 0 over this many env frames")
+    lr_anneal_frames: Optional[int] = Field(
+        None, gt=0, description="linear lr decay to 0 over this many env frames (the frames its buffers received; "
+                                "data-parallel learners count batchSize x learners per update instead)")
     gamma: float = Field(0.98, gt=0, le=1)
     gae_lambda: float = Field(0.8, ge=0, le=1)
     clip_coef: float = Field(0.2, gt=0, le=1)
@@ -343,7 +346,14 @@ class Staleness(_Model):
     pace_actors: bool = Field(True, description="actors pace production to the learner's advertised capacity")
     pace_headroom: float = Field(
         1.2, ge=1, le=10,
-        description="when pacing, actors produce this multiple of learner capacity / replayRatio (keeps it fed)",
+        description="when pacing, actors start at this multiple of learner capacity / replayRatio; the learner "
+                    "then adapts it to keep dropped samples under 5 % without starving itself",
+    )
+    replay_error_buffer: Optional[float] = Field(
+        None, gt=0,
+        description="off-policy: samples the replay limiter lets consumed - replayRatio x inserted (counted from "
+                    "learningStarts) drift either way before it holds back batches or refuses inserts (Reverb's "
+                    "error_buffer; default batchSize x stepsPerBatch + replayRatio x numEnvs x fragmentLength)",
     )
     credit_window: int = Field(2, ge=1, le=64, description="batches in flight from a buffer to its learner")
     queue_fragments: int = Field(64, ge=1, description="on-policy queue bound (fragments) per buffer")
@@ -701,6 +711,8 @@ class JobSpec(_Model):
     def _algo_fits(self) -> "JobSpec":
         a = self.algorithm
         if isinstance(a, PPOConfig):
+            if self.staleness.replay_error_buffer is not None:
+                raise ValueError("staleness.replayErrorBuffer is for off-policy (dqn) replay only")
             if a.minibatch_size > a.batch_size:
                 raise ValueError(f"algorithm.minibatchSize ({a.minibatch_size}) > algorithm.batchSize ({a.batch_size})")
             frag = self.env.num_envs * self.env.fragment_length
@@ -711,7 +723,19 @@ class JobSpec(_Model):
                 )
         if isinstance(a, DQNConfig) and a.batch_size > a.replay_capacity:
             raise ValueError("algorithm.batchSize > algorithm.replayCapacity")
+        if isinstance(a, DQNConfig):
+            try:  # the buffer's limiter refuses settings that could deadlock: refuse them here, at submission
+                self.replay_limiter()
+            except ValueError as e:
+                raise ValueError(f"staleness.replayErrorBuffer: {e}") from None
         return self
+
+    def replay_limiter(self) -> SampleToInsertRatio:
+        """The sample-to-insert limiter of each off-policy buffer (control/ratelimit.py)."""
+        a = self.algorithm
+        return SampleToInsertRatio.for_replay(self.replay_ratio, a.learning_starts, a.batch_size * a.steps_per_batch,
+                                              self.env.num_envs * self.env.fragment_length,
+                                              self.staleness.replay_error_buffer)
 
     @model_validator(mode="after")
     def _model_import_gate(self) -> "JobSpec":

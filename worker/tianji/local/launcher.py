@@ -438,6 +438,7 @@ class Launcher:
             "exit_reason": reason,
             "restarts": self._restarts(),
             "dropped_samples": v["dropped_samples"],
+            "dropped_fraction": v["dropped_fraction"], "replay_ratio": v["replay_ratio"],
             "policy_version": v["policy_version"],
             "run_dir": str(self.run_dir),
             **({"resumed_from": self.resumed_from} if self.resumed_from else {}),

@@ -37,6 +37,7 @@ class Rollout:
         self.clip_rewards = bool(getattr(self.env, "clip_rewards", False))
         self.frames = 0
         self.frames_scale = frames_scale
+        self.global_frames = 0  # the learner's count (published with its parameters)
         if self.info.continuous:  # actions are stored unclipped; env.step gets them clipped to the Box
             self.act_low = np.asarray(self.info.act_low, dtype=np.float32)
             self.act_high = np.asarray(self.info.act_high, dtype=np.float32)
@@ -48,11 +49,15 @@ class Rollout:
         self.prev_done = np.zeros(self.env.num_envs, dtype=bool)
         self.ep_return = np.zeros(self.env.num_envs, dtype=np.float64)
 
+    def epsilon(self) -> float:
+        """DQN exploration now. The learner's count lags by a publish and counts only frames that
+        reached a buffer; before its first publish this actor's own frames x actors stand in."""
+        return dqn.epsilon(self.spec.algorithm, max(self.global_frames, self.frames * self.frames_scale))
+
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
         if self.algo == "ppo":
             return ppo.act(self.model, obs, self.rng)
-        eps = dqn.epsilon(self.spec.algorithm, self.frames * self.frames_scale)
-        return dqn.act(self.model, obs, eps, self.rng, self.info.n_actions)
+        return dqn.act(self.model, obs, self.epsilon(), self.rng, self.info.n_actions)
 
     def _new_fragment(self) -> dict[str, np.ndarray]:
         """Fresh arrays per fragment: a zero-copy send may still own the previous ones."""

@@ -229,3 +229,41 @@ def check_params(msg: Message) -> None:
         _finite(k, x)
         if k in POSITIVE_PARAMS and x.size and not x.min() > 0:
             raise WireError("value", f"{k} must be positive")
+
+
+MAX_FEEDBACK = 1 << 40  # samples or fragments a buffer can honestly have seen between two batches
+FEEDBACK_KEYS = ("received", "dropped", "fragments")
+MIN_HEADROOM, MAX_HEADROOM = 0.1, 10.0
+MAX_FRAMES = 1 << 53  # global frames: far beyond any run, still exact as a float
+
+
+def _count(v, what: str, hi: int) -> int:
+    if type(v) is not int or not 0 <= v <= hi:
+        raise WireError("meta", f"{what} {v!r}")
+    return v
+
+
+def check_feedback(meta: dict) -> None:
+    """A batch's pacing feedback (counts since the buffer's previous batch): exact keys, bounded ints.
+    (Dropped may exceed received: a fragment received before the previous batch can age out after it.)
+    Raises WireError."""
+    extra = set(meta) - {"buffer", *FEEDBACK_KEYS}
+    if extra:
+        raise WireError("meta", f"unexpected batch meta {sorted(extra)}")
+    for k in FEEDBACK_KEYS:
+        _count(meta.get(k, 0), k, MAX_FEEDBACK)
+
+
+def check_headroom(h) -> Optional[float]:
+    """The pacing headroom a learner advertises: a finite number in [MIN_HEADROOM, MAX_HEADROOM], or None."""
+    if h is None:
+        return None
+    if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) \
+            or not MIN_HEADROOM <= h <= MAX_HEADROOM:
+        raise WireError("meta", f"headroom {h!r}")
+    return float(h)
+
+
+def check_frames(v) -> Optional[int]:
+    """The global frame count a learner publishes with its parameters: a non-negative int, or None."""
+    return None if v is None else _count(v, "frames", MAX_FRAMES)

@@ -7,11 +7,17 @@ waiting and swap in the newest version. The fragment carries the
 `policy_version` that produced every one of its steps.
 
 Pacing: the learner advertises its consumption capacity C (samples per busy
-second) with each parameter publish; an actor sharing that learner with k
-others produces at most C / ratio * headroom / k frames/s (planner.pace_fps).
-That is a local token bucket, not a wait on another role: it keeps
-production near the planned balance so 2-core machines don't spend their
-cycles on samples that would only be dropped as stale.
+second) and a headroom h (adapted to what is dropped, runtime/pacing.py) with
+each parameter publish; an actor sharing that learner with k others produces
+at most C / ratio * h / k frames/s (planner.pace_fps). That is a local token
+bucket, not a wait on another role: it keeps production near the balance so
+2-core machines don't spend their cycles on samples that would only be dropped.
+Until the first capacity advert (the learner is still starting), an actor
+produces its share of what the learner can use when it starts
+(pacing.startup_frames) at INITIAL_FPS, then slows to that share per STARTUP_TRICKLE_S.
+
+Exploration follows the learner's global frame count, published with the
+parameters (a restarted actor carries on where the job is, not at epsilon = 1).
 """
 from __future__ import annotations
 
@@ -28,13 +34,15 @@ from tianji.control.addressing import buffer_for_actor, learner_for_actor
 from tianji.runtime import envguard, framestack
 from tianji.algos.models import load_arrays, state_arrays
 from tianji.control.plan import pace_fps
+from tianji.runtime.pacing import startup_frames
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.roles.base import Role
-from tianji.runtime.validate import check_capacity, check_params, limits_for
+from tianji.runtime.validate import check_capacity, check_frames, check_headroom, check_params, limits_for
 from tianji.runtime.wire import WireError
 
 log = logging.getLogger("tianji")
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
+STARTUP_TRICKLE_S = 1.0  # once its start-up share is sent, an actor sends it again every this many seconds
 
 
 class Pacer:
@@ -79,6 +87,9 @@ class Actor(Role):
                                max_msg=self.param_limits.max_total_bytes * 4)
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
+        self.learner_paced = False  # a capacity advert has arrived
+        self.startup_frames = startup_frames(s, self.peers)
+        self.sent_frames = 0  # frames of the fragments the push socket took (a buffer not up yet loses none)
         self.recent = deque(maxlen=100)
         self.nonfinite_fragments = 0
 
@@ -93,6 +104,10 @@ class Actor(Role):
                 self.probe_params()
 
     def step(self) -> None:
+        if self.pacer.fps == INITIAL_FPS and not self.learner_paced and self.sent_frames >= self.startup_frames:
+            # The learner is not training yet: more would only be dropped. A trickle, not a stop: what
+            # was sent may have been lost (a buffer not up yet), and DQN needs learningStarts to begin.
+            self.pacer.set_rate(self.startup_frames / STARTUP_TRICKLE_S)
         version = self.version
         arrays, finished = self.rollout.fragment()
         frames = self.rollout.n * self.rollout.T
@@ -103,6 +118,8 @@ class Actor(Role):
             self.metrics.inc("episodes_total", len(finished))
             self.metrics.set("episode_return_mean", float(np.mean(self.recent)))
         self.metrics.inc("env_frames_total", frames)
+        if self.rollout.algo == "dqn":
+            self.metrics.set("epsilon", self.rollout.epsilon())
         self.pacer.add(frames)
         if self._env_output_finite(arrays):
             self._send_fragment(arrays, version, frames)
@@ -133,6 +150,7 @@ class Actor(Role):
         arrays["last_obs"] = self.rollout.obs
         if self.send(self.push, "fragment", arrays, meta={"frames": frames}, policy_version=version):
             self.metrics.inc("samples_sent_total", samples)
+            self.sent_frames += frames
         else:
             self.metrics.inc("samples_dropped_total", samples, reason="hwm")
 
@@ -156,6 +174,8 @@ class Actor(Role):
         if msg.sender != self.learner_name:
             raise WireError("sender", f"params from {msg.sender!r}")
         cap = check_capacity(msg.meta.get("capacity_sps"))
+        headroom = check_headroom(msg.meta.get("headroom"))
+        frames = check_frames(msg.meta.get("frames"))
         check_params(msg)
         # Not "only newer versions": a learner restarted from its checkpoint restarts the numbering.
         try:
@@ -164,11 +184,18 @@ class Actor(Role):
             raise WireError("params", str(e)) from None
         self.version = msg.policy_version
         self.metrics.set("policy_version", self.version)
+        if frames is not None:
+            self.rollout.global_frames = frames
         if self.spec.staleness.pace_actors and cap:
-            self.pacer.set_rate(pace_fps(cap, self.spec.replay_ratio, self.peers, self.spec.staleness.pace_headroom))
+            self.learner_paced = True
+            self.pacer.set_rate(pace_fps(cap, self.spec.replay_ratio, self.peers,
+                                         headroom or self.spec.staleness.pace_headroom))
 
     def report_extra(self) -> dict:
-        return {"version": self.version, "pace_fps": self.pacer.fps}
+        extra = {"version": self.version, "pace_fps": self.pacer.fps}
+        if self.rollout.algo == "dqn":
+            extra["epsilon"] = self.rollout.epsilon()
+        return extra
 
     def teardown(self) -> None:
         self.rollout.close()

@@ -11,10 +11,14 @@ reject (roles/base.py), never a crash.
 
 On-policy (PPO): a FIFO of fragments, each consumed once; a batch is
 `batchSize / (numEnvs * fragmentLength)` whole fragments.
-Off-policy (DQN): a replay ring. A batch of `batchSize * stepsPerBatch`
-samples is sent only while consumed + batch <= ratio * inserted, which keeps
-the replay ratio at or under its target without blocking anyone (cf.
-Reverb's SampleToInsertRatio, which blocks the caller instead).
+Off-policy (DQN): a replay ring behind a sample-to-insert limiter
+(control/ratelimit.py): a batch of `batchSize * stepsPerBatch` samples is sent
+only when the limiter allows it, and a fragment it refuses is dropped
+(reason "ratio"), so the realised replay ratio stays within its error buffer
+of the target without blocking anyone.
+
+Each batch carries feedback for the learner's pacing (runtime/pacing.py):
+samples received and dropped, and fragments received, since the last batch.
 """
 from __future__ import annotations
 
@@ -61,13 +65,14 @@ class Buffer(Role):
         self.learner_version = 0
         self.inserted = 0
         self.consumed = 0
+        self.feedback = {"received": 0, "dropped": 0, "fragments": 0}  # since the last batch sent
         if isinstance(self.algo, PPOConfig):
             self.queue = RolloutQueue(s.staleness.queue_fragments,
                                       max_bytes=s.staleness.queue_fragments * fragment_bytes(s, self.info))
             self.frags_per_batch = ppo_batch_fragments(s)
         else:
             self.replay = Replay(self.algo.replay_capacity, s.env.seed + 7919 * (self.group * 64 + self.index))
-            self.ratio = s.replay_ratio
+            self.limiter = s.replay_limiter()
 
     # ---------------------------------------------------------------- inputs
     def _take_fragment(self, msg: Message) -> None:
@@ -77,14 +82,27 @@ class Buffer(Role):
         frag["version"] = msg.policy_version
         n = fragment_samples(frag)
         self.metrics.inc("samples_received_total", n)
+        self.feedback["received"] += n
+        self.feedback["fragments"] += 1
         if self.max_lag is not None and self.learner_version - msg.policy_version > self.max_lag:
-            self.metrics.inc("samples_dropped_total", n, reason="stale")
+            self._drop(n, "stale")
             return
         if isinstance(self.algo, PPOConfig):
-            self.metrics.inc("samples_dropped_total", self.queue.put(frag), reason="overflow")
+            self._drop(self.queue.put(frag), "overflow")
+            counted = n
         else:
+            if not self.limiter.insert(n):
+                self._drop(n, "ratio")
+                return
             self.replay.put(nstep_transitions(frag, self.algo.n_step, self.algo.gamma))
-        self.inserted += n
+            counted = n if self.limiter.sampling else 0  # the limiter counts from the learning start
+        self.inserted += counted
+        self.metrics.inc("samples_inserted_total", counted)
+
+    def _drop(self, n: int, reason: str) -> None:
+        if n:
+            self.metrics.inc("samples_dropped_total", n, reason=reason)
+            self.feedback["dropped"] += n
 
     def _take_credit(self, msg: Message) -> None:
         if msg.sender != self.learner_name:
@@ -104,14 +122,11 @@ class Buffer(Role):
     # ---------------------------------------------------------------- output
     def _next_batch(self) -> dict | None:
         if isinstance(self.algo, PPOConfig):
-            self.metrics.inc("samples_dropped_total", self.queue.drop_stale(self.learner_version, self.max_lag),
-                             reason="stale")
+            self._drop(self.queue.drop_stale(self.learner_version, self.max_lag), "stale")
             return self.queue.pop_batch(self.frags_per_batch)
         a: DQNConfig = self.algo
         count = a.batch_size * a.steps_per_batch
-        if len(self.replay) < max(a.learning_starts, a.batch_size):
-            return None
-        if self.consumed + count > self.ratio * self.inserted:
+        if len(self.replay) < a.batch_size or not self.limiter.sample(count):
             return None
         return self.replay.sample(count)
 
@@ -121,13 +136,14 @@ class Buffer(Role):
             if batch is None:
                 return
             n = int(np.count_nonzero(batch["valid"])) if "valid" in batch else len(batch["actions"])
-            if not self.send(self.out, "batch", batch, meta={"buffer": self.index}):
+            if not self.send(self.out, "batch", batch, meta={"buffer": self.index, **self.feedback}):
                 # Learner queue full despite credits (e.g. it restarted): keep on-policy data, retry later.
                 self.metrics.inc("samples_dropped_total", n, reason="hwm")
                 self.credits = 0
                 return
             self.credits -= 1
             self.consumed += n
+            self.feedback = dict.fromkeys(self.feedback, 0)
             self.metrics.inc("samples_sent_total", n)
 
     def _drain(self, sock: zmq.Socket, kind: str, handle, limits: Limits) -> None:

@@ -4,10 +4,18 @@ It never waits on a particular actor: batches arrive by push from its
 buffer(s) under a credit window (one credit returned per batch consumed, so
 at most `creditWindow` batches of queueing lag), and parameters leave by
 PUB (latest-only on the actors' side). Each publish advertises the learner's
-measured capacity (samples per busy second) for actor pacing.
+measured capacity (samples per busy second) and the pacing headroom
+(runtime/pacing.py, driven by the drop counts its buffers send with each
+batch and by how long it waited for batches) for actor pacing, and the global
+env frame count (frames of the fragments its buffers received, kept in the
+checkpoint): actors derive epsilon from it, so a restart does not go back to
+epsilon = 1, and the PPO lr anneals over it.
 
 Policy lag of a sample = this learner's version - the sample's behaviour
-version; min/mean/max and a histogram are exported.
+version, measured at consumption against the version the update starts
+from. Samples whose lag exceeds maxPolicyLag are dropped here (reason
+"stale"), so the bound is exact whatever the buffer knew when it sent them;
+min/mean/max and a histogram of what is consumed are exported.
 
 Nothing a peer sends reaches the weights unchecked: a batch must come from a
 buffer this learner owns and pass runtime/validate.check_batch (shapes from the
@@ -37,7 +45,8 @@ from tianji.algos import params_finite
 from tianji.algos.models import build_model, state_arrays
 from tianji.control.report import LEARNER_STATS
 from tianji.control.spec import dump_job
-from tianji.runtime.validate import batch_bytes, check_batch, limits_for
+from tianji.runtime.pacing import HeadroomController
+from tianji.runtime.validate import batch_bytes, check_batch, check_feedback, limits_for
 from tianji.runtime.wire import Message, WireError
 from tianji.runtime.roles.base import Role
 
@@ -65,6 +74,9 @@ class Learner(Role):
         self.busy = 0.0
         self.capacity = None
         self.last_pub_version = -1
+        self.frames = 0  # global env frames: fragments received by this learner's buffers x numEnvs x fragmentLength
+        self.pacing = HeadroomController(s.staleness.pace_headroom)
+        self.window = {"received": 0, "dropped": 0, "idle": 0.0, "t": time.monotonic()}
         self.ckpt_dir = checkpoint.checkpoint_dir(self.run_dir, self.group, self.index) if self.run_dir else None
         self.last_ckpt_t = time.monotonic()
         self.last_ckpt = None
@@ -118,6 +130,7 @@ class Learner(Role):
         self.algo.load_state(st["algo"])
         self.version = int(st["policy_version"])
         self.consumed = int(st["counters"]["samples_consumed"])
+        self.frames = int(st["counters"].get("env_frames", 0))
         self.train_steps = int(st["counters"]["train_steps"])
         torch.set_rng_state(st["torch_rng"])
         self.last_ckpt = path.name
@@ -130,7 +143,8 @@ class Learner(Role):
             log.error("%s: parameters not finite; checkpoint skipped", self.sender)
             return
         state = {"model": self.model.state_dict(), "algo": self.algo.state(), "policy_version": self.version,
-                 "counters": {"samples_consumed": self.consumed, "train_steps": self.train_steps},
+                 "counters": {"samples_consumed": self.consumed, "train_steps": self.train_steps,
+                              "env_frames": self.frames},
                  "torch_rng": torch.get_rng_state(), "job": self.job.name, "algorithm": self.algo_name,
                  "manifest": dump_job(self.job)}
         try:
@@ -153,7 +167,9 @@ class Learner(Role):
         if not params_finite(self.model):
             log.error("%s: parameters not finite; not published", self.sender)
             return
-        meta = {"capacity_sps": self.capacity} if self.capacity else {}
+        meta = {"frames": self.frames, "headroom": round(self.pacing.headroom, 4)}
+        if self.capacity:
+            meta["capacity_sps"] = self.capacity
         self.send(self.pub, "params", state_arrays(self.model), meta=meta, policy_version=self.version)
         self.last_pub_version = self.version
 
@@ -177,17 +193,55 @@ class Learner(Role):
         if msg.sender != f"buffer-{self.group}-{buffer}":
             raise WireError("sender", f"batch from {msg.sender!r} claims buffer {buffer}")
         check_batch(msg, self.spec, self.info)
+        check_feedback(msg.meta)
         self.pending.append(msg)
+
+    def _drop_stale(self, arrays: dict, n_valid: int) -> tuple[dict, int]:
+        """Drop what lags more than maxPolicyLag behind the version this update starts from.
+        Returns the arrays to train on (None: nothing left) and the samples dropped."""
+        max_lag = self.spec.max_policy_lag
+        versions = np.asarray(arrays["versions"])
+        stale = self.version - versions > max_lag if max_lag is not None else None
+        if stale is None or not stale.any():
+            return arrays, 0
+        if stale.all():
+            return None, n_valid
+        out = dict(arrays)
+        if self.algo_name == "ppo":  # one version per env column: mask its steps out of the loss
+            valid = np.array(arrays["valid"], dtype=bool)
+            dropped = int(valid[:, stale].sum())
+            valid[:, stale] = False
+            out["valid"] = valid
+            return (out, dropped) if valid.any() else (None, n_valid)
+        # DQN: replace stale rows by fresh ones of the same batch, so every update keeps the same
+        # number of gradient steps (data-parallel learners must stay in step).
+        fresh = np.flatnonzero(~stale)
+        idx = np.arange(len(versions))
+        idx[stale] = fresh[np.random.default_rng(self.train_steps).integers(0, len(fresh), int(stale.sum()))]
+        return {k: np.asarray(v)[idx] for k, v in arrays.items()}, int(stale.sum())
 
     def _batch(self, msg: Message) -> None:
         """Train on a batch that passed _accept."""
         buffer = msg.meta["buffer"]
         self.last_batch_from[buffer] = time.monotonic()
         self._credit(buffer, 1)
-        versions = np.asarray(msg.arrays["versions"])
+        self.frames += msg.meta.get("fragments", 0) * self.spec.env.num_envs * self.spec.env.fragment_length
+        self.window["received"] += msg.meta.get("received", 0)
+        self.window["dropped"] += msg.meta.get("dropped", 0)
+        n_valid = int(np.count_nonzero(msg.arrays["valid"])) if "valid" in msg.arrays \
+            else len(msg.arrays["versions"])
+        arrays, stale = self._drop_stale(msg.arrays, n_valid)
+        if stale:
+            self.metrics.inc("samples_dropped_total", stale, reason="stale")
+            self.window["dropped"] += stale
+        if arrays is None:
+            return
+        versions = np.asarray(arrays["versions"])
+        if self.algo_name == "ppo":  # the lr anneals over frames (spec: lrAnnealFrames)
+            self.algo.frames = self.frames
         t0 = time.perf_counter()
         try:
-            stats = self.algo.update(msg.arrays)
+            stats = self.algo.update(arrays)
         except RuntimeError as e:
             if self.averager is None:
                 raise
@@ -215,8 +269,10 @@ class Learner(Role):
         self.version += int(stats["train_steps"]) if self.algo_name == "dqn" else 1
         self.consumed += n
         self.train_steps += int(stats["train_steps"])
-        self.metrics.observe_lag(lag_version - versions,
-                                 len(msg.arrays["obs"]) if self.algo_name == "ppo" else 1)  # PPO: per column
+        lags = lag_version - versions
+        if self.spec.max_policy_lag is not None:  # PPO keeps masked-out stale columns in the arrays
+            lags = lags[lags <= self.spec.max_policy_lag]
+        self.metrics.observe_lag(lags, len(msg.arrays["obs"]) if self.algo_name == "ppo" else 1)  # PPO: per column
         self.metrics.inc("samples_consumed_total", n)
         self.metrics.inc("samples_received_total", n)
         self.metrics.inc("train_steps_total", int(stats["train_steps"]))
@@ -232,6 +288,7 @@ class Learner(Role):
     def step(self) -> None:
         # Drain first (rejects are cheap; ZeroMQ fair-queues peers, so a flood of bad messages would
         # otherwise slow honest batches to one per update), then one update per turn.
+        t_wait = time.monotonic()
         if self.pending or self.batch_in.poll(timeout=50):
             for _ in range(MAX_DRAIN):
                 if len(self.pending) > self.spec.staleness.credit_window or not self.batch_in.poll(0):
@@ -241,8 +298,11 @@ class Learner(Role):
                     self.handle(self._accept, msg)
             if self.pending:
                 self.handle(self._batch, self.pending.popleft())
+        else:
+            self.window["idle"] += time.monotonic() - t_wait
         now = time.monotonic()
         if now - self.last_refresh > CREDIT_REFRESH_S:
+            self._adapt_pacing(now)
             # A buffer silent for a while may have lost its credits (restart, dropped batch): top it up.
             self.last_refresh = now
             idle = not self.pending and not self.batch_in.poll(0)
@@ -252,6 +312,15 @@ class Learner(Role):
             self.publish()  # late subscribers (slow joiners, restarted actors) catch up within a second
         if now - self.last_ckpt_t > self.spec.checkpoint.interval_seconds:
             self.save_checkpoint()
+
+    def _adapt_pacing(self, now: float) -> None:
+        """Close a control period: feed its drop and idle fractions to the headroom controller."""
+        w = self.window
+        dt = max(now - w["t"], 1e-9)
+        if self.train_steps:  # before the first update, waiting is warm-up, not starvation
+            self.pacing.update(w["received"], w["dropped"], w["idle"] / dt)
+        self.window = {"received": 0, "dropped": 0, "idle": 0.0, "t": now}
+        self.metrics.set("pace_headroom", self.pacing.headroom)
 
     def report_extra(self) -> dict:
         return {"version": self.version, "capacity_sps": self.capacity, "busy_s": self.busy,
