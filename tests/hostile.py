@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from helpers import as_job_client
+from helpers import as_job_client, ipc
 from tianji.runtime.wire import encode
 
 JOB = "cartpole-ppo"
@@ -111,14 +111,14 @@ def classes() -> list[tuple[str, str, list, str]]:
     ]
 
 
-def sockets(ctx: zmq.Context, sock_dir) -> dict[str, zmq.Socket]:
+def sockets(ctx: zmq.Context, run_dir) -> dict[str, zmq.Socket]:
     out = {}
     for name, path in (("fragments", "buffer-0-0-fragments"), ("credits", "buffer-0-0-credits"),
                        ("batches", "learner-0-0-batches")):
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 2000)
-        as_job_client(s, sock_dir.parent)  # an insider: validation, not ZAP, must stop these
-        s.connect(f"ipc://{sock_dir}/{path}")
+        as_job_client(s, run_dir)  # an insider: validation, not ZAP, must stop these
+        s.connect(ipc(run_dir, path))
         out[name] = s
     return out
 

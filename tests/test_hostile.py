@@ -2,10 +2,8 @@
 counts. Real roles over real sockets (`tianji run`, tests/conftest.py's running_tianji)."""
 import collections
 import contextlib
-import os
 import random
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +32,6 @@ def attacker(run):
     The sockets stay open until the block ends: a closed connection discards what its peer had not
     read yet (ZeroMQ), which would be a message neither rejected nor accepted."""
     ctx = zmq.Context()
-    socks = hostile.sockets(ctx, Path(os.path.realpath(run.run_dir / "sock")))
 
     def send(msgs) -> collections.Counter:
         want = collections.Counter()
@@ -44,11 +41,10 @@ def attacker(run):
         return want
 
     try:
+        socks = hostile.sockets(ctx, run.run_dir)
         yield send
-    finally:
-        for s in socks.values():
-            s.close(linger=0)
-        ctx.term()
+    finally:  # every socket of ctx, also those of a half-made set: a leaked context can hang at GC
+        ctx.destroy(linger=0)
 
 
 def wait_counted(run, n: int, timeout: float = 120) -> None:
