@@ -204,3 +204,33 @@ def test_plot_puts_clip_fraction_and_kl_against_the_interval_lag(tmp_path):
     assert lags[:2] == [1.5, 4.0] and math.isnan(lags[2])
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert plot_run(tmp_path, tmp_path / "p.png").stat().st_size > 1000
+
+
+def _tensorboard_pids(run_dir) -> list[int]:
+    from pathlib import Path
+
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0") if d.name.isdigit() else []
+        except OSError:
+            continue
+        if b"--logdir" in cmd and str(run_dir).encode() in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def test_the_tensorboard_server_dies_with_a_killed_launcher(running_tianji):
+    tb_port = free_port()
+    run = running_tianji(PPO, "--tensorboard", str(tb_port), "--set", "spec.stop.seconds=300")
+    def serving() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{tb_port}/data/environment", timeout=5):
+                return True
+        except OSError:
+            return False
+
+    wait_for(serving, 90, "TensorBoard to serve the run")
+    (pid,) = _tensorboard_pids(run.run_dir)
+    run.stop()  # SIGKILL: the launcher cannot stop it; PR_SET_PDEATHSIG must
+    wait_for(lambda: pid not in _tensorboard_pids(run.run_dir), 30, "the TensorBoard server to exit")

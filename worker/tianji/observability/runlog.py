@@ -7,12 +7,22 @@ ends a run.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
 
 from tianji.control.spec import TianJiJob
+
+
+# TensorBoard dies with the launcher, even a SIGKILLed one (PR_SET_PDEATHSIG), as the workers do.
+_TB_WITH_PARENT = (
+    "import ctypes, os, runpy, signal, sys\n"
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(0)  # the launcher is already gone\n"
+    "sys.argv = ['tensorboard'] + sys.argv[2:]\n"
+    "runpy.run_module('tensorboard.main', run_name='__main__')\n")
 
 
 class RunLog:
@@ -31,8 +41,8 @@ class RunLog:
         self.server: Optional[subprocess.Popen] = None
         if tensorboard_port is not None:
             self.server = subprocess.Popen(
-                [sys.executable, "-m", "tensorboard.main", "--logdir", str(run_dir), "--host", "127.0.0.1",
-                 "--port", str(tensorboard_port)], stdout=subprocess.DEVNULL,
+                [sys.executable, "-c", _TB_WITH_PARENT, str(os.getpid()), "--logdir", str(run_dir),
+                 "--host", "127.0.0.1", "--port", str(tensorboard_port)], stdout=subprocess.DEVNULL,
                 stderr=open(run_dir / "logs" / "tensorboard.log", "ab"), start_new_session=True)
             print(f"tianji: TensorBoard at http://127.0.0.1:{tensorboard_port}/", file=sys.stderr)
 
