@@ -129,18 +129,9 @@ def measure_allreduce(numel: int, ranks: list[int], iters: int = 50, timeout: fl
 
 def measure_ipc_bandwidth(nbytes: int, seconds: float = 0.5) -> float:
     """Bytes/s of `nbytes` messages PUSH → ipc → PULL in this process (the loopback link)."""
-    import tempfile
+    from tianji.runtime.profiler import ipc_pair
 
-    import zmq
-
-    tmp = tempfile.mkdtemp(prefix="tianji-bw-")
-    ctx = zmq.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    try:
-        for sock in (pull, push):
-            sock.setsockopt(zmq.LINGER, 0)
-        pull.bind(f"ipc://{tmp}/b")
-        push.connect(f"ipc://{tmp}/b")
+    with ipc_pair("tianji-bw-") as (push, pull):
         payload = np.zeros(max(1, nbytes), dtype=np.uint8)
         push.send(payload, copy=False)
         pull.recv(copy=False)
@@ -150,15 +141,6 @@ def measure_ipc_bandwidth(nbytes: int, seconds: float = 0.5) -> float:
             pull.recv(copy=False)
             sent += payload.nbytes
         return sent / (time.perf_counter() - t0)
-    finally:
-        push.close()
-        pull.close()
-        ctx.term()
-        try:
-            os.unlink(f"{tmp}/b")
-        except OSError:
-            pass
-        os.rmdir(tmp)
 
 
 def measure_scaling(job, seconds: float, info, max_ranks: Optional[int] = None) -> dict:

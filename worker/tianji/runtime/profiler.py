@@ -26,6 +26,7 @@ message_seconds, fragment_samples, bytes_per_sample) plus detail keys.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -40,6 +41,35 @@ from tianji.runtime.rollout import Rollout
 from tianji.control.spec import PPOConfig, TianJiJob, load_job
 
 WARMUP_MAX_FRACTION = 0.25  # a first (warm-up) learner update longer than this share of the budget is the measurement
+
+
+
+@contextlib.contextmanager
+def ipc_pair(prefix: str, hwm: Optional[int] = None):
+    """A connected PUSH -> PULL pair over ipc in a temporary folder (linger 0), removed on exit:
+    what the profiler times message costs and loopback bandwidth over."""
+    import zmq
+
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    addr = f"ipc://{tmp}/m"
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    try:
+        for sock in (pull, push):
+            sock.setsockopt(zmq.LINGER, 0)
+        if hwm is not None:
+            pull.setsockopt(zmq.RCVHWM, hwm)
+            push.setsockopt(zmq.SNDHWM, hwm)
+        pull.bind(addr)
+        push.connect(addr)
+        yield push, pull
+    finally:
+        push.close()
+        pull.close()
+        ctx.term()
+        with contextlib.suppress(OSError):
+            os.unlink(f"{tmp}/m")
+        os.rmdir(tmp)
 
 
 class _Clock:
@@ -267,8 +297,6 @@ def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cp
 # ----------------------------------------------------------------- (c, d) messages
 def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
     """Per-message cost of one fragment: wire.encode → PUSH/ipc → PULL → wire.decode + check_fragment."""
-    import zmq
-
     from tianji.envs import probe_env
     from tianji.runtime.validate import check_fragment
     from tianji.runtime.wire import decode, encode
@@ -280,18 +308,7 @@ def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
     meta = {"frames": s.env.num_envs * s.env.fragment_length}
     frames = encode("fragment", job.name, "actor-0-0", 0, 0, frag, meta)
     msg_bytes = sum(len(f) for f in frames)
-    tmp = tempfile.mkdtemp(prefix="tianji-prof-")
-    addr = f"ipc://{tmp}/m"
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    push = ctx.socket(zmq.PUSH)
-    try:
-        for sock in (pull, push):
-            sock.setsockopt(zmq.LINGER, 0)
-        pull.setsockopt(zmq.RCVHWM, 4)
-        push.setsockopt(zmq.SNDHWM, 4)
-        pull.bind(addr)
-        push.connect(addr)
+    with ipc_pair("tianji-prof-", hwm=4) as (push, pull):
 
         def one(seq: int) -> None:
             push.send_multipart(encode("fragment", job.name, "actor-0-0", seq, 0, frag, meta), copy=False)
@@ -307,15 +324,6 @@ def measure_message(job: TianJiJob, seconds: float, info=None) -> dict:
             if clock.wall() >= seconds:
                 break
         r = _rates(count, clock)
-    finally:
-        push.close()
-        pull.close()
-        ctx.term()
-        try:
-            os.unlink(f"{tmp}/m")
-        except OSError:
-            pass
-        os.rmdir(tmp)
     samples = s.env.num_envs * s.env.fragment_length
     return {"seconds_per_cpu": 1.0 / max(r["per_cpu_second"], 1e-12),
             "seconds_wall": 1.0 / max(r["per_wall_second"], 1e-12), "messages": count,
