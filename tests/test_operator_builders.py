@@ -383,6 +383,19 @@ def test_learners_checkpoint_onto_a_claim_the_operator_creates():
     assert list(objs).index(("PersistentVolumeClaim", "cp-checkpoints")) < list(objs).index(("Pod", "cp-learner-0-0"))
 
 
+def test_replay_snapshots_put_buffers_on_the_checkpoint_claim_too():
+    _, _, _, objs = _children({"algorithm": {"name": "dqn"}, "topology": {"buffers": 2},
+                               "checkpoint": {"size": "20Gi", "replaySnapshot": True}})
+    specs = _pod_specs(objs)
+    assert any("buffer" in n for n in specs)
+    for name, spec in specs.items():
+        state = next(v for v in spec["volumes"] if v["name"] == "state")
+        if "learner" in name or "buffer" in name:
+            assert state == {"name": "state", "persistentVolumeClaim": {"claimName": "cp-checkpoints"}}, name
+        else:
+            assert state == {"name": "state", "emptyDir": {}}, name
+
+
 def test_learners_checkpoint_onto_a_named_claim():
     _, _, _, objs = _children({"checkpoint": {"persistentVolumeClaim": "team-ckpt"}})
     assert not [k for k in objs if k[0] == "PersistentVolumeClaim"]

@@ -182,9 +182,10 @@ def checkpoint_pvc(job: TianJiJob) -> Optional[dict]:
 
 def state_volume(job: TianJiJob, role: str) -> dict:
     """TIANJI_STATE_DIR: the checkpoint claim for learners (a re-created learner resumes from
-    it), an emptyDir otherwise."""
+    it) and, with checkpoint.replaySnapshot, for buffers (their replay snapshots); an emptyDir
+    otherwise."""
     claim = checkpoint_claim(job)
-    if role == "learner" and claim:
+    if claim and (role == "learner" or (role == "buffer" and job.spec.checkpoint.replay_snapshot)):
         return {"name": "state", "persistentVolumeClaim": {"claimName": claim}}
     return {"name": "state", "emptyDir": {}}
 

@@ -76,6 +76,19 @@ class SampleToInsertRatio:
             error_buffer = batch + fragment * samples_per_insert
         return cls(samples_per_insert, max(1, learning_starts), error_buffer, batch, fragment)
 
+    def preload(self, n: int) -> int:
+        """Count transitions a buffer already holds at start (a resumed replay snapshot) toward
+        `min_size_to_sample`, at most up to it: with learningStarts of them the learner may train
+        at once, with fewer only the rest must come in first. The ratio is still counted from the
+        learning start (inserts beyond it), so the snapshot adds no allowance beyond error_buffer.
+        Returns the inserts counted."""
+        if n < 0:
+            raise ValueError("negative preload")
+        if self.inserts or self.samples:
+            raise ValueError("preload only before the first insert or sample")
+        self.inserts = min(n, self.min_size_to_sample)
+        return self.inserts
+
     @property
     def diff(self) -> float:
         return self.inserts * self.samples_per_insert - self.samples

@@ -42,6 +42,9 @@ GAUGES = {
     "epsilon": "DQN exploration rate this actor acts with (from the learner's global frame count)",
     "pace_headroom": "Production / learner capacity the learner asks actors for (adaptive pacing)",
     "learner_capacity_sps": "Learner consumption capacity (samples per busy second)",
+    "replay_restored": "Transitions a DQN buffer loaded from its replay snapshot at start (checkpoint.replaySnapshot)",
+    "replay_snapshot_seconds": "Time the buffer's latest replay snapshot took: the copy in its loop plus the write "
+                               "in a thread",
 }
 # What a learner computes on each update (gauges `learner_<name>`: the value of its latest batch).
 LEARNER_STATS = {

@@ -17,10 +17,21 @@ only when the limiter allows it, and a fragment it refuses is dropped
 (reason "ratio"), so the realised replay ratio stays within its error buffer
 of the target without blocking anyone.
 
+With checkpoint.replaySnapshot (DQN) the ring goes to disk every
+checkpoint.intervalSeconds and at exit (runtime/replay_snapshot.py), and a
+buffer that finds its snapshot in the state dir at start (as a learner finds
+its checkpoint: `tianji run --resume`, a re-created pod on the checkpoint
+claim) loads it if it fits the job, else logs why and starts empty. Loaded
+transitions count toward learningStarts in the limiter, so the learner trains
+at once when there are enough of them.
+
 Each batch carries feedback for the learner's pacing (runtime/pacing.py):
 samples received and dropped, and fragments received, since the last batch.
 """
 from __future__ import annotations
+
+import logging
+import time
 
 import numpy as np
 import zmq
@@ -28,12 +39,14 @@ import zmq
 from tianji.control.addressing import learner_for_buffer
 from tianji.envs import declared_info
 from tianji.control.spec import DQNConfig, PPOConfig
+from tianji.runtime import replay_snapshot
 from tianji.runtime.storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
 from tianji.runtime.validate import (check_fragment, check_policy_version, fragment_bytes, limits_for,
                                      ppo_batch_fragments)
 from tianji.runtime.wire import Limits, Message, WireError
 from tianji.runtime.roles.base import Role
 
+log = logging.getLogger("tianji")
 MAX_DRAIN = 64  # messages per socket per loop turn: fairness between fan-in and dispatch
 
 
@@ -66,6 +79,7 @@ class Buffer(Role):
         self.inserted = 0
         self.consumed = 0
         self.feedback = {"received": 0, "dropped": 0, "fragments": 0}  # since the last batch sent
+        self.snapshotter = None  # checkpoint.replaySnapshot (DQN)
         if isinstance(self.algo, PPOConfig):
             self.queue = RolloutQueue(s.staleness.queue_fragments,
                                       max_bytes=s.staleness.queue_fragments * fragment_bytes(s, self.info))
@@ -73,6 +87,38 @@ class Buffer(Role):
         else:
             self.replay = Replay(self.algo.replay_capacity, s.env.seed + 7919 * (self.group * 64 + self.index))
             self.limiter = s.replay_limiter()
+            if s.checkpoint.replay_snapshot and self.run_dir:
+                path = replay_snapshot.snapshot_path(self.run_dir, self.group, self.index)
+                self.snapshotter = replay_snapshot.Snapshotter(path)
+                self.last_snapshot_t = time.monotonic()
+                self._restore(path)
+
+    # ---------------------------------------------------------------- replay snapshot
+    def _restore(self, path) -> None:
+        """Load this buffer's snapshot if there is one and it fits the job; else start empty."""
+        replay_snapshot.remove_temp_files(path)
+        if not path.exists():
+            return
+        try:
+            arrays = replay_snapshot.load(path, self.info, self.replay.capacity)
+        except Exception as e:  # noqa: BLE001 - SnapshotError says why; anything else is a refusal too
+            log.error("%s: replay snapshot %s refused (%s); starting with an empty replay", self.sender, path, e)
+            return
+        n = self.replay.put(arrays)
+        counted = self.limiter.preload(n)
+        self.metrics.set("replay_restored", n)
+        log.info("%s: loaded %d transitions from %s (%d of learningStarts %d counted)", self.sender, n, path,
+                 counted, self.limiter.min_size_to_sample)
+
+    def _snapshot(self, final: bool = False) -> None:
+        snap = self.snapshotter
+        if final:
+            snap.wait()  # the periodic one, if still running, then the last state
+        if snap.start(self.replay) and final:
+            snap.wait()
+        self.last_snapshot_t = time.monotonic()
+        if snap.last["transitions"]:
+            self.metrics.set("replay_snapshot_seconds", snap.last["copy_s"] + snap.last["write_s"])
 
     # ---------------------------------------------------------------- inputs
     def _take_fragment(self, msg: Message) -> None:
@@ -166,3 +212,10 @@ class Buffer(Role):
         self.metrics.set("policy_version", self.learner_version)
         if self.inserted:
             self.metrics.set("replay_ratio", self.consumed / self.inserted)
+        if self.snapshotter is not None \
+                and time.monotonic() - self.last_snapshot_t > self.spec.checkpoint.interval_seconds:
+            self._snapshot()
+
+    def teardown(self) -> None:
+        if self.snapshotter is not None:
+            self._snapshot(final=True)
