@@ -74,8 +74,12 @@ class LinkModel:
     latency_s: float
 
 
-def link_for(link, nodes: int, ipc_bytes_per_second: Optional[float]) -> LinkModel:
-    """`link` = spec.network.link, or None: loopback on one node / ethernet-10g across nodes."""
+def link_for(link, nodes: int, ipc_bytes_per_second: Optional[float],
+             measured: Optional[tuple[float, float]] = None) -> LinkModel:
+    """`link` = spec.network.link, or None: loopback on one node; across nodes the link the
+    profile measured between two hosts (`measured` = (bytes/s, one-way s)), else ethernet-10g."""
+    if link is None and nodes > 1 and measured is not None:
+        return LinkModel("measured", float(measured[0]), float(measured[1]))
     preset = link.preset if link is not None else ("loopback" if nodes <= 1 else "ethernet-10g")
     if link is not None and link.preset is None:
         return LinkModel("custom", link.bandwidth_gbps * 1e9 / 8, link.latency_us * 1e-6)

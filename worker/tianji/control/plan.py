@@ -100,7 +100,7 @@ class PlanError(ValueError):
 
 # ----------------------------------------------------------------- profile
 OPTIONAL_PROFILE_KEYS = ("learner_thread_scaling", "param_bytes", "allreduce_seconds", "ipc_bytes_per_second",
-                         "gpu_assumed")
+                         "gpu_assumed", "link_bytes_per_second", "link_latency_s")
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,9 @@ class Profile:
     allreduce_seconds: Optional[dict] = None  # ranks -> seconds of one gradient all-reduce (gloo, loopback)
     ipc_bytes_per_second: Optional[float] = None  # loopback bandwidth seen by one fragment message
     gpu_assumed: bool = False  # learner_sps_per_gpu is a built-in guess (default_profile), not measured
+    # Measured between two hosts (`tianji profile --link-measure`); None: the spec's link or ethernet-10g.
+    link_bytes_per_second: Optional[float] = None
+    link_latency_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("learner_thread_scaling", "allreduce_seconds"):
@@ -129,10 +132,15 @@ class Profile:
                     int(k) >= 1 and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for k, v in d.items()):
                 raise ValueError(f"profile.{name} must map counts >= 1 to finite numbers >= 0, got {d!r}")
             object.__setattr__(self, name, {int(k): float(v) for k, v in d.items()})
-        for name in ("param_bytes", "ipc_bytes_per_second"):
+        for name in ("param_bytes", "ipc_bytes_per_second", "link_bytes_per_second"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"profile.{name} must be > 0 or null, got {v!r}")
+        lat = self.link_latency_s
+        if lat is not None and not (math.isfinite(lat) and 0 <= lat <= 10):
+            raise ValueError(f"profile.link_latency_s must be in [0, 10] seconds or null, got {lat!r}")
+        if (self.link_bytes_per_second is None) != (lat is None):
+            raise ValueError("profile: give both link_bytes_per_second and link_latency_s, or neither")
         for name in ("actor_fps_per_core", "learner_sps_per_core"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"profile.{name} must be > 0, got {getattr(self, name)!r}")
@@ -177,6 +185,12 @@ class Profile:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def measured_link(self) -> Optional[tuple[float, float]]:
+        """(bytes/s, one-way latency s) measured between two hosts, or None."""
+        if self.link_bytes_per_second is None or self.link_latency_s is None:
+            return None
+        return self.link_bytes_per_second, self.link_latency_s
 
 
 def load_profile(path) -> Profile:
@@ -353,7 +367,7 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     per_learner, beyond_curve = _learner_rate(p, cl, gl)
     per_learner = per_learner if learner_rate is None else learner_rate
     tr_l = g * nl * per_learner
-    link = costmodel.link_for(s.network.link, nodes, p.ipc_bytes_per_second)
+    link = costmodel.link_for(s.network.link, nodes, p.ipc_bytes_per_second, p.measured_link())
     loopback = costmodel.link_for(None, 1, p.ipc_bytes_per_second)  # where all-reduce was measured
     P = p.param_bytes or costmodel.param_bytes_estimate(job)
     ranks = g * nl
