@@ -343,6 +343,12 @@ def test_cli_plan_json(job_yaml, capsys):
     assert out["cpus_used"] <= 8
     assert out["bottleneck"] in (SAMPLE_BOUND, TRAINING_BOUND, COMMUNICATION_BOUND)
     assert set(out["learner"]) == {"cpu", "memory", "gpu", "threads"}
+    # One machine: what `tianji run` would see (predict_on_host for the planned topology).
+    host = out["on_host"]
+    assert host["consumed_sps"] == pytest.approx(1.0 * host["produced_fps"])  # PPO: replay ratio 1
+    assert 0 < host["consumed_sps"] and host["bottleneck"] in (SAMPLE_BOUND, COMMUNICATION_BOUND)
+    assert main(["plan", str(job_yaml), "--cpus", "8", "--nodes", "2", "--json"]) == 0
+    assert "on_host" not in json.loads(capsys.readouterr().out)
 
 
 def test_cli_plan_with_profile_and_set(job_yaml, tmp_path, capsys):

@@ -790,6 +790,16 @@ def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: 
     return pred
 
 
+def plan_on_host(job: TianJiJob, p: Plan, profile: Profile, cores: float, background: float = 0.0) -> dict:
+    """predict_on_host for the topology `p` (what `tianji run` starts on one machine of `cores`):
+    the figures `tianji plan` shows beside the plan's own when everything shares one host."""
+    doc = job.to_manifest()
+    doc["spec"]["topology"] = {"auto": False, **p.topology()}
+    doc["spec"]["algorithm"]["batchSize"] = p.batch_size
+    return predict_on_host(TianJiJob.model_validate(doc), profile, cores, background,
+                           learner_threads=p.learner.threads)
+
+
 def predict_with_shares(job: TianJiJob, profile: Profile, actor_share: float, buffer_share: float,
                         learner_share: float, learner_threads: int = 1) -> dict:
     """The model given the CPU each process was measured to get (cores, per process of the role):
