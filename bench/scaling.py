@@ -1,7 +1,7 @@
 """The paper's Fig. 6 at small scale: real `tianji run` jobs against the planner's prediction.
 
     python bench/scaling.py [--job examples/cartpole-dqn.yaml] [--max-actors 3] [--seconds 40]
-                            [--profile FILE] [--out-dir DIR] [--set K=V ...]
+                            [--profile FILE] [--out-dir DIR] [--set K=V ...] [--sweeps abc]
     python bench/scaling.py --rescore docs/scaling.json --profile FILE [--set K=V ...]
 
 Sweeps (each point one `tianji run` of S seconds; DQN CartPole by default):
@@ -270,6 +270,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", help="a `tianji profile` JSON (default: measure one now, 2 s per component)")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--sweeps", default="abc", help="which sweeps to run (a, b, c; default all)")
     ap.add_argument("--rescore", metavar="FILE", help="re-predict the points of a recorded scaling.json, run nothing")
     a = ap.parse_args(argv)
     if a.rescore:
@@ -296,14 +297,16 @@ def main(argv=None) -> int:
     prof = Profile.from_json(prof_d)
     B = load_job(a.job, base).spec.algorithm.batch_size
     rows = []
-    for k in range(1, a.max_actors + 1):
+    for k in range(1, a.max_actors + 1 if "a" in a.sweeps else 1):
         rows.append(point("a", f"{k} actors", a.job, base, [f"spec.topology.actors={k}"], prof, a.seconds, 1))
-    rows.append(point("b", "1 thread, B", a.job, base, ["spec.topology.actors=2"], prof, a.seconds, 1))
-    rows.append(point("b", "2 threads, 2B", a.job, base, ["spec.topology.actors=2", "spec.resources.learner.cpu=2",
-                      "spec.resources.learner.threads=2", f"spec.algorithm.batchSize={2 * B}"], prof, a.seconds, 2))
-    rows.append(point("c", "1 group", a.job, base, ["spec.topology.actors=1"], prof, a.seconds, 1))
-    rows.append(point("c", "2 groups", a.job, base, ["spec.topology.actors=1", "spec.topology.groups=2"], prof,
-                      a.seconds, 1))
+    if "b" in a.sweeps:
+        rows.append(point("b", "1 thread, B", a.job, base, ["spec.topology.actors=2"], prof, a.seconds, 1))
+        rows.append(point("b", "2 threads, 2B", a.job, base, ["spec.topology.actors=2", "spec.resources.learner.cpu=2",
+                          "spec.resources.learner.threads=2", f"spec.algorithm.batchSize={2 * B}"], prof, a.seconds, 2))
+    if "c" in a.sweeps:
+        rows.append(point("c", "1 group", a.job, base, ["spec.topology.actors=1"], prof, a.seconds, 1))
+        rows.append(point("c", "2 groups", a.job, base, ["spec.topology.actors=1", "spec.topology.groups=2"], prof,
+                          a.seconds, 1))
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     job_name = os.path.relpath(a.job, ROOT) if Path(a.job).resolve().is_relative_to(ROOT) else a.job

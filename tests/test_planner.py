@@ -523,7 +523,7 @@ def test_on_a_shared_host_actors_and_learner_take_turns():
     assert busy["consumed_sps"] < 0.5 * one["consumed_sps"]
 
 
-def test_rescore_of_the_recorded_scaling_run():
+def test_rescore_of_the_recorded_scaling_run(capsys):
     # docs/scaling.json: real `tianji run` points (bench/scaling.py); the model re-predicts them.
     import importlib.util
 
@@ -538,6 +538,12 @@ def test_rescore_of_the_recorded_scaling_run():
     assert res["bottleneck_agreement"] == "7/7"
     one = next(r for r in res["points"] if r["point"] == "1 actors")
     assert all(abs(e) <= 0.05 for e in one["rel_error"].values())
+    # The bench's --rescore mode prints the same summary as JSON.
+    assert bench.main(["--rescore", str(ROOT / "docs" / "scaling.json"), "--profile",
+                       str(ROOT / "bench" / "profiles" / "cartpole-dqn-2core.json"),
+                       "--set", "spec.staleness.replayRatio=2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bench"] == "scaling-rescore" and out["median_abs_error"] == res["median_abs_error"]
 
 
 def test_rebalance_sees_a_sample_bound_learner_through_its_capacity():
