@@ -769,6 +769,8 @@ def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: 
         actor phase:    n_a actors of a group (demand 1 core each)  -> share a of a core each
         learner phase:  n_l learners of a group (demand t threads)   -> share l each
 
+    A buffer's capacity (for T_C) is the share it would get busy (demand 1) in those phases.
+
     A learner given l of its t threads runs at s_L(t)·l/t. Returns _predict's dict plus the
     shares used (actor_share, learner_share: per process within its phase)."""
     s = job.spec
@@ -781,7 +783,8 @@ def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: 
     pred: dict = {}
     for _ in range(5):  # the buffers' share depends on the rates: a few rounds reach the fixed point
         sa, sb, sl = costmodel.host_turns(cores, na, nb, nl, float(threads), d_b, bg)
-        pred = _predict(job, profile, g, na, nb, nl, 1.0, max(min(1.0, sb + 0.5), _EPS), float(threads), 0,
+        cb = costmodel.host_turns(cores, na, nb, nl, float(threads), 1.0, bg)[1]  # its share were it busy
+        pred = _predict(job, profile, g, na, nb, nl, 1.0, max(cb, _EPS), float(threads), 0,
                         actor_share=sa, learner_rate=full * min(1.0, sl / threads), turns=g)
         msgs = (pred["produced_fps"] + pred["consumed_sps"]) / profile.fragment_samples / (g * nb)
         d_b = min(1.0, max(0.05, msgs * profile.message_seconds))
