@@ -17,7 +17,7 @@ and a bottleneck read from the same rates:
   training       otherwise (the learner is the limit; paced actors wait for it).
 
 Predicted per point: `tianji.control.plan.predict_on_host` (the planner's cost model for
-one shared machine) from a profile (`tianji profile`, measured at the start unless
+one shared machine, where actors and learners take turns: costmodel.host_turns) from a profile (`tianji profile`, measured at the start unless
 --profile) and the CPU this host has free: `cores` = os.cpu_count(), `background` = busy
 processes of other work, from a probe just before each run (cores spinning processes
 for 1 s: each gets cores/(cores + background) of a core).

@@ -39,6 +39,13 @@ Link time of one update (the busiest process's link; latency once):
     buffer:   (B/r·b_s + B·b_batch)·n_l/n_b                     bytes
     T_net   = max(learner, buffer)/bw + λ
 
+Roles sharing one host (`tianji run`; plan.predict_on_host): actors and learners take
+turns, and so do synchronised groups (host_turns below, a measured rule): per batch
+
+    T = max(g·(T_A(a) + T_learn(l)), T_C)
+
+with a, l each role's max-min fair share of the cores within its own phase.
+
 Time to target. The samples a run needs to reach its target grow with the
 effective batch and, for on-policy learning, with policy lag. Stated rule:
 
