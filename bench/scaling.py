@@ -1,7 +1,8 @@
 """The paper's Fig. 6 at small scale: real `tianji run` jobs against the planner's prediction.
 
     python bench/scaling.py [--job examples/cartpole-dqn.yaml] [--max-actors 3] [--seconds 40]
-                            [--profile FILE] [--out-dir DIR] [--set K=V ...]
+                            [--profile FILE] [--out-dir DIR] [--set K=V ...] [--sweeps abc]
+    python bench/scaling.py --rescore docs/scaling.json --profile FILE [--set K=V ...]
 
 Sweeps (each point one `tianji run` of S seconds; DQN CartPole by default):
   (a) actors 1..k, learner fixed (1 thread, batch B);
@@ -16,7 +17,7 @@ and a bottleneck read from the same rates:
   training       otherwise (the learner is the limit; paced actors wait for it).
 
 Predicted per point: `tianji.control.plan.predict_on_host` (the planner's cost model for
-one shared machine) from a profile (`tianji profile`, measured at the start unless
+one shared machine, where actors and learners take turns: costmodel.host_turns) from a profile (`tianji profile`, measured at the start unless
 --profile) and the CPU this host has free: `cores` = os.cpu_count(), `background` = busy
 processes of other work, from a probe just before each run (cores spinning processes
 for 1 s: each gets cores/(cores + background) of a core).
@@ -25,6 +26,12 @@ Also predicted given the CPU each role was measured to get over the same window
 (`predict_with_shares`, CPU time of the run's processes from /proc): this checks the
 cost model apart from the scheduler's split, which on a host shared with unknown
 other work is the least predictable part.
+
+`--rescore FILE` runs nothing: it re-predicts the points recorded in FILE (an earlier
+scaling.json: each point's topology, background and measured rates) with the current cost
+model and prints the same summary; a real run puts that re-score of its own points in its
+JSON too ("rescore"), so a model change can be checked against recorded runs. The sets a
+run was made with are recorded ("base_set"); for a file without them pass the same --set.
 
 Prints one JSON object (per-point error (pred − meas)/meas, median absolute error,
 bottleneck agreement, both ways) and writes scaling.json and scaling.png to --out-dir.
@@ -163,6 +170,44 @@ def run_point(job_path: str, sets: list, seconds: float) -> dict:
         return rates
 
 
+def point_threads(sets: list) -> int:
+    return 2 if "spec.resources.learner.threads=2" in sets else 1
+
+
+def base_sets(seconds: float, extra: list) -> list:
+    return ["spec.stop.meanReturn=null", "spec.stop.envFrames=null", f"spec.stop.seconds={seconds}",
+            "spec.resources.learner.threads=1", *extra]
+
+
+def summary(rows: list, pred_key: str = "predicted", err_key: str = "rel_error") -> dict:
+    errs = [abs(v) for r in rows for v in r.get(err_key, {}).values()]
+    kinds = [r[pred_key]["bottleneck"] == r["measured"]["bottleneck"] for r in rows
+             if "measured" in r and pred_key in r]
+    return {"median_abs_error": round(statistics.median(errs), 3) if errs else None,
+            "max_abs_error": round(max(errs), 3) if errs else None,
+            "bottleneck_agreement": f"{sum(kinds)}/{len(kinds)}"}
+
+
+def rescore(recorded: dict, prof, job_path: str, extra_sets: list, cores: float) -> dict:
+    """Re-predict recorded points with the current model (no runs): the same error summary."""
+    from tianji.control.plan import predict_on_host
+    from tianji.control.spec import load_job
+
+    base = recorded.get("base_set") or base_sets(recorded.get("seconds_per_point", 40.0), extra_sets)
+    rows = []
+    for r in recorded["points"]:
+        if "measured" not in r:
+            continue
+        job = load_job(job_path, base + r["set"])
+        pred = predict_on_host(job, prof, cores, r.get("background", 0.0), learner_threads=point_threads(r["set"]))
+        pred["received_fps"] = pred["produced_fps"]
+        m = r["measured"]
+        rows.append({"sweep": r["sweep"], "point": r["point"], "measured": m,
+                     "predicted": {k: round(pred[k], 1) for k in KEYS} | {"bottleneck": pred["bottleneck"]},
+                     "rel_error": {k: round((pred[k] - m[k]) / m[k], 3) for k in KEYS if m.get(k, 0) > 0}})
+    return {"points": rows, **summary(rows)}
+
+
 def point(sweep: str, label: str, job_path: str, base_sets: list, sets: list, prof, seconds: float,
           threads: int) -> dict:
     from tianji.control.plan import predict_on_host, predict_with_shares
@@ -225,7 +270,20 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", help="a `tianji profile` JSON (default: measure one now, 2 s per component)")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--sweeps", default="abc", help="which sweeps to run (a, b, c; default all)")
+    ap.add_argument("--rescore", metavar="FILE", help="re-predict the points of a recorded scaling.json, run nothing")
     a = ap.parse_args(argv)
+    if a.rescore:
+        from tianji.control.plan import load_profile
+
+        if not a.profile:
+            ap.error("--rescore needs the --profile the recorded run was predicted from")
+        recorded = json.loads(Path(a.rescore).read_text())
+        job = recorded.get("job", a.job)
+        job = str(ROOT / job) if not Path(job).is_absolute() else job
+        res = rescore(recorded, load_profile(a.profile), job, a.set, float(recorded.get("host", {}).get("cpus", 2)))
+        print(json.dumps({"bench": "scaling-rescore", "file": a.rescore, "profile": a.profile, **res}))
+        return 0
     import torch
 
     torch.set_num_threads(1)
@@ -234,35 +292,27 @@ def main(argv=None) -> int:
     from tianji.runtime.profiler import measure_profile
 
     t0 = time.perf_counter()
-    base = ["spec.stop.meanReturn=null", "spec.stop.envFrames=null", f"spec.stop.seconds={a.seconds}",
-            "spec.resources.learner.threads=1", *a.set]
+    base = base_sets(a.seconds, a.set)
     prof_d = json.loads(Path(a.profile).read_text()) if a.profile else measure_profile(load_job(a.job, base), 2.0)
     prof = Profile.from_json(prof_d)
     B = load_job(a.job, base).spec.algorithm.batch_size
     rows = []
-    for k in range(1, a.max_actors + 1):
+    for k in range(1, a.max_actors + 1 if "a" in a.sweeps else 1):
         rows.append(point("a", f"{k} actors", a.job, base, [f"spec.topology.actors={k}"], prof, a.seconds, 1))
-    rows.append(point("b", "1 thread, B", a.job, base, ["spec.topology.actors=2"], prof, a.seconds, 1))
-    rows.append(point("b", "2 threads, 2B", a.job, base, ["spec.topology.actors=2", "spec.resources.learner.cpu=2",
-                      "spec.resources.learner.threads=2", f"spec.algorithm.batchSize={2 * B}"], prof, a.seconds, 2))
-    rows.append(point("c", "1 group", a.job, base, ["spec.topology.actors=1"], prof, a.seconds, 1))
-    rows.append(point("c", "2 groups", a.job, base, ["spec.topology.actors=1", "spec.topology.groups=2"], prof,
-                      a.seconds, 1))
-    errs = [abs(v) for r in rows for v in r.get("rel_error", {}).values()]
-    kinds = [r["predicted"]["bottleneck"] == r["measured"]["bottleneck"] for r in rows if "measured" in r]
-    errs_g = [abs(v) for r in rows for v in r.get("rel_error_given_shares", {}).values()]
-    kinds_g = [r["predicted_given_shares"]["bottleneck"] == r["measured"]["bottleneck"]
-               for r in rows if "predicted_given_shares" in r]
+    if "b" in a.sweeps:
+        rows.append(point("b", "1 thread, B", a.job, base, ["spec.topology.actors=2"], prof, a.seconds, 1))
+        rows.append(point("b", "2 threads, 2B", a.job, base, ["spec.topology.actors=2", "spec.resources.learner.cpu=2",
+                          "spec.resources.learner.threads=2", f"spec.algorithm.batchSize={2 * B}"], prof, a.seconds, 2))
+    if "c" in a.sweeps:
+        rows.append(point("c", "1 group", a.job, base, ["spec.topology.actors=1"], prof, a.seconds, 1))
+        rows.append(point("c", "2 groups", a.job, base, ["spec.topology.actors=1", "spec.topology.groups=2"], prof,
+                          a.seconds, 1))
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     job_name = os.path.relpath(a.job, ROOT) if Path(a.job).resolve().is_relative_to(ROOT) else a.job
-    res = {"bench": "scaling", "job": job_name, "seconds_per_point": a.seconds, "points": rows,
-           "median_abs_error": round(statistics.median(errs), 3) if errs else None,
-           "max_abs_error": round(max(errs), 3) if errs else None,
-           "bottleneck_agreement": f"{sum(kinds)}/{len(kinds)}",
-           "given_measured_cpu": {"median_abs_error": round(statistics.median(errs_g), 3) if errs_g else None,
-                                  "max_abs_error": round(max(errs_g), 3) if errs_g else None,
-                                  "bottleneck_agreement": f"{sum(kinds_g)}/{len(kinds_g)}"},
+    res = {"bench": "scaling", "job": job_name, "seconds_per_point": a.seconds, "base_set": base, "points": rows,
+           **summary(rows),
+           "given_measured_cpu": summary(rows, "predicted_given_shares", "rel_error_given_shares"),
            "profile": {k: prof_d.get(k) for k in ("actor_fps_per_core", "learner_sps_per_core", "message_seconds",
                                                   "learner_thread_scaling", "param_bytes", "allreduce_seconds")},
            "host": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg())},

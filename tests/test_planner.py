@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,8 @@ from tianji.control.plan import (
     rebalance,
 )
 from tianji.control.spec import parse_job
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def job(**spec):
@@ -339,6 +343,12 @@ def test_cli_plan_json(job_yaml, capsys):
     assert out["cpus_used"] <= 8
     assert out["bottleneck"] in (SAMPLE_BOUND, TRAINING_BOUND, COMMUNICATION_BOUND)
     assert set(out["learner"]) == {"cpu", "memory", "gpu", "threads"}
+    # One machine: what `tianji run` would see (predict_on_host for the planned topology).
+    host = out["on_host"]
+    assert host["consumed_sps"] == pytest.approx(1.0 * host["produced_fps"])  # PPO: replay ratio 1
+    assert 0 < host["consumed_sps"] and host["bottleneck"] in (SAMPLE_BOUND, COMMUNICATION_BOUND)
+    assert main(["plan", str(job_yaml), "--cpus", "8", "--nodes", "2", "--json"]) == 0
+    assert "on_host" not in json.loads(capsys.readouterr().out)
 
 
 def test_cli_plan_with_profile_and_set(job_yaml, tmp_path, capsys):
@@ -389,7 +399,7 @@ def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_
 
 # ----------------------------------------------------------------- cost model (issue 13)
 from tianji.control import costmodel  # noqa: E402
-from tianji.control.plan import actors_for, observed_bottleneck, predict_on_host  # noqa: E402
+from tianji.control.plan import actors_for, load_profile, observed_bottleneck, predict_on_host  # noqa: E402
 
 # Measured here (issue 13): a CartPole PPO learner at 2 torch threads is slower than at 1.
 SLOWER_AT_2 = {2: 13.5 / 16.2}
@@ -475,16 +485,65 @@ def test_max_min_shares():
     assert costmodel.max_min_shares([0.2, 0.3], 2) == [0.2, 0.3]
 
 
-def test_on_a_shared_host_more_actors_take_cpu_from_the_learner():
-    d = dict(DQN, staleness={"replayRatio": 8.0, "paceActors": False})
-    pr = prof(actor=20_000, learner=30_000, curve=None)
-    one = predict_on_host(job(**d, topology={"groups": 1, "actors": 1, "buffers": 1, "learners": 1}), pr, 2.0)
-    four = predict_on_host(job(**d, topology={"groups": 1, "actors": 4, "buffers": 1, "learners": 1}), pr, 2.0)
-    assert four["learner_share"] < one["learner_share"]
-    assert four["consumed_sps"] < one["consumed_sps"]
-    busy = predict_on_host(job(**d, topology={"groups": 1, "actors": 1, "buffers": 1, "learners": 1}), pr, 2.0,
-                           background=6)
+def test_host_turns_two_cores_learner_and_two_busy_actors():
+    # Rule: each phase splits the cores max-min fairly among its own role, the buffer and
+    # background; the two phases alternate, so neither takes CPU from the other.
+    a, b, l = costmodel.host_turns(2.0, actors=2, buffers=1, learners=1, learner_threads=1.0, buffer_demand=0.1)
+    assert 2 * a + b <= 2.0 + 1e-9 and l + b <= 2.0 + 1e-9
+    assert a == pytest.approx(0.95) and b == pytest.approx(0.1) and l == pytest.approx(1.0)
+    # Three actors overfill the actor phase: each gets a third of what the buffer leaves.
+    a3, _, l3 = costmodel.host_turns(2.0, 3, 1, 1, 1.0, 0.1)
+    assert a3 == pytest.approx(1.9 / 3) and l3 == l
+    # A 2-thread learner has the 2 cores in its phase, less the buffer; background takes its share.
+    _, _, l2 = costmodel.host_turns(2.0, 2, 1, 1, 2.0, 0.1)
+    assert l2 == pytest.approx(1.9)
+    ab, _, lb = costmodel.host_turns(2.0, 2, 1, 1, 1.0, 0.1, background=2.0)
+    assert ab == pytest.approx(1.9 / 4) and lb == pytest.approx(1.9 / 3)
+
+
+def test_on_a_shared_host_actors_and_learner_take_turns():
+    d = dict(DQN, staleness={"replayRatio": 2.0, "paceActors": False})
+    pr = prof(actor=20_000, learner=40_000, curve=None)
+    topo = lambda n, g=1: {"groups": g, "actors": n, "buffers": 1, "learners": 1}  # noqa: E731
+    one, two, three = (predict_on_host(job(**d, topology=topo(n)), pr, 2.0) for n in (1, 2, 3))
+    # Turns: per frame the actor phase (1/(n·a·f_a)) and the learner phase (r/s_l) add up.
+    assert one["produced_fps"] == pytest.approx(1 / (1 / 20_000 + 2 / 40_000), rel=0.02)
+    # More actors take nothing from the learner; they shorten the actor phase until it fills
+    # both cores, so a third actor on 2 cores buys nothing.
+    assert two["learner_share"] == one["learner_share"]
+    assert two["consumed_sps"] > 1.2 * one["consumed_sps"]
+    assert three["consumed_sps"] <= two["consumed_sps"] * 1.001
+    for p in (one, two, three):
+        assert p["consumed_sps"] == pytest.approx(2.0 * p["produced_fps"])
+        assert p["bottleneck"] == SAMPLE_BOUND  # the learner waits out every actor phase
+    # Synchronised groups take turns as well and pay the all-reduce: two groups consume less.
+    groups = predict_on_host(job(**d, topology=topo(1, 2)), replace(pr, allreduce_seconds={2: 0.0005}), 2.0)
+    assert groups["consumed_sps"] < one["consumed_sps"]
+    busy = predict_on_host(job(**d, topology=topo(1)), pr, 2.0, background=6)
     assert busy["consumed_sps"] < 0.5 * one["consumed_sps"]
+
+
+def test_rescore_of_the_recorded_scaling_run(capsys):
+    # docs/scaling.json: real `tianji run` points (bench/scaling.py); the model re-predicts them.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scaling_bench", ROOT / "bench" / "scaling.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    recorded = json.loads((ROOT / "docs" / "scaling.json").read_text())
+    res = bench.rescore(recorded, load_profile(ROOT / "bench" / "profiles" / "cartpole-dqn-2core.json"),
+                        str(ROOT / recorded["job"]), ["spec.staleness.replayRatio=2"], 2.0)
+    assert len(res["points"]) == 7
+    assert res["median_abs_error"] <= 0.15
+    assert res["bottleneck_agreement"] == "7/7"
+    one = next(r for r in res["points"] if r["point"] == "1 actors")
+    assert all(abs(e) <= 0.05 for e in one["rel_error"].values())
+    # The bench's --rescore mode prints the same summary as JSON.
+    assert bench.main(["--rescore", str(ROOT / "docs" / "scaling.json"), "--profile",
+                       str(ROOT / "bench" / "profiles" / "cartpole-dqn-2core.json"),
+                       "--set", "spec.staleness.replayRatio=2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bench"] == "scaling-rescore" and out["median_abs_error"] == res["median_abs_error"]
 
 
 def test_rebalance_sees_a_sample_bound_learner_through_its_capacity():

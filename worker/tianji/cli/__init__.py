@@ -65,6 +65,10 @@ def _plan(a: argparse.Namespace) -> int:
 
 
 def _profile(a: argparse.Namespace) -> int:
+    if a.link_serve or a.link_measure:  # no torch needed: a pod can serve this from a bare image
+        from tianji.runtime.linkprobe import link_command
+
+        return link_command(a)
     from tianji.runtime.profiler import profile_command
 
     return profile_command(a)
@@ -125,7 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(fn=_plan)
 
     pr = sub.add_parser("profile", help="measure actor and learner throughput on this machine")
-    pr.add_argument("job")
+    pr.add_argument("job", nargs="?", help="TianJiJob manifest (not with --link-serve / --link-measure)")
+    pr.add_argument("--link-serve", metavar="[HOST:]PORT",
+                    help="answer a --link-measure peer on tcp HOST:PORT (default host 0.0.0.0; plaintext, "
+                         "zeros only) until --link-serve-seconds or Ctrl-C")
+    pr.add_argument("--link-serve-seconds", type=float, help="stop serving after this long")
+    pr.add_argument("--link-measure", metavar="HOST:PORT",
+                    help="measure bandwidth and latency to a --link-serve peer over ZeroMQ tcp for --seconds; "
+                         "with --out, write them into that profile file (kept otherwise)")
+    pr.add_argument("--link-bytes", type=int, default=4 << 20, help="payload of a bandwidth round trip")
     pr.add_argument("--seconds", type=float, default=3.0, help="measuring time per component")
     pr.add_argument("--out", help="write the profile JSON here (default: stdout)")
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from tianji.control.plan import Plan, PlanError, default_profile, load_profile, plan
+from tianji.control.plan import Plan, PlanError, default_profile, load_profile, plan, plan_on_host
 from tianji.control.spec import load_job
 
 
@@ -18,7 +18,7 @@ def _fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.2f}"
 
 
-def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int) -> None:
+def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int, host: dict | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -53,7 +53,9 @@ def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int) -> Non
                           f"{p.learner.cpu:g} cores"
                           + (" (GPU)" if p.learner.gpu else "")),
         ("extrapolated", "; ".join(p.extrapolated) or "nothing: every term within the measured range"),
-    ]:
+    ] + ([("on one shared host", f"(tianji run: roles take turns) produced {_fmt_rate(host['produced_fps'])} "
+                                 f"frames/s, consumed {_fmt_rate(host['consumed_sps'])} samples/s, "
+                                 f"{host['bottleneck']}")] if host else []):
         s.add_row(k, v)
     c = Console()
     c.print(t)
@@ -77,10 +79,17 @@ def plan_command(args: argparse.Namespace) -> int:
     except ValueError as e:  # bad profile file
         print(f"tianji plan: bad profile: {e}", file=sys.stderr)
         return 2
+    # One machine, no GPU learner: what `tianji run` would see, the roles sharing its cores.
+    host = None
+    if (args.nodes or 1) == 1 and not result.learner.gpu:
+        h = plan_on_host(job, result, profile, float(args.cpus))
+        host = {k: h[k] for k in ("produced_fps", "consumed_sps", "bottleneck", "actor_share", "learner_share")}
     if args.json:
         out = result.to_json()
         out["profile"] = profile.to_json()
+        if host:
+            out["on_host"] = host
         print(json.dumps(out, indent=2))
     else:
-        _print_table(job.name, result, source, args.cpus, args.gpus or 0)
+        _print_table(job.name, result, source, args.cpus, args.gpus or 0, host)
     return 0

@@ -39,6 +39,13 @@ Link time of one update (the busiest process's link; latency once):
     buffer:   (B/r·b_s + B·b_batch)·n_l/n_b                     bytes
     T_net   = max(learner, buffer)/bw + λ
 
+Roles sharing one host (`tianji run`; plan.predict_on_host): actors and learners take
+turns, and so do synchronised groups (host_turns below, a measured rule): per batch
+
+    T = max(g·(T_A(a) + T_learn(l)), T_C)
+
+with a, l each role's max-min fair share of the cores within its own phase.
+
 Time to target. The samples a run needs to reach its target grow with the
 effective batch and, for on-policy learning, with policy lag. Stated rule:
 
@@ -74,8 +81,12 @@ class LinkModel:
     latency_s: float
 
 
-def link_for(link, nodes: int, ipc_bytes_per_second: Optional[float]) -> LinkModel:
-    """`link` = spec.network.link, or None: loopback on one node / ethernet-10g across nodes."""
+def link_for(link, nodes: int, ipc_bytes_per_second: Optional[float],
+             measured: Optional[tuple[float, float]] = None) -> LinkModel:
+    """`link` = spec.network.link, or None: loopback on one node; across nodes the link the
+    profile measured between two hosts (`measured` = (bytes/s, one-way s)), else ethernet-10g."""
+    if link is None and nodes > 1 and measured is not None:
+        return LinkModel("measured", float(measured[0]), float(measured[1]))
     preset = link.preset if link is not None else ("loopback" if nodes <= 1 else "ethernet-10g")
     if link is not None and link.preset is None:
         return LinkModel("custom", link.bandwidth_gbps * 1e9 / 8, link.latency_us * 1e-6)
@@ -179,3 +190,39 @@ def max_min_shares(demands: list[float], cores: float) -> list[float]:
                 shares[j] = fair
             break
     return shares
+
+
+def host_turns(cores: float, actors: int, buffers: int, learners: int, learner_threads: float,
+               buffer_demand: float, background: float = 0.0) -> tuple[float, float, float]:
+    """CPU shares (actor, buffer, learner; cores per process) when a job's roles share one host.
+
+    Measured rule (bench/scaling.py, docs/scaling.json; DQN CartPole at replay ratio 2 on 2
+    cores): co-located actors and learners take turns. They are coupled by the replay limiter,
+    the credit window and actor pacing, and do not run side by side: per point the actors'
+    busy wall share (their CPU over min(n_a, cores)) plus the learner's (its CPU over its
+    threads) came to 0.97-1.2, while the roles together used only 1.2-1.8 of the 2 cores. So
+    each role, in its phase, competes only with the buffers (which serve both phases) and
+    other work, max-min fairly:
+
+        actor phase:    max_min_shares([1]·n_a + [d_b]·n_b + bg, cores)    -> a (per actor)
+        learner phase:  max_min_shares([t]·n_l + [d_b]·n_b + bg, cores)    -> l (per learner)
+        buffer:         its share in the busier phase (the smaller of the two)
+
+    with d_b the buffer's busy share, t the learner's threads and bg `background` busy
+    processes (each a demand of at most one core). More actors thus take nothing from the
+    learner; they only shorten the actor phase until it uses every core. A turn of one batch
+    lasts T_A(a) + T_learn(l).
+
+    Synchronised groups on one host take turns with each other too (arguments: one group's
+    processes): every gradient step ends in an all-reduce that waits for all ranks, and the
+    groups' turns were measured to add up, not overlap (2 groups of 1 actor, 1 buffer and 1
+    learner on 2 cores consumed 14,972 samples/s, one group 21,702), so g groups take
+    T = g·(T_A + T_learn) per batch of each (plan._predict with turns=g).
+    """
+    n_bg = int(math.ceil(background))
+    bgd = [background / n_bg] * n_bg if n_bg else []
+    ash = max_min_shares([1.0] * actors + [buffer_demand] * buffers + bgd, cores)
+    lsh = max_min_shares([learner_threads] * learners + [buffer_demand] * buffers + bgd, cores)
+    a = ash[0]
+    b = min(ash[actors], lsh[learners]) if buffers else 0.0
+    return a, b, lsh[0]

@@ -57,6 +57,8 @@ The bottleneck (paper §3.3) is communication-bound if T_C > max(T_A, T_L + T_AR
 and spends more time in all-reduce and broadcast than computing (T_AR + T_P > T_L),
 else sample-bound if T_A > T_L + T_AR + T_P, else training-bound. Predicted consumption is g·n_l·B/T;
 production is TR_A, capped at pace_headroom·(learner capacity)/r when actors pace.
+On one shared host (`predict_on_host`, what `tianji run` gets) the roles take turns
+instead (costmodel.host_turns): T = max(g·(T_A + T_learn), T_C), production = consumption/r.
 
 Design choice (issue 13): groups synchronise by a blocking all-reduce per gradient
 step and grow the effective batch with the learning rate unchanged. The objective
@@ -98,7 +100,7 @@ class PlanError(ValueError):
 
 # ----------------------------------------------------------------- profile
 OPTIONAL_PROFILE_KEYS = ("learner_thread_scaling", "param_bytes", "allreduce_seconds", "ipc_bytes_per_second",
-                         "gpu_assumed")
+                         "gpu_assumed", "link_bytes_per_second", "link_latency_s")
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,9 @@ class Profile:
     allreduce_seconds: Optional[dict] = None  # ranks -> seconds of one gradient all-reduce (gloo, loopback)
     ipc_bytes_per_second: Optional[float] = None  # loopback bandwidth seen by one fragment message
     gpu_assumed: bool = False  # learner_sps_per_gpu is a built-in guess (default_profile), not measured
+    # Measured between two hosts (`tianji profile --link-measure`); None: the spec's link or ethernet-10g.
+    link_bytes_per_second: Optional[float] = None
+    link_latency_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("learner_thread_scaling", "allreduce_seconds"):
@@ -127,10 +132,15 @@ class Profile:
                     int(k) >= 1 and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for k, v in d.items()):
                 raise ValueError(f"profile.{name} must map counts >= 1 to finite numbers >= 0, got {d!r}")
             object.__setattr__(self, name, {int(k): float(v) for k, v in d.items()})
-        for name in ("param_bytes", "ipc_bytes_per_second"):
+        for name in ("param_bytes", "ipc_bytes_per_second", "link_bytes_per_second"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"profile.{name} must be > 0 or null, got {v!r}")
+        lat = self.link_latency_s
+        if lat is not None and not (math.isfinite(lat) and 0 <= lat <= 10):
+            raise ValueError(f"profile.link_latency_s must be in [0, 10] seconds or null, got {lat!r}")
+        if (self.link_bytes_per_second is None) != (lat is None):
+            raise ValueError("profile: give both link_bytes_per_second and link_latency_s, or neither")
         for name in ("actor_fps_per_core", "learner_sps_per_core"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"profile.{name} must be > 0, got {getattr(self, name)!r}")
@@ -175,6 +185,12 @@ class Profile:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def measured_link(self) -> Optional[tuple[float, float]]:
+        """(bytes/s, one-way latency s) measured between two hosts, or None."""
+        if self.link_bytes_per_second is None or self.link_latency_s is None:
+            return None
+        return self.link_bytes_per_second, self.link_latency_s
 
 
 def load_profile(path) -> Profile:
@@ -325,11 +341,16 @@ def _learner_rate(p: Profile, cl: float, gl: int) -> tuple[float, bool]:
 
 def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
              ca: float, cb: float, cl: float, gl: int, nodes: int = 1,
-             actor_share: Optional[float] = None, learner_rate: Optional[float] = None) -> dict:
+             actor_share: Optional[float] = None, learner_rate: Optional[float] = None,
+             turns: int = 0) -> dict:
     """Throughput, staleness, bottleneck and efficiency of one topology (module docstrings).
 
     `actor_share`, `learner_rate`: what one actor's CPU share and one learner actually get on a
-    shared host (predict_on_host); default: the requests c_a and s_L(c_l).
+    shared host (predict_on_host); default: the requests c_a and s_L(c_l). `turns` = k ≥ 1:
+    actors and learners take turns on one host, and so do the k synchronised groups
+    (costmodel.host_turns): T = max(k·(T_A + T_learn), T_C), the learner waits out every
+    actor phase (sample-bound unless communication-bound), and production is the
+    consumption over r.
 
     Expected policy lag, in learner versions, with U = 1/T updates per second:
         U·F/(TR_A/(g·n_a))      a fragment carries the version at its start
@@ -346,7 +367,7 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     per_learner, beyond_curve = _learner_rate(p, cl, gl)
     per_learner = per_learner if learner_rate is None else learner_rate
     tr_l = g * nl * per_learner
-    link = costmodel.link_for(s.network.link, nodes, p.ipc_bytes_per_second)
+    link = costmodel.link_for(s.network.link, nodes, p.ipc_bytes_per_second, p.measured_link())
     loopback = costmodel.link_for(None, 1, p.ipc_bytes_per_second)  # where all-reduce was measured
     P = p.param_bytes or costmodel.param_bytes_estimate(job)
     ranks = g * nl
@@ -365,22 +386,31 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     copy = P / (p.ipc_bytes_per_second or costmodel.LOOPBACK_BYTES_PER_S) / s.staleness.publish_every
     t_pub = (1 + na / nl) * copy
     t_learn = t_l + t_ar + t_pub
-    t = max(t_a, t_learn, t_c)
+
+    def total(t_a: float) -> float:
+        return max(turns * (t_a + t_learn), t_c) if turns else max(t_a, t_learn, t_c)
+
+    t = total(t_a)
     busy_params = min(0.95, copy / t)  # share of an actor's CPU spent taking parameters in
     if busy_params > 0.01:
         tr_a *= 1 - busy_params
         t_a = (B / r) / (tr_a / (g * nl))
-        t = max(t_a, t_learn, t_c)
-    if t_c > max(t_a, t_learn) + _EPS * t or (t_learn >= t_a and t_ar + t_pub > t_l):
+        t = total(t_a)
+    work = turns * (t_a + t_learn) if turns else max(t_a, t_learn)
+    if t_c > work + _EPS * t or ((turns or t_learn >= t_a) and t_ar + t_pub > t_l):
         kind = COMMUNICATION_BOUND
-    elif t_a > t_learn * (1 + _EPS):
+    elif turns or t_a > t_learn * (1 + _EPS):
         kind = SAMPLE_BOUND
     else:
         kind = TRAINING_BOUND
     consumed = g * nl * B / t
-    # Paced actors aim at headroom x what the learners can take (their advertised capacity).
-    produced = min(tr_a, s.staleness.pace_headroom * min(tr_l, consumed * t / t_learn) / r) \
-        if s.staleness.pace_actors else tr_a
+    if turns:  # actors produce only in their phase: what the learners take in, nothing more
+        produced = consumed / r
+    elif s.staleness.pace_actors:
+        # Paced actors aim at headroom x what the learners can take (their advertised capacity).
+        produced = min(tr_a, s.staleness.pace_headroom * min(tr_l, consumed * t / t_learn) / r)
+    else:
+        produced = tr_a
     u = 1.0 / t
     lag = u * F / (produced / (g * na)) + (s.staleness.publish_every - 1) / 2
     lag += s.staleness.credit_window if kind == TRAINING_BOUND else 0.5
@@ -730,41 +760,47 @@ def resolve(job: TianJiJob, profile: Optional[Profile] = None) -> tuple[TianJiJo
 def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: float = 0.0,
                     learner_threads: Optional[int] = None) -> dict:
     """The same model for `tianji run` on one machine, where processes are not limited to
-    their requests: the scheduler gives each busy process a max-min fair share of the
-    `cores` (costmodel.max_min_shares), next to `background` busy processes of other work.
+    their requests. Co-located actors and learners take turns, and so do synchronised groups
+    (costmodel.host_turns): per batch the actors' phase and the learner's phase add up, over
+    the g groups, T = max(g·(T_A + T_learn), T_C), and each phase gets a max-min fair share
+    of the `cores` (costmodel.max_min_shares) beside `background` busy processes of other
+    work and the buffers' busy share:
 
-    Demands: an actor 1 core (paced: the share its paced rate needs, produced/(g·n_a·f_a));
-    a learner its torch threads; a buffer μ·(messages in + batches out)/s, at most 1.
-    Shares and rates are iterated to a fixed point (20 rounds). A learner given s of its t
-    threads runs at s_L(t)·s/t. Returns _predict's dict plus the shares used."""
+        actor phase:    n_a actors of a group (demand 1 core each)  -> share a of a core each
+        learner phase:  n_l learners of a group (demand t threads)   -> share l each
+
+    A buffer's capacity (for T_C) is the share it would get busy (demand 1) in those phases.
+
+    A learner given l of its t threads runs at s_L(t)·l/t. Returns _predict's dict plus the
+    shares used (actor_share, learner_share: per process within its phase)."""
     s = job.spec
     t = s.topology
     g, na, nb, nl = t.groups, t.actors, t.buffers, t.learners
     threads = learner_threads or s.resources.learner.threads or _threads(s.resources.learner.cpu)
     full = costmodel.learner_sps(profile.learner_sps_per_core, profile.learner_thread_scaling, threads)[0]
-    d_a, d_b, d_l = 1.0, 0.5, float(threads)
     bg = max(0.0, background)
-    n_bg = int(math.ceil(bg))
+    d_b = 0.1
     pred: dict = {}
-    for _ in range(20):
-        demands = [d_a] * (g * na) + [d_b] * (g * nb) + [d_l] * (g * nl) + [bg / max(n_bg, 1)] * n_bg
-        shares = costmodel.max_min_shares(demands, cores)
-        sa, sb, sl = shares[0], shares[g * na], shares[g * na + g * nb]
-        # Capacity: what a process could reach with the cores nobody uses (paced actors and
-        # a light buffer leave some), not just what it uses now.
-        spare = max(0.0, cores - sum(shares))
-        ca_cap = min(1.0, sa + spare / (g * na))
-        cb_cap = min(1.0, sb + spare / (g * nb))
-        cl_cap = min(float(threads), sl + spare / (g * nl))
-        pred = _predict(job, profile, g, na, nb, nl, 1.0, max(cb_cap, _EPS), float(threads), 0,
-                        actor_share=ca_cap, learner_rate=full * min(1.0, cl_cap / threads))
-        if s.staleness.pace_actors:
-            d_a = min(1.0, pred["produced_fps"] / (g * na * profile.actor_fps_per_core))
+    for _ in range(5):  # the buffers' share depends on the rates: a few rounds reach the fixed point
+        sa, sb, sl = costmodel.host_turns(cores, na, nb, nl, float(threads), d_b, bg)
+        cb = costmodel.host_turns(cores, na, nb, nl, float(threads), 1.0, bg)[1]  # its share were it busy
+        pred = _predict(job, profile, g, na, nb, nl, 1.0, max(cb, _EPS), float(threads), 0,
+                        actor_share=sa, learner_rate=full * min(1.0, sl / threads), turns=g)
         msgs = (pred["produced_fps"] + pred["consumed_sps"]) / profile.fragment_samples / (g * nb)
         d_b = min(1.0, max(0.05, msgs * profile.message_seconds))
     pred.update({"actor_share": sa, "buffer_share": sb, "learner_share": sl, "host_cores": cores,
                  "background": bg})
     return pred
+
+
+def plan_on_host(job: TianJiJob, p: Plan, profile: Profile, cores: float, background: float = 0.0) -> dict:
+    """predict_on_host for the topology `p` (what `tianji run` starts on one machine of `cores`):
+    the figures `tianji plan` shows beside the plan's own when everything shares one host."""
+    doc = job.to_manifest()
+    doc["spec"]["topology"] = {"auto": False, **p.topology()}
+    doc["spec"]["algorithm"]["batchSize"] = p.batch_size
+    return predict_on_host(TianJiJob.model_validate(doc), profile, cores, background,
+                           learner_threads=p.learner.threads)
 
 
 def predict_with_shares(job: TianJiJob, profile: Profile, actor_share: float, buffer_share: float,

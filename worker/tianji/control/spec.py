@@ -468,8 +468,9 @@ class Network(_Model):
         None, json_schema_extra={"pattern": r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}$"},
         description="hostNetwork only: the node interface whose IPv4 address the data sockets bind on and "
                     "peers connect to, e.g. ib0 (ZeroMQ over TCP on IPoIB); unset: the node's IP")
-    link: Optional[Link] = Field(None, description="for the planner; unset: loopback on one node, "
-                                                   "ethernet-10g across nodes")
+    link: Optional[Link] = Field(None, description="for the planner; unset: loopback on one node, across nodes "
+                                                   "the profile's measured link (tianji profile --link-measure), "
+                                                   "else ethernet-10g")
 
     @field_validator("rdma")
     @classmethod
