@@ -5,6 +5,7 @@ module from the same spec and seed, so version 0 is identical everywhere.
 """
 from __future__ import annotations
 
+import copy
 from typing import Iterable
 
 import numpy as np
@@ -36,7 +37,8 @@ class NatureCNN(nn.Module):
         self.out_dim = 512
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.float() / 255.0)
+        # uint8 → float32 then an in-place divide: one [B, C, 84, 84] float temporary, not two (same values)
+        return self.net(x.float().div_(255.0) if x.dtype == torch.uint8 else x / 255.0)
 
 
 def mlp(in_dim: int, hidden: list[int], act: str, out_dim: int, out_gain: float) -> nn.Sequential:
@@ -122,6 +124,57 @@ def build_model(algorithm, cfg: ModelConfig, info: EnvInfo, seed: int, imports: 
     return ActorCritic(cfg, info, normalize_obs=enabled(get("normalize_observations"), info),
                        normalize_rewards=enabled(get("normalize_rewards"), info),
                        init_log_std=get("init_log_std", 0.0))
+
+
+class Bf16Policy(nn.Module):
+    """The actor's bfloat16 copy of `model` for acting (spec.model.actorPrecision: bfloat16).
+
+    Parameters are held in bf16 and the forward runs under CPU autocast, so convolutions and
+    matrix products use the CPU's bf16 dot products (AVX512-BF16 / AMX) without re-casting
+    the weights per call; outputs come back as float32. Everything the actor samples and stores
+    (actions, PPO's behaviour log-probs) is computed from these outputs, so the stored log-prob is
+    that of the policy actually sampled from; the learner's float32 policy differs from it by the
+    bf16 rounding, which PPO's ratio / V-trace's weights see as (slightly) off-policy data.
+    `sync()` after every parameter load (the float32 `source` stays the master copy)."""
+
+    def __init__(self, source: nn.Module):
+        super().__init__()
+        self.inner = copy.deepcopy(source).eval()
+        for p in self.inner.parameters():  # buffers (normalisation statistics) stay float32
+            p.requires_grad_(False)
+            if p.is_floating_point():
+                p.data = p.data.to(torch.bfloat16)
+        self._source = [source]  # a list: not registered as a submodule (no second state_dict)
+        self.continuous = bool(getattr(source, "continuous", False))
+
+    @property
+    def log_std(self) -> torch.Tensor:
+        return self._source[0].log_std  # the Gaussian's std stays float32 (distributions.act_gaussian)
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        own = self.inner.state_dict()
+        for k, v in self._source[0].state_dict().items():
+            own[k].copy_(v)  # casts to the copy's dtype
+
+    @staticmethod
+    def _float(out):
+        if isinstance(out, tuple):
+            return tuple(o.float() for o in out)
+        return out.float()
+
+    def forward(self, obs: torch.Tensor):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self._float(self.inner(obs))
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.inner.logits(obs).float()
+
+
+def actor_policy(model: nn.Module, precision: str) -> nn.Module:
+    """What an actor acts with: `model` itself (float32, exact) or its bf16 copy."""
+    return Bf16Policy(model) if precision == "bfloat16" else model
 
 
 def state_arrays(model: nn.Module) -> dict[str, np.ndarray]:

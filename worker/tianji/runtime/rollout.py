@@ -16,7 +16,7 @@ import numpy as np
 from tianji.algos import dqn, ppo
 from tianji.algos.distributions import clip_to_bounds
 from tianji.envs import check_declared, env_info, make_vec_env, split
-from tianji.algos.models import build_model
+from tianji.algos.models import actor_policy, build_model
 from tianji.control.spec import JobSpec
 
 
@@ -30,6 +30,7 @@ class Rollout:
         check_declared(spec.env, self.info)
         self.model = build_model(spec.algorithm, spec.model, self.info, spec.env.seed, spec.env.imports)
         self.model.eval()
+        self.policy = actor_policy(self.model, spec.model.actor_precision)  # what act() runs
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.reset()
@@ -54,10 +55,15 @@ class Rollout:
         reached a buffer; before its first publish this actor's own frames x actors stand in."""
         return dqn.epsilon(self.spec.algorithm, max(self.global_frames, self.frames * self.frames_scale))
 
+    def params_loaded(self) -> None:
+        """Call after loading new parameters into `self.model` (refreshes a bf16 acting copy)."""
+        if self.policy is not self.model:
+            self.policy.sync()
+
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
         if self.algo == "ppo":
-            return ppo.act(self.model, obs, self.rng)
-        return dqn.act(self.model, obs, self.epsilon(), self.rng, self.info.n_actions)
+            return ppo.act(self.policy, obs, self.rng)
+        return dqn.act(self.policy, obs, self.epsilon(), self.rng, self.info.n_actions)
 
     def _new_fragment(self) -> dict[str, np.ndarray]:
         """Fresh arrays per fragment: a zero-copy send may still own the previous ones."""

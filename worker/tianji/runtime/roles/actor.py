@@ -182,6 +182,7 @@ class Actor(Role):
             load_arrays(self.model, msg.arrays)
         except ValueError as e:
             raise WireError("params", str(e)) from None
+        self.rollout.params_loaded()
         self.version = msg.policy_version
         self.metrics.set("policy_version", self.version)
         if frames is not None:

@@ -1,0 +1,134 @@
+"""Where an Atari actor's CPU goes, per agent step. Prints one JSON object.
+
+    python bench/actor_profile.py [--job examples/pong-dqn.yaml] [--num-envs 8,16,32] [--steps 200] [--set K=V]
+
+Per num_envs, CPU µs (time.process_time: every thread of this process, ALE's included) per
+agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE thread):
+  env_step   the preprocessed vector env alone, random actions;
+  policy     Rollout.act (forward + action selection) at the job's actorPrecision, and the
+             float32 / bfloat16 forward alone (`forward_fp32`, `forward_bf16`);
+  writes     the fragment writes of one step (obs copy + the small arrays);
+  loop       whole fragments; `other` = loop - env_step - policy - writes.
+Also the Nature CNN's FLOPs per frame, the GFLOP/s its float32 forward reaches and this
+core's float32 / bfloat16 matmul GFLOP/s (1024^3), i.e. the physical bound on inference,
+and `ratio_bound_fp32` = env_step / (env_step + FLOPs / fp32 matmul peak): the best
+actor/env ratio float32 inference allows on this CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "worker"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def nature_cnn_flops(c: int = 4, n_actions: int = 6) -> int:
+    macs = (20 * 20 * 32 * c * 8 * 8 + 9 * 9 * 64 * 32 * 4 * 4 + 7 * 7 * 64 * 64 * 3 * 3
+            + 64 * 7 * 7 * 512 + 512 * n_actions)
+    return 2 * macs
+
+
+def matmul_gflops(dtype, n: int = 1024, reps: int = 20) -> float:
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    t0 = time.process_time()
+    for _ in range(reps):
+        a @ b
+    return 2 * n ** 3 * reps / (time.process_time() - t0) / 1e9
+
+
+def profile(job_path: str, sets: list, n: int, steps: int) -> dict:
+    import numpy as np
+    import torch
+
+    from tianji.algos.models import Bf16Policy
+    from tianji.control.spec import load_job
+    from tianji.runtime.profiler import ActorLoop
+
+    cpu = time.process_time
+    loop = ActorLoop(load_job(job_path, [*sets, f"spec.env.numEnvs={n}"]))
+    try:
+        loop.fragment()  # warm-up
+        rng = np.random.default_rng(0)
+        per = lambda t0, k: (cpu() - t0) / (k * n) * 1e6  # noqa: E731
+        t0 = cpu()
+        for _ in range(steps):
+            loop.env.step(rng.integers(0, loop.info.n_actions, n))
+        env_us = per(t0, steps)
+        obs = loop.obs
+        t0 = cpu()
+        for _ in range(steps):
+            loop.act(obs)
+        act_us = per(t0, steps)
+        x = torch.from_numpy(obs)
+        fwd = {}
+        for name, m in (("fp32", loop.model), ("bf16", Bf16Policy(loop.model))):
+            with torch.inference_mode():
+                m(x)
+                t0 = cpu()
+                for _ in range(steps):
+                    m(x)
+            fwd[name] = per(t0, steps)
+        buf = loop._new_fragment()
+        a, r, d = np.zeros(n, np.int64), np.zeros(n, np.float64), np.zeros(n, bool)
+        t0 = cpu()
+        for i in range(steps):
+            t = i % loop.T
+            buf["obs"][t] = obs
+            buf["actions"][t] = a
+            buf["valid"][t] = ~d
+            buf["dones"][t] = d
+            buf["terminated"][t] = d
+            buf["rewards"][t] = np.sign(r)
+        wr_us = per(t0, steps)
+        frags = max(2, steps // loop.T)
+        t0 = cpu()
+        for _ in range(frags):
+            loop.fragment()
+        loop_us = per(t0, frags * loop.T)
+        return {"num_envs": n, "env_step_us": round(env_us, 1), "policy_us": round(act_us, 1),
+                "forward_fp32_us": round(fwd["fp32"], 1), "forward_bf16_us": round(fwd["bf16"], 1),
+                "writes_us": round(wr_us, 1), "loop_us": round(loop_us, 1),
+                "other_us": round(loop_us - env_us - act_us - wr_us, 1),
+                "ratio_per_cpu_second": round(env_us / loop_us, 3),
+                "forward_fp32_gflops": round(nature_cnn_flops(loop.info.obs_shape[0], loop.info.n_actions)
+                                             / fwd["fp32"] / 1e3, 1)}
+    finally:
+        loop.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--job", default=str(ROOT / "examples" / "pong-dqn.yaml"))
+    ap.add_argument("--num-envs", default="8,16,32")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # as in an actor
+    rows = [profile(a.job, a.set, int(n), a.steps) for n in a.num_envs.split(",")]
+    flops = nature_cnn_flops()
+    peak32, peak16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    env_us = rows[0]["env_step_us"]
+    bound_us = flops / peak32 / 1e3
+    print(json.dumps({"bench": "actor_profile", "job": a.job, "sets": a.set, "points": rows,
+                      "nature_cnn_mflop_per_frame": round(flops / 1e6, 2),
+                      "matmul_gflops_fp32": round(peak32, 1), "matmul_gflops_bf16": round(peak16, 1),
+                      "inference_bound_fp32_us": round(bound_us, 1),
+                      "ratio_bound_fp32": round(env_us / (env_us + bound_us), 3),
+                      "torch_threads": torch.get_num_threads(), "loadavg": list(os.getloadavg())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
