@@ -1,13 +1,16 @@
 """Time to solve CartPole: TianJi (`tianji run`) vs a single-process Stable-Baselines3 baseline.
 
 Runs, side by side in one invocation, for each algorithm and seed:
-  * TianJi on examples/cartpole-{ppo,dqn}.yaml, stopping at mean-100 >= 475;
+  * TianJi on examples/cartpole-{ppo,dqn}.yaml (with --stop-at-target, stopping at mean-100 >= 475);
   * SB3 with rl-zoo's CartPole hyperparameters, in its own process, one torch thread (--sb3-threads);
   * with --spawn, TianJi again with each worker spawned afresh (no pre-imported template).
 Both clocks start when the process is launched (imports and start-up included)
 and read the first time the mean of the last 100 finished episodes reaches 300
-and 475. TianJi's 300-crossing is read from metrics.jsonl (1 s records), its
-475-crossing from summary.json. Prints one JSON object.
+and 475. TianJi's crossings are read from metrics.jsonl (1 s records; with --stop-at-target the
+475-crossing from summary.json). Unless --stop-at-target, every run goes on to the budget (SB3: to
+rl-zoo's n_timesteps or the budget) and reports, per target, its stability after the first crossing:
+the minimum and final mean-100 and held_fraction, the share of the remaining time at or above it.
+Prints one JSON object.
 
     python bench/converge.py [--algos ppo,dqn] [--seeds 1,2,3] [--budget-s 300]
     python bench/converge.py --topology auto     # TianJi with `topology: auto` vs the hand-picked one
@@ -42,19 +45,25 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 algo, seed = sys.argv[1], int(sys.argv[2])
 thresholds = %(thresholds)r
+budget_s, stop_at_target = float(sys.argv[4]), sys.argv[5] == "1"
 class Watch(BaseCallback):
     def __init__(self):
-        super().__init__(); self.rets = collections.deque(maxlen=100); self.hit = {}
+        super().__init__(); self.rets = collections.deque(maxlen=100); self.hit = {}; self.curve = []
     def _on_step(self):
+        now = time.time() - t_launch
         for info in self.locals.get("infos", []):
             if "episode" in info:
                 self.rets.append(info["episode"]["r"])
+                if len(self.rets) == 100:  # the monitor curve: mean-100 after every finished episode
+                    self.curve.append((round(now, 3), float(np.mean(self.rets)), self.num_timesteps))
         if len(self.rets) == 100:
             m = float(np.mean(self.rets))
             for th in thresholds:
                 if m >= th and th not in self.hit:
-                    self.hit[th] = time.time() - t_launch
-        return len(self.hit) < len(thresholds)
+                    self.hit[th] = now
+        if now >= budget_s:
+            return False
+        return len(self.hit) < len(thresholds) or not stop_at_target
 lin = lambda v: (lambda p: p * v)
 if algo == "ppo":
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
@@ -70,15 +79,41 @@ else:
     steps = 50_000  # rl-zoo n_timesteps
 w = Watch()
 model.learn(total_timesteps=steps, callback=w)
-print(json.dumps({str(k): v for k, v in w.hit.items()}))
+print(json.dumps({"hit": {str(k): v for k, v in w.hit.items()}, "curve": w.curve, "end_s": time.time() - t_launch}))
 '''
 
 
-def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env: dict | None = None) -> dict:
+def stability(curve: list[tuple], end_s: float | None = None) -> dict:
+    """Per target, from a (seconds, mean-100[, env frames]) curve: after the first crossing, the minimum and the
+    final mean-100 and `held_fraction`, the share of the remaining time (to end_s, else the last point) that
+    mean-100 stayed >= the target (each point holds until the next); with frames, those at the crossing."""
+    out = {}
+    for th in THRESHOLDS:
+        i = next((k for k, p in enumerate(curve) if p[1] >= th), None)
+        if i is None:
+            out[str(th)] = None
+            continue
+        rest = curve[i:]
+        end = max(end_s if end_s is not None else rest[-1][0], rest[-1][0])
+        span = end - rest[0][0]
+        held = sum(min(q[0], end) - p[0] for p, q in zip(rest, [*rest[1:], (end,)]) if p[1] >= th)
+        out[str(th)] = {"after_s": round(rest[0][0], 2), "min": round(min(p[1] for p in rest), 1),
+                        "final": round(rest[-1][1], 1), "held_fraction": round(held / span, 3) if span > 0 else 1.0}
+        if len(rest[0]) > 2:
+            out[str(th)]["frames_at"] = int(rest[0][2])
+    return out
+
+
+def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env: dict | None = None,
+               stop_at_target: bool = False) -> dict:
     run = Path(tempfile.mkdtemp(prefix=f"conv-{algo}-"))
     job = ROOT / "examples" / f"cartpole-{algo}.yaml"
+    # Without --stop-at-target the run goes on for the whole budget (475 is unreachable as a stop:
+    # mean-100 tops out at 500 only if every episode is perfect, so stop at 501), so that stability is seen.
+    stop = "475" if stop_at_target else "501"
     cmd = [sys.executable, "-m", "tianji.cli", "run", str(job), "--run-dir", str(run), "--quiet",
-           "--set", f"spec.env.seed={seed}", "--set", "spec.stop.meanReturn=475",
+           "--set", f"spec.env.seed={seed}", "--set", f"spec.stop.meanReturn={stop}",
+           "--set", "spec.stop.envFrames=100000000",
            "--set", f"spec.stop.seconds={budget_s}", *sum((["--set", o] for o in overrides), [])]
     t_launch = time.time()
     subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=budget_s + 120, env={**os.environ, **(env or {})})
@@ -86,39 +121,61 @@ def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env:
     # The launcher's clock starts after its own imports; job.yaml is written just before it starts,
     # so its mtime moves TianJi's times onto the same launch-to-target clock as SB3's.
     pre = max(0.0, (run / "job.yaml").stat().st_mtime - t_launch)
-    hit = {}
+    hit, curve, q = {}, [], []
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
-        if r["mean_return"] is not None and r["episodes"] >= 100 and r["mean_return"] >= 300 and "300.0" not in hit:
-            hit["300.0"] = r["t"]
-    if s["seconds_to_target"] is not None:
+        if (r.get("learner") or {}).get("q_mean") is not None:
+            q.append(r["learner"]["q_mean"])
+        if r["mean_return"] is None or r["episodes"] < 100:
+            continue
+        curve.append((r["t"] + pre, r["mean_return"], r["env_frames"]))
+        for th in THRESHOLDS:
+            if r["mean_return"] >= th:
+                hit.setdefault(str(th), r["t"])
+    if s["seconds_to_target"] is not None and stop_at_target:  # exact, where the run stopped on it
         hit["475.0"] = s["seconds_to_target"]
         hit.setdefault("300.0", s["seconds_to_target"])
     hit = {k: round(v + pre, 3) for k, v in hit.items()}
-    return {"seconds": hit, "launcher_start_s": round(pre, 3), "env_frames": s["env_frames"], "policy_lag_mean": s["policy_lag"]["mean"],
-            "consumed_sps": round(s["throughput"]["consumed_sps"]), "exit_reason": s["exit_reason"]}
+    out = {"seconds": hit, "launcher_start_s": round(pre, 3), "env_frames": s["env_frames"], "policy_lag_mean": s["policy_lag"]["mean"],
+           "consumed_sps": round(s["throughput"]["consumed_sps"]), "exit_reason": s["exit_reason"],
+           "run_dir": str(run), "stability": stability(curve, curve[-1][0] if curve else None)}
+    if q:
+        out["q_mean_max"], out["q_mean_final"] = round(max(q), 2), round(q[-1], 2)
+    return out
 
 
-def sb3_run(algo: str, seed: int, budget_s: float, threads: int) -> dict:
+def sb3_run(algo: str, seed: int, budget_s: float, threads: int, stop_at_target: bool = False) -> dict:
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         return {"unavailable": "pip install stable-baselines3"}
     script = SB3_SCRIPT % {"threads": threads, "thresholds": THRESHOLDS}
     t = time.time()
-    try:
-        p = subprocess.run([sys.executable, "-c", script, algo, str(seed), repr(t)], capture_output=True, text=True,
-                           timeout=budget_s)
+    try:  # the script stops itself at the budget; the timeout is a backstop
+        p = subprocess.run([sys.executable, "-c", script, algo, str(seed), repr(t), repr(budget_s),
+                            "1" if stop_at_target else "0"], capture_output=True, text=True, timeout=budget_s + 60)
     except subprocess.TimeoutExpired:
         return {"seconds": {}, "timeout": budget_s}
     if p.returncode != 0:
         return {"error": p.stderr[-500:]}
-    return {"seconds": json.loads(p.stdout.strip().splitlines()[-1])}
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    # SB3 runs rl-zoo's n_timesteps (its schedules span exactly those), so its curve may end before the budget.
+    return {"seconds": r["hit"], "end_s": round(r["end_s"], 2),
+            "stability": stability([tuple(c) for c in r["curve"]], r["end_s"])}
 
 
 def med(runs: list[dict], th: str) -> float | None:
     v = [r["seconds"][th] for r in runs if th in r.get("seconds", {})]
     return round(statistics.median(v), 2) if v else None
+
+
+def held(runs: list[dict], th: str) -> dict | None:
+    """Median held_fraction and the worst minimum after the first crossing of th, over the runs that crossed."""
+    st = [r["stability"][th] for r in runs if (r.get("stability") or {}).get(th)]
+    if not st:
+        return None
+    return {"held_fraction_median": round(statistics.median(x["held_fraction"] for x in st), 3),
+            "min_worst": min(x["min"] for x in st), "final_median": round(statistics.median(x["final"] for x in st), 1)}
 
 
 def main() -> None:
@@ -130,6 +187,8 @@ def main() -> None:
                     help="TianJi topology: the example's hand-picked one, the planner's (`auto`), or both")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--sb3-threads", type=int, default=1, help="torch threads of the SB3 process (issue: one)")
+    ap.add_argument("--stop-at-target", action="store_true",
+                    help="stop each run at mean-100 >= 475 (faster; no stability after 475)")
     ap.add_argument("--spawn", action="store_true",
                     help="also run TianJi with every worker spawned afresh (TIANJI_ZYGOTE=0): start-up before/after")
     a = ap.parse_args()
@@ -144,11 +203,13 @@ def main() -> None:
         res: dict = {}
         for seed in seeds:  # interleave systems per seed: shared-machine noise hits both alike
             for v in chosen:
-                res.setdefault(f"tianji_{v}", []).append(tianji_run(algo, seed, a.budget_s, *variants[v]))
+                res.setdefault(f"tianji_{v}", []).append(tianji_run(algo, seed, a.budget_s, *variants[v],
+                                                                    stop_at_target=a.stop_at_target))
             if not a.no_baseline:
-                res.setdefault("sb3", []).append(sb3_run(algo, seed, a.budget_s, a.sb3_threads))
+                res.setdefault("sb3", []).append(sb3_run(algo, seed, a.budget_s, a.sb3_threads, a.stop_at_target))
         summary = {k: {str(th): med(v, str(th)) for th in THRESHOLDS} | {
-            "solved": sum(1 for r in v if str(THRESHOLDS[-1]) in r.get("seconds", {})), "runs": len(v)}
+            "solved": sum(1 for r in v if str(THRESHOLDS[-1]) in r.get("seconds", {})), "runs": len(v),
+            "stability": {str(th): held(v, str(th)) for th in THRESHOLDS}}
             for k, v in res.items()}
         if "sb3" in summary:
             for v in chosen:
