@@ -1,6 +1,6 @@
 """TianJi's wire vs raw pyzmq, PUSH/PULL, ipc:// and tcp://127.0.0.1, 4 KB ... 2 MB.
 
-    python bench/transport.py [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3] [--encryption curve]
+    python bench/transport.py [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3] [--encryption curve] [--compare wire.py]
     python bench/transport.py --experiment collection [--png collection.png]   # the paper's Fig. 5
 
 `--encryption curve` runs every transfer (raw and wire alike) over CurveZMQ with a job key
@@ -16,16 +16,24 @@ For every message size and transport, side by side in one run:
         it zero-copy; the receiver runs `tianji.runtime.wire.decode` with validation
         (job, kind, dtype, shape x itemsize == frame length, size caps).
 
+- base: with `--compare PATH`, the same as wire with another wire.py (e.g. main's, from
+        `git show main:worker/tianji/runtime/wire.py`): before/after in one run. Given a copy
+        of the wire under test, it measures the noise floor (an A/A test: ideally equal).
+
 The sender is another process (fork). Throughput counts payload bytes only,
 timed from the first message received to the last. Each pair is repeated
-`--reps` times, interleaved (raw, wire, raw, wire, ...) so that load from other
-work on the machine hits both alike; the median is reported, with the
+`--reps` times, interleaved (raw, wire, base, then base, wire, raw, ...) so that load
+from other work on the machine hits all alike; the median is reported, with the
 ratio wire/raw. On a shared machine throughput is noisy (+-30 % between
 repetitions), so the CPU time per message of the sending and of the receiving
-process (all threads, via getrusage) is reported too: `cpu_ratio` =
-max(raw send, raw recv) / max(wire send, wire recv) is the throughput ratio to
-expect when the slower side is CPU-bound, and is stable under load. Also
-reported: the in-process CPU cost of encode and decode per message.
+process (all threads, ZeroMQ's I/O thread included, via getrusage) is reported too:
+`cpu_ratio` = max(raw send, raw recv) / max(wire send, wire recv) is the throughput ratio
+to expect when the slower side is CPU-bound. Each of the four is the least over the reps
+(as timeit takes the best time: load only adds CPU per message, through wake-ups and
+cache misses); the median and range of the same ratio taken rep by rep are reported
+beside it, and the Python thread's own CPU per message (time.thread_time, I/O threads
+excluded) as `send_thread` / `recv_thread`. Also reported: the in-process CPU cost of
+encode and decode per message.
 
 Both sides run with the workers' malloc settings (GLIBC_TUNABLES from control/launch.py,
 which every worker gets), unless `--malloc glibc`: with glibc's defaults a receiver of
@@ -56,18 +64,26 @@ from tianji.runtime import wire as _wire  # noqa: E402
 encode, decode, send_frames, recv_frames = _wire.encode, _wire.decode, _wire.send, _wire.recv
 
 
-def _use_wire_module(path: str) -> None:
-    """Benchmark another implementation of the wire (same API), e.g. a proposed change."""
-    global encode, decode, send_frames, recv_frames
+def _load_wire(path: str, name: str = "wire_under_test") -> tuple:
+    """(encode, send, recv, decode) of another implementation of the wire (same API)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("wire_under_test", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
-    encode, decode = mod.encode, mod.decode
-    send_frames = getattr(mod, "send", lambda s, frames: s.send_multipart(frames, copy=False))
-    recv_frames = getattr(mod, "recv", lambda s: s.recv_multipart(copy=False))
+    return (mod.encode, getattr(mod, "send", lambda s, frames: s.send_multipart(frames, copy=False)),
+            getattr(mod, "recv", lambda s: s.recv_multipart(copy=False)), mod.decode)
+
+
+def _use_wire_module(path: str) -> None:
+    """Benchmark another implementation of the wire (same API), e.g. a proposed change."""
+    global encode, decode, send_frames, recv_frames
+    encode, send_frames, recv_frames, decode = _load_wire(path)
+
+
+# mode -> (encode, send, recv, decode); "wire" is the wire under test, "base" the one of --compare
+WIRES: dict = {}
 
 DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20]
 COLLECTION_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20]
@@ -106,17 +122,19 @@ def _sender(addr: str, mode: str, size: int, n: int, done, cpu_q) -> None:
         Curve(ctx, CURVE_KEYS).client(s)
     s.connect(addr)
     arr = np.frombuffer(np.random.bytes(size), dtype=np.uint8)
-    c0 = _cpu()
+    c0, t0 = _cpu(), time.thread_time()
     if mode == "raw":
         for _ in range(n):
             s.send(arr, copy=False)
     else:
+        encode, send_frames = WIRES[mode][:2]
         for i in range(n):
             send_frames(s, encode("fragment", JOB, "actor-0-0", i, 7, {"obs": arr}, {"frames": 256}))
     # Close only after the receiver has everything: libzmq 4.3 can lose the last queued
     # messages of an ipc PUSH with a send HWM at close despite linger (cf. zeromq/libzmq#4660).
+    py = time.thread_time() - t0
     done.wait(RECV_TIMEOUT_S)
-    cpu_q.put(_cpu() - c0)
+    cpu_q.put((_cpu() - c0, py))
     s.close(linger=0)
     ctx.term()
 
@@ -135,11 +153,12 @@ def _run_retry(addr_base: str, mode: str, size: int, n: int, stalls: list) -> tu
     raise RuntimeError(f"{mode} {size} B: stalled 3 times")
 
 
-def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, float, float]:
+def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, ...]:
     """Payload MB/s of one transfer of n messages (timed from the first one received), the
-    CPU µs per message of the sending and of the receiving process, and the receiver's minor
-    page faults per message (glibc returning freed message buffers to the OS and faulting
-    them back in shows here)."""
+    CPU µs per message of the sending and of the receiving process (all threads), the
+    receiver's minor page faults per message (glibc returning freed message buffers to the OS
+    and faulting them back in shows here), and the CPU µs per message of the sending and of
+    the receiving Python thread alone (ZeroMQ's I/O threads and pyzmq's gc thread excluded)."""
     ctx = zmq.Context()
     curve = None
     r = ctx.socket(zmq.PULL)
@@ -158,7 +177,7 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
     p = mpc.Process(target=_sender, args=(addr, mode, size, n, done, cpu_q))
     p.start()
     got = 0
-    c0, f0 = _cpu(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    c0, f0, th0 = _cpu(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.thread_time()
     try:
         if mode == "raw":
             r.recv(copy=False)
@@ -168,6 +187,7 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
                 r.recv(copy=False)
                 got += 1
         else:
+            recv_frames, decode = WIRES[mode][2:]
             decode(recv_frames(r), job=JOB)
             got = 1
             t0 = time.perf_counter()
@@ -181,10 +201,10 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
                 del msg
                 got += 1
         dt = time.perf_counter() - t0
-        recv_cpu = _cpu() - c0
+        recv_cpu, recv_py = _cpu() - c0, time.thread_time() - th0
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         done.set()
-        send_cpu = cpu_q.get(timeout=RECV_TIMEOUT_S)
+        send_cpu, send_py = cpu_q.get(timeout=RECV_TIMEOUT_S)
     except zmq.Again:
         raise Stalled(f"{mode} {size} B: nothing received for {RECV_TIMEOUT_S:g}s after {got} of {n}") from None
     finally:
@@ -197,7 +217,19 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, float, fl
         if curve is not None:
             curve.close()
         ctx.term()
-    return (n - 1) * size / dt / 1e6, send_cpu / n * 1e6, recv_cpu / n * 1e6, faults / n
+    return ((n - 1) * size / dt / 1e6, send_cpu / n * 1e6, recv_cpu / n * 1e6, faults / n,
+            send_py / n * 1e6, recv_py / n * 1e6)
+
+
+def _med(runs: list, i: int) -> float:
+    return statistics.median(x[i] for x in runs)
+
+
+def _cpu_us(runs: list) -> dict:
+    return {"send": round(_med(runs, 1), 1), "recv": round(_med(runs, 2), 1),
+            "send_best": round(min(x[1] for x in runs), 1), "recv_best": round(min(x[2] for x in runs), 1),
+            "send_thread": round(_med(runs, 4), 1), "recv_thread": round(_med(runs, 5), 1),
+            "all": [[round(x[1], 1), round(x[2], 1)] for x in runs]}
 
 
 def _min_cpu_us(fn, reps: int, chunks: int = 10) -> float:
@@ -213,9 +245,12 @@ def _min_cpu_us(fn, reps: int, chunks: int = 10) -> float:
     return best * 1e6
 
 
-def overhead_us(size: int = 4096, reps: int = 20_000) -> dict:
+def overhead_us(size: int = 4096, reps: int = 20_000, fns: tuple | None = None) -> dict:
     """CPU µs per message of encode and of decode (validation included), in process; decode of
-    zmq.Frames received zero-copy, as a receiver gets them."""
+    zmq.Frames received zero-copy, as a receiver gets them. `fns`: (encode, send, recv, decode)
+    of another wire."""
+    encode, send_frames, recv_frames, decode = fns or (globals()["encode"], globals()["send_frames"],
+                                                        globals()["recv_frames"], globals()["decode"])
     arr = np.zeros(size, dtype=np.uint8)
     meta = {"frames": 256}
     # a realistic PPO CartPole fragment: 8 arrays
@@ -261,6 +296,8 @@ def main(argv=None) -> int:
     ap.add_argument("--samples-b", type=int, default=500,
                     help="collection (b): samples streamed per point (time to --samples is scaled from it)")
     ap.add_argument("--png", help="collection: write the figure here (default: no figure)")
+    ap.add_argument("--compare", help="path of another wire.py (e.g. `git show main:worker/tianji/runtime/wire.py`) "
+                    "to run as mode 'base' beside the wire under test, interleaved in the same run")
     ap.add_argument("--wire", help="path of an alternative wire.py to benchmark instead of tianji.runtime.wire")
     ap.add_argument("--malloc", choices=("worker", "glibc"), default="worker",
                     help=f"worker (default): GLIBC_TUNABLES={TUNED_MALLOC}, as the launcher and the operator "
@@ -303,34 +340,54 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="tianji-bench-")
     bases = {"ipc": f"ipc://{tmp}/t", "tcp": "tcp://127.0.0.1:*"}
     guess = {"ipc": 3e9, "tcp": 1.2e9}
+    WIRES["wire"] = (encode, send_frames, recv_frames, decode)
+    if a.compare:
+        WIRES["base"] = _load_wire(a.compare, "wire_base")
+    modes = ["raw", *WIRES]
     t_start = time.perf_counter()
     rows, stalls = [], []
     for size in sizes:
         for tr in a.transports.split(","):
             n = _count(size, a.seconds, guess[tr])
-            raw, wire = [], []
-            for _ in range(a.reps):
-                raw.append(_run_retry(bases[tr], "raw", size, n, stalls))
-                wire.append(_run_retry(bases[tr], "wire", size, n, stalls))
-            med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
-            r, w = med(raw, 0), med(wire, 0)
-            rc = {"send": round(med(raw, 1), 1), "recv": round(med(raw, 2), 1)}
-            wc = {"send": round(med(wire, 1), 1), "recv": round(med(wire, 2), 1)}
-            cpu_ratio = max(rc.values()) / max(wc.values())
-            rows.append({"bytes": size, "transport": tr, "messages": n, "raw_MBps": round(r, 1),
-                         "wire_MBps": round(w, 1), "ratio": round(w / r, 3),
-                         "raw_cpu_us_per_msg": rc, "wire_cpu_us_per_msg": wc, "cpu_ratio": round(cpu_ratio, 3),
-                         "recv_page_faults_per_msg": {"raw": round(med(raw, 3), 1), "wire": round(med(wire, 3), 1)},
-                         "raw_all": [round(x[0]) for x in raw], "wire_all": [round(x[0]) for x in wire]})
-            print(f"  {tr} {size:>8} B: raw {r:8.0f} MB/s  wire {w:8.0f} MB/s  ratio {w / r:.3f}  "
-                  f"cpu µs/msg raw {rc['send']:.0f}/{rc['recv']:.0f} wire {wc['send']:.0f}/{wc['recv']:.0f} "
-                  f"(cpu ratio {cpu_ratio:.3f})", file=sys.stderr)
+            runs = {m: [] for m in modes}
+            for rep in range(a.reps):
+                # interleaved, order reversed every other rep: drift in the machine's load hits all alike
+                for m in (modes if rep % 2 == 0 else modes[::-1]):
+                    runs[m].append(_run_retry(bases[tr], m, size, n, stalls))
+            raw = runs["raw"]
+            row = {"bytes": size, "transport": tr, "messages": n, "raw_MBps": round(_med(raw, 0), 1),
+                   "raw_cpu_us_per_msg": _cpu_us(raw), "raw_all": [round(x[0]) for x in raw]}
+            for m in WIRES:
+                w = runs[m]
+                # CPU ratio: each side's least CPU per message over the reps, as timeit takes the best
+                # time (load only adds CPU: wake-ups, cache misses), raw over wire; beside it the
+                # median and range of the ratios per rep (a wire run against the raw run beside it)
+                best = lambda xs: (min(x[1] for x in xs), min(x[2] for x in xs))  # noqa: E731
+                (rs, rr), (ws, wr) = best(raw), best(w)
+                cpu = [max(r[1], r[2]) / max(x[1], x[2]) for r, x in zip(raw, w)]
+                mbs = [x[0] / r[0] for r, x in zip(raw, w)]
+                p = "" if m == "wire" else f"{m}_"
+                row.update({f"{p}wire_MBps": round(_med(w, 0), 1), f"{p}ratio": round(statistics.median(mbs), 3),
+                            f"{p}wire_cpu_us_per_msg": _cpu_us(w),
+                            f"{p}cpu_ratio": round(max(rs, rr) / max(ws, wr), 3),
+                            f"{p}total_cpu_ratio": round((rs + rr) / (ws + wr), 3),
+                            f"{p}cpu_ratio_per_rep_median": round(statistics.median(cpu), 3),
+                            f"{p}cpu_ratio_per_rep_range": [round(min(cpu), 3), round(max(cpu), 3)],
+                            f"{p}wire_all": [round(x[0]) for x in w],
+                            f"{p}recv_page_faults_per_msg": round(_med(w, 3), 1)})
+            row["raw_recv_page_faults_per_msg"] = round(_med(raw, 3), 1)
+            rows.append(row)
+            print(f"  {tr} {size:>8} B: raw {row['raw_MBps']:8.0f} MB/s  " + "  ".join(
+                f"{m} {row[('' if m == 'wire' else m + '_') + 'wire_MBps']:8.0f} MB/s cpu ratio "
+                f"{row[('' if m == 'wire' else m + '_') + 'cpu_ratio']:.3f} "
+                f"(per rep {row[('' if m == 'wire' else m + '_') + 'cpu_ratio_per_rep_range']})" for m in WIRES), file=sys.stderr)
     try:
         os.rmdir(tmp)
     except OSError:
         pass
     big = [x["ratio"] for x in rows if x["bytes"] >= 64 << 10]
     big_cpu = [x["cpu_ratio"] for x in rows if x["bytes"] >= 64 << 10]
+    big_base = [x["base_cpu_ratio"] for x in rows if x["bytes"] >= 64 << 10 and "base_cpu_ratio" in x]
     out = {
         "bench": "transport", "wire": a.wire or "tianji.runtime.wire", "encryption": a.encryption, "unit": "MB/s of payload (1e6 B/s)", "reps": a.reps,
         "results": rows,
@@ -338,8 +395,12 @@ def main(argv=None) -> int:
         "target_ratio_at_ge_64KB": 0.9,
         "meets_target": (min(big) >= 0.9) if big else None,
         "min_cpu_ratio_at_ge_64KB": min(big_cpu) if big_cpu else None,
+        "cpu_target_met": (min(big_cpu) >= 0.9) if big_cpu else None,
+        **({"compare": a.compare, "base_min_cpu_ratio_at_ge_64KB": min(big_base)} if big_base else {}),
         "stalled_transfers_retried": stalls,
         "wire_overhead_cpu": {k: round(v, 2) for k, v in overhead_us().items()},
+        **({"base_wire_overhead_cpu": {k: round(v, 2) for k, v in overhead_us(fns=WIRES["base"]).items()}}
+           if "base" in WIRES else {}),
         "host": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg()), "pyzmq": zmq.pyzmq_version(),
                  "libzmq": zmq.zmq_version(), "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}, "malloc": a.malloc,
         "seconds": round(time.perf_counter() - t_start, 1),

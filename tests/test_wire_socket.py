@@ -58,3 +58,26 @@ def test_send_noblock_on_a_full_queue_raises_again():
         wire.send(push, encode("credit", "job", "a", 0, 0), zmq.NOBLOCK)
     push.close()
     ctx.term()
+
+
+def test_received_headers_are_checked_in_place_as_zmq_frames(pair):
+    """decode reads a received header from its zmq.Frame without a copy: a pickle stream, garbage,
+    an oversized or a non-contiguous header (a 0-d or a Fortran-order array on the way in) are
+    still told apart, and the next good message decodes."""
+    import pickle
+
+    push, pull = pair
+    for parts, reason in (([pickle.dumps({"k": "fragment", "v": 1})], "pickle"),
+                          ([b"\xc1garbage", b"x"], "header"),
+                          ([b"\x80" + b"\0" * (wire.MAX_HEADER_BYTES + 1)], "size")):
+        push.send_multipart(parts)
+        frames = wire.recv(pull)
+        assert type(frames[0]) is zmq.Frame
+        with pytest.raises(WireError) as e:
+            decode(frames, job="job")
+        assert e.value.reason == reason
+    fortran = np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3))
+    wire.send(push, encode("fragment", "job", "a", 1, 0, {"f": fortran, "s": np.array(2.5)}))
+    msg = decode(wire.recv(pull), job="job")
+    np.testing.assert_array_equal(msg.arrays["f"], fortran)
+    assert msg.arrays["s"].shape == (1,) and msg.arrays["s"][0] == 2.5
