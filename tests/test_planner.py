@@ -63,6 +63,9 @@ def check_sums(p: Plan, cpus: float) -> None:
     job(topology=p.topology())
 
 
+# Synchronised groups (the all-reduce tests; the default, average, has none across groups).
+ALLREDUCE = {"auto": True, "groupSync": {"mode": "allreduce"}}
+
 # DQN keeps maxPolicyLag off by default, so these exercise the pure throughput balance.
 DQN = {"algorithm": {"name": "dqn"}, "staleness": {"replayRatio": 1.0, "paceActors": False}}
 
@@ -124,8 +127,8 @@ def test_communication_bound_when_messages_are_expensive():
 
 
 def test_expensive_messages_buy_more_buffer_capacity():
-    cheap = plan(job(**DQN), cpus=16, profile=prof(actor=1e5, learner=1e5, msg=1e-6))
-    dear = plan(job(**DQN), cpus=16, profile=prof(actor=1e5, learner=1e5, msg=2e-3))
+    cheap = plan(job(**DQN, topology=ALLREDUCE), cpus=16, profile=prof(actor=1e5, learner=1e5, msg=1e-6))
+    dear = plan(job(**DQN, topology=ALLREDUCE), cpus=16, profile=prof(actor=1e5, learner=1e5, msg=2e-3))
     bufcap = lambda p: p.buffers * min(p.buffer.cpu, 1.0) / p.learners  # noqa: E731
     assert bufcap(dear) > bufcap(cheap)
 
@@ -382,6 +385,7 @@ def test_cli_plan_infeasible_exits_2(job_yaml, tmp_path, capsys):
 
 
 def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_path, capsys):
+    job_yaml.write_text(job_yaml.read_text().replace("topology: auto", "topology: " + json.dumps(ALLREDUCE)))
     pf = tmp_path / "p.json"
     pf.write_text(json.dumps(prof(actor=10_000, learner=16_200, curve=SLOWER_AT_2, allreduce={2: 8e-4}).to_json()))
     assert main(["plan", str(job_yaml), "--cpus", "128", "--profile", str(pf), "--json"]) == 0
@@ -416,7 +420,7 @@ def test_no_bigger_learner_than_the_curve_pays_for():
     # The 16-core CartPole PPO: a 2-thread learner is slower, so no learner gets 2+ cores,
     # and an explicit 6-core learner is predicted at the 1-thread rate and said to be extrapolated.
     measured = prof(actor=10_000, learner=16_200, curve=SLOWER_AT_2, allreduce={2: 8e-4}, param_bytes=2.7e5)
-    p = plan(job(), cpus=16, profile=measured)
+    p = plan(job(topology=ALLREDUCE), cpus=16, profile=measured)
     assert p.learner.cpu <= 1
     assert p.learners * p.groups <= 2  # not the 7 synchronised 1-core learners of before
     big = plan_for_job(job(topology={"groups": 1, "actors": 2, "buffers": 1, "learners": 1},
@@ -427,9 +431,9 @@ def test_no_bigger_learner_than_the_curve_pays_for():
 
 def test_expensive_allreduce_keeps_one_group_cheap_allreduce_may_replicate():
     # Training-bound, learner capped at one thread: only groups can add consumption.
-    dear = plan(job(**DQN), cpus=16, profile=prof(actor=1e6, learner=1000, curve=None, allreduce={2: 0.2}))
+    dear = plan(job(**DQN, topology=ALLREDUCE), cpus=16, profile=prof(actor=1e6, learner=1000, curve=None, allreduce={2: 0.2}))
     assert dear.groups == 1
-    cheap = plan(job(**DQN), cpus=16, profile=prof(actor=1e6, learner=1000, curve=None, allreduce={2: 1e-6}))
+    cheap = plan(job(**DQN, topology=ALLREDUCE), cpus=16, profile=prof(actor=1e6, learner=1000, curve=None, allreduce={2: 1e-6}))
     assert cheap.groups > 1
     # The stated batch rule: W synchronised learners need (1 + W)/2 times the samples.
     assert cheap.efficiency == pytest.approx(2 / (1 + cheap.groups))
@@ -438,7 +442,7 @@ def test_expensive_allreduce_keeps_one_group_cheap_allreduce_may_replicate():
 
 
 def test_allreduce_time_slows_synchronised_learners():
-    j = job(**DQN, topology={"groups": 4, "actors": 1, "buffers": 1, "learners": 1})
+    j = job(**DQN, topology={"groups": 4, "actors": 1, "buffers": 1, "learners": 1, "groupSync": {"mode": "allreduce"}})
     free = plan_for_job(j, prof(actor=1e6, learner=1000, allreduce={2: 0.0}))
     slow = plan_for_job(j, prof(actor=1e6, learner=1000, allreduce={2: 0.064}))
     # DQN: one all-reduce per B = 64 samples (64 ms of compute at 1000 samples/s).

@@ -7,7 +7,7 @@ parameter (finite; validate.check_params adds var > 0, count > 0).
 
 Fragments carry *raw* observations. Before each PPO update the learner folds
 the batch's valid observations into `obs_rms` (Chan et al. parallel update,
-all-reduced across data-parallel learners so their models stay identical) and
+all-reduced across the learners that share gradients, so their models stay identical) and
 then recomputes everything with the new statistics; actors catch up at the
 next publish. Rewards are scaled only at the learner (actors never use them):
 r / sqrt(Var[R] + eps), with R_t = gamma * R_{t-1} * (1 - done_{t-1}) + r_t
@@ -24,7 +24,14 @@ import torch.distributed as dist
 from torch import nn
 
 EPS = 1e-8
+# Which learners fold their batches together (runtime/distributed.GroupSync sets it): the whole
+# world (allreduce mode), a group's learners (average mode), or none (one learner per group).
+_SYNC: dict = {"enabled": True, "group": None}
 CLIP = 10.0  # normalised observations and scaled rewards are clipped to +-CLIP (SB3's default)
+
+
+def configure_sync(enabled: bool, group=None) -> None:
+    _SYNC.update(enabled=enabled, group=group)
 
 
 def enabled(flag: Optional[bool], info) -> bool:
@@ -50,8 +57,8 @@ class RunningMeanStd(nn.Module):
         x = x.detach().to(torch.float64).reshape(-1, *self.mean.shape)
         moments = torch.cat([torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device),
                              x.sum(0).reshape(-1), x.pow(2).sum(0).reshape(-1)])
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(moments, op=dist.ReduceOp.SUM)
+        if _SYNC["enabled"] and dist.is_available() and dist.is_initialized():
+            dist.all_reduce(moments, op=dist.ReduceOp.SUM, group=_SYNC["group"])
         n = moments[0]
         if n < 1:
             return

@@ -61,6 +61,18 @@ With B_c = B, W synchronised learners buy at most 2× in time to target, and
 only while A(W)·k is small beside the update's compute: the planner therefore
 proposes several synchronised groups only when a single learner is capped (the
 thread curve is flat) and the all-reduce is cheap.
+
+Group sync (spec.topology.groupSync, `group_sync_terms`). In `allreduce` mode all
+g·n_l learners share each gradient step: W = g·n_l in A(W). In `average` mode a
+step's all-reduce spans the n_l learners of one group only (W = n_l in A(W); none
+with n_l = 1); groups average their parameters asynchronously every
+I = intervalUpdates updates, a ring all-reduce of P bytes at g·n_l ranks that runs
+beside training, off the critical path. Its stated cost is its bytes on the
+learner's link, 2·P/I per update (T_net), nothing on the update's compute. The
+batch factor keeps W = g·n_l in both modes: averaged groups are local SGD, which
+needs no fewer samples than one synchronous batch of g·n_l·B (bench/groupsync.py
+measured no fall in frames to target), so `average` buys consumption, not sample
+efficiency; a penalty on n_l only would have the planner multiply groups for free.
 """
 from __future__ import annotations
 
@@ -226,3 +238,12 @@ def host_turns(cores: float, actors: int, buffers: int, learners: int, learner_t
     a = ash[0]
     b = min(ash[actors], lsh[learners]) if buffers else 0.0
     return a, b, lsh[0]
+
+
+def group_sync_terms(job, groups: int, learners: int, param_bytes: float) -> tuple[int, int, float]:
+    """(ranks of a gradient step's all-reduce, ranks in the batch factor, averaging bytes per update on
+    the learner's link) for spec.topology.groupSync (module docstring)."""
+    gs = job.spec.topology.group_sync
+    if gs.mode == "allreduce" or groups <= 1:
+        return groups * learners, groups * learners, 0.0
+    return learners, groups * learners, 2.0 * param_bytes / gs.interval_updates

@@ -39,6 +39,7 @@ Critical path (paper eq. 1) of one synchronous learner update (one batch of B):
     T_A = (B/r) / (TR_A / (g·n_l))     time for the actors to produce its new data
     T_L = B / (TR_L / (g·n_l))         time for the learner to consume it
     T_AR = k·A(g·n_l)                  the synchronous all-reduces of its k gradient steps
+                                       (groupSync average: k·A(n_l), costmodel.group_sync_terms)
     T_P  = (1 + n_a/n_l)·P/(bw_copy·publish_every)
                                        the learner's CPU for the parameter broadcast (one
                                        serialisation, one copy per subscribed actor; bw_copy
@@ -292,7 +293,7 @@ class Plan:
     sample_seconds: float = 0.0
     train_seconds: float = 0.0  # learner compute
     comm_seconds: float = 0.0  # buffer messages / link, whichever is longer
-    allreduce_seconds: float = 0.0  # k all-reduces across the g·n_l learners
+    allreduce_seconds: float = 0.0  # k all-reduces across the g·n_l learners (average mode: n_l)
     efficiency: float = 1.0  # 1 / (batch factor · lag factor), costmodel.py
     effective_sps: float = 0.0  # consumed · efficiency: what the planner maximises
     learner_threads_measured: int = 1  # the thread curve's range is 1..this
@@ -370,13 +371,15 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     link = costmodel.link_for(s.network.link, nodes, p.ipc_bytes_per_second, p.measured_link())
     loopback = costmodel.link_for(None, 1, p.ipc_bytes_per_second)  # where all-reduce was measured
     P = p.param_bytes or costmodel.param_bytes_estimate(job)
-    ranks = g * nl
+    # groupSync (costmodel.group_sync_terms): in `average` mode only a group's learners all-reduce
+    # per step, and the asynchronous cross-group averaging adds link bytes, not critical-path time.
+    ranks, batch_ranks, avg_bytes = costmodel.group_sync_terms(job, g, nl, P)
     a_one, ar_extra = costmodel.allreduce_seconds(p.allreduce_seconds, ranks, P, link, loopback)
     t_a = (B / r) / (tr_a / (g * nl))
     t_l = B / per_learner
     t_ar = costmodel.gradient_steps(job) * a_one
     b_batch = p.bytes_per_sample * (2 if s.algorithm.name == "dqn" else 1)
-    learner_bytes = na / nl * P / s.staleness.publish_every + B * b_batch
+    learner_bytes = na / nl * P / s.staleness.publish_every + B * b_batch + avg_bytes
     buffer_bytes = (B / r * p.bytes_per_sample + B * b_batch) * nl / nb
     t_net = max(learner_bytes, buffer_bytes) / link.bytes_per_s + link.latency_s
     t_msg = p.message_seconds * (B / r + B) / F * nl / nb / min(cb, 1.0)
@@ -416,7 +419,7 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
     lag += s.staleness.credit_window if kind == TRAINING_BOUND else 0.5
     if s.algorithm.name == "dqn":
         lag += u * s.algorithm.replay_capacity / (2 * produced / (g * nb))
-    eff = 1.0 / (costmodel.batch_factor(ranks) * costmodel.lag_factor(job, lag))
+    eff = 1.0 / (costmodel.batch_factor(batch_ranks) * costmodel.lag_factor(job, lag))
     extrapolated = tuple(x for x, flag in (
         (f"learner of {cl:g} cores beyond the measured 1..{costmodel.thread_curve(p.learner_thread_scaling)[-1][0]} "
          "threads (held flat)", beyond_curve),
@@ -748,7 +751,7 @@ def resolve(job: TianJiJob, profile: Optional[Profile] = None) -> tuple[TianJiJo
         raise PlanError(f"{where}: {e}") from None
     doc = job.to_manifest()  # `spec` and `spec.resources` always there: defaults are dumped
     spec = doc["spec"]
-    spec["topology"] = {"auto": False, **p.topology()}
+    spec["topology"] = {**spec["topology"], "auto": False, **p.topology()}  # keeps groupSync
     for role in ("actor", "buffer", "learner"):
         rp = getattr(p, role)
         spec["resources"][role] = {"cpu": rp.cpu, "memory": rp.memory, "gpu": rp.gpu, "threads": rp.threads}

@@ -33,6 +33,8 @@ COUNTERS = {
     "bytes_received_total": "Payload bytes received on data sockets",
     "messages_rejected_total": "Received messages that failed validation, by reason",
     "episodes_total": "Episodes finished by actors",
+    "group_averages_total": "Cross-group parameter averages a learner applied (topology.groupSync: average)",
+    "group_averages_skipped_total": "Cross-group averages skipped because their mean was not finite",
 }
 GAUGES = {
     "policy_version": "Policy version this role holds",

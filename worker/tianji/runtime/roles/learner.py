@@ -37,7 +37,8 @@ import zmq
 
 from tianji.runtime import checkpoint
 from tianji.control.addressing import dist_init_method, learner_for_buffer
-from tianji.runtime.distributed import GradientAverager, world_of
+from tianji.runtime.distributed import GroupSync, world_of
+from tianji.algos import normalize
 from tianji.algos.dqn import DQNLearner
 from tianji.algos.ppo import PPOLearner
 from tianji.envs import declared_info
@@ -85,9 +86,14 @@ class Learner(Role):
         self.averager = None
         world, per_group = world_of(self.job)
         if world > 1:
-            self.averager = GradientAverager(self.group * per_group + self.index, world, dist_init_method(self.addrs))
+            gs = s.topology.group_sync
+            self.averager = GroupSync(self.group * per_group + self.index, s.topology.groups, per_group,
+                                      dist_init_method(self.addrs), gs.mode, gs.interval_updates)
             self.averager.broadcast_from_first(self.model)
-            self.algo.sync_grads = self.averager
+            self.algo.sync_grads = self.averager.sync_grads
+            normalize.configure_sync(self.averager.stats_sync, self.averager.stats_group)
+            # The PPO lr schedule counts nominal samples of all learners (an estimate of the job's
+            # frames in average mode too: it only has to agree within a group there).
             self.algo.world = world
         self.batch_in = self.socket(zmq.PULL, self.addrs.bind("batches", self.group, self.index), bind=True,
                                     hwm=max(s.staleness.credit_window + 1,
@@ -258,7 +264,10 @@ class Learner(Role):
         if stats.get("skipped_steps"):
             log.warning("%s: skipped %d update steps with a non-finite loss or gradient", self.sender,
                         int(stats["skipped_steps"]))
-        if not self._keep_good() or not stats["train_steps"]:
+        good = self._keep_good()
+        if self.averager is not None and not self._group_sync():
+            return
+        if not good or not stats["train_steps"]:
             self.metrics.inc("samples_dropped_total", int(stats["samples"]) or len(versions), reason="nonfinite")
             return
         n = int(stats["samples"])
@@ -284,6 +293,25 @@ class Learner(Role):
             self.metrics.set("learner_capacity_sps", self.capacity)
         if self.version - self.last_pub_version >= self.spec.staleness.publish_every:
             self.publish()
+
+    def _group_sync(self) -> bool:
+        """Cross-group averaging after every update (average mode; distributed.GroupSync). False if a
+        peer is gone (the learner then stops with an error, as for a failed gradient all-reduce)."""
+        avg = self.averager
+        skipped = getattr(avg, "skipped", 0)
+        try:
+            applied = avg.after_update(self.model)
+        except RuntimeError as e:
+            log.error("%s: group-averaging peer lost (%s); stopping", self.sender, e)
+            self.stopping, self.exit_code = True, 1
+            return False
+        if applied:
+            self.metrics.inc("group_averages_total")
+            self._keep_good()
+        elif getattr(avg, "skipped", 0) > skipped:
+            log.warning("%s: cross-group average not finite; skipped", self.sender)
+            self.metrics.inc("group_averages_skipped_total")
+        return True
 
     def step(self) -> None:
         # Drain first (rejects are cheap; ZeroMQ fair-queues peers, so a flood of bad messages would
@@ -329,4 +357,8 @@ class Learner(Role):
     def teardown(self) -> None:
         self.save_checkpoint()
         if self.averager is not None:
-            self.averager.close()
+            a = self.averager
+            if a.cross is not None:
+                log.info("%s: group sync (average): %d averaging collectives posted, %d applied, %d skipped",
+                         self.sender, a.posted, a.averages, a.skipped)
+            a.close()
