@@ -244,3 +244,17 @@ def test_a_local_run_evaluates_periodically(tmp_path):
     log = (run / "logs" / "evaluator-0-0.log").read_text()
     versions = [int(line.split(" of version ")[1].split()[0]) for line in log.splitlines() if " of version " in line]
     assert len(versions) >= 2 and versions == sorted(versions) and versions[-1] > versions[0], versions
+
+
+def test_status_eval_return_survives_the_strict_apiserver():
+    from kube import structural
+    from tianji.control.crd import crd_dict
+
+    acc = Accounting()
+    acc.take(parse_report(_eval_report(1, 42.5)))
+    status = status_numbers(acc.view(3.0))
+    obj = {"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "cp"},
+           "spec": {}, "status": copy.deepcopy(status)}
+    schema = crd_dict()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert structural.prune(obj, schema) == []
+    assert obj["status"]["evalReturn"] == 42.5 and obj["status"] == status
