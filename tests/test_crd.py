@@ -152,7 +152,8 @@ def test_schema_is_structural():
             for k, v in node.items():
                 yield from maps(v, f"{path}.{k}")
     assert sorted(maps(_schema()["properties"]["spec"], "spec")) == [
-        f"spec.properties.pods.properties.{r}.properties.nodeSelector" for r in ("actor", "all", "buffer", "evaluator", "learner")]
+        f"spec.properties.pods.properties.{r}.properties.nodeSelector"
+        for r in ("actor", "all", "buffer", "evaluator", "learner")]
 
 
 # ----------------------------------------------------------------- instances

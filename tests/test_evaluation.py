@@ -4,6 +4,8 @@ both engines' evaluator process, and a real local run."""
 import copy
 import json
 import math
+import os
+import signal
 import time
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 import yaml
 import zmq
 
-from helpers import EXAMPLES, read_summary, run_tianji
+from helpers import EXAMPLES, last_record, wait_for
 from tianji.control.accounting import Accounting, status_numbers
 from tianji.control.addressing import Addresses
 from tianji.control.plan import PlanError, plan_for_job
@@ -226,25 +228,30 @@ def test_local_launcher_starts_an_evaluator_only_when_evaluation_is_on(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_local_run_evaluates_periodically(tmp_path):
-    run = tmp_path / "run"
-    r = run_tianji("run", str(PPO), "--run-dir", str(run), "--quiet", "--set", "spec.evaluation.intervalSeconds=3",
-                   "--set", "spec.evaluation.episodes=4", "--set", "spec.stop.meanReturn=100000",
-                   "--set", "spec.stop.seconds=45", timeout=400)
-    assert r.returncode == 0, r.stderr[-2000:]
-    s = read_summary(run)
+def test_a_local_run_evaluates_periodically_and_survives_a_killed_evaluator(running_tianji):
+    from test_faults import pid_of
+
+    run = running_tianji(str(PPO), "--set", "spec.evaluation.intervalSeconds=3", "--set", "spec.evaluation.episodes=4",
+                         "--set", "spec.stop.meanReturn=100000", "--set", "spec.stop.seconds=60")
+    wait_for(lambda: (last_record(run.run_dir) or {}).get("eval_return") is not None, 120, "a first evaluation")
+    victim = pid_of("evaluator", run.run_dir)
+    os.kill(victim, signal.SIGKILL)  # training goes on; the evaluator is restarted and evaluates again
+    wait_for(lambda: pid_of("evaluator", run.run_dir) not in (None, victim), 60, "the evaluator to come back")
+    assert run.wait(timeout=300) == 0, run.output()[-3000:]
+    s = run.summary()
     ev = s["evaluation"]
     assert ev["interval_seconds"] == 3 and ev["episodes_per_eval"] == 4 and ev["count"] >= 2, ev
     assert math.isfinite(ev["last"]["return_mean"]) and ev["last"]["episodes"] == 4
     assert ev["best_return_mean"] >= ev["last"]["return_mean"]
-    assert s["restarts"]["evaluator"] == 0 and s["episodes"] > 0
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert s["restarts"]["evaluator"] == 1 and s["restarts"]["learner"] == 0 and s["exit_reason"] == "seconds", s
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [x["eval_return"] for x in rows if "eval_return" in x]
     assert evals and all(math.isfinite(x) for x in evals) and evals[-1] == ev["last"]["return_mean"]
-    log = (run / "logs" / "evaluator-0-0.log").read_text()
+    log = (run.run_dir / "logs" / "evaluator-0-0.log").read_text()
     versions = [int(line.split(" of version ")[1].split()[0]) for line in log.splitlines() if " of version " in line]
-    assert len(versions) >= 2 and versions == sorted(versions) and versions[-1] > versions[0], versions
-
+    assert len(versions) >= 2 and versions[-1] > versions[0], versions
+    # after the restart the evaluator evaluates again (its log has evaluation 1 twice)
+    assert sum(" evaluation 1 of version " in line for line in log.splitlines()) == 2, log[-2000:]
 
 def test_status_eval_return_survives_the_strict_apiserver():
     from kube import structural
@@ -258,3 +265,22 @@ def test_status_eval_return_survives_the_strict_apiserver():
     schema = crd_dict()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert structural.prune(obj, schema) == []
     assert obj["status"]["evalReturn"] == 42.5 and obj["status"] == status
+
+
+def test_eval_return_reaches_tensorboard_and_the_plot(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from tianji.observability.plot import plot_run
+    from tianji.observability.tensorboard import scalars
+
+    assert scalars({"eval_return": 12.5})["eval/return_mean"] == 12.5
+    assert "eval/return_mean" not in scalars({"mean_return": 3.0})
+    recs = [{"t": float(i), "mean_return": 1.0 * i, "env_frames": 100 * i, "produced_fps": 1.0, "received_fps": 1.0,
+             "consumed_sps": 1.0, **({"eval_return": 10.0 * i} if i >= 2 else {})} for i in range(1, 5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    plot_run(tmp_path, tmp_path / "p.png")
+    lines = {ln.get_label(): ln for ln in figs[0].axes[0].get_lines()}
+    ev = lines["evaluation (greedy policy)"]
+    assert list(ev.get_xdata()) == [2.0, 3.0, 4.0] and list(ev.get_ydata()) == [20.0, 30.0, 40.0]

@@ -90,7 +90,8 @@ def play_episodes(model, env, info, algo: str, episodes: int, epsilon: float, se
         while not quota.done and not (should_stop and should_stop()):
             x = torch.from_numpy(obs)
             scores = model.logits(x) if algo == "ppo" else model(x)
-            a = np.clip(scores.numpy(), info.act_low, info.act_high) if info.continuous else eval_actions(scores, epsilon, rng)
+            a = (np.clip(scores.numpy(), info.act_low, info.act_high) if info.continuous
+                 else eval_actions(scores, epsilon, rng))
             obs, r, term, trunc, inf = env.step(a)
             ret += r
             ended = inf.get("episode_end", term | trunc) if isinstance(inf, dict) else term | trunc

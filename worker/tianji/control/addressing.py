@@ -65,7 +65,8 @@ def metrics_port(metrics: int, role: str, group: int, index: int, slots: Optiona
     """A pod's metrics port: fixed on a pod network, one per (slot, role) under host networking."""
     if slots is None:
         return metrics
-    return metrics + METRICS_BLOCK * (group * slots + (0 if role in ("actor", "evaluator") else index)) + METRICS_OFFSET[role]
+    slot = group * slots + (0 if role in ("actor", "evaluator") else index)
+    return metrics + METRICS_BLOCK * slot + METRICS_OFFSET[role]
 
 
 def host_port_ranges(base: int, metrics: int, groups: int, slots: int) -> tuple[range, range]:

@@ -165,9 +165,10 @@ def eval_summary(*, count: int, return_mean: float, return_std: float, episodes:
 def _eval(v: Any) -> dict:
     d = _dict(v, "extra.eval")
     last = _dict(d.get("last"), "extra.eval.last")
+    ret = (-MAX_RETURN, MAX_RETURN)
     return {"count": _int(d.get("count"), "extra.eval.count", 1, 1 << 40),
-            "best_return_mean": _num(d.get("best_return_mean"), "extra.eval.best_return_mean", -MAX_RETURN, MAX_RETURN),
-            "last": {"return_mean": _num(last.get("return_mean"), "extra.eval.last.return_mean", -MAX_RETURN, MAX_RETURN),
+            "best_return_mean": _num(d.get("best_return_mean"), "extra.eval.best_return_mean", *ret),
+            "last": {"return_mean": _num(last.get("return_mean"), "extra.eval.last.return_mean", *ret),
                      "return_std": _num(last.get("return_std"), "extra.eval.last.return_std", 0.0, MAX_RETURN),
                      "episodes": _int(last.get("episodes"), "extra.eval.last.episodes", 1, 1 << 20),
                      "policy_version": _int(last.get("policy_version"), "extra.eval.last.policy_version"),
