@@ -90,6 +90,9 @@ def test_evaluations_are_counted_once_across_restarts_and_reach_summary_and_stat
     acc.take(parse_report(_eval_report(2, 50.0, seq=2)))
     acc.take(parse_report(_eval_report(2, 50.0, seq=2)))  # the same report again: nothing new
     acc.take(parse_report(_eval_report(1, 30.0, incarnation="e2", seq=1, best=30.0)))  # restarted evaluator
+    late = _eval_report(2, 50.0, seq=3)  # the replaced one's final report (a termination message), seen late
+    late["extra"]["eval"]["last"]["t"] -= 60
+    acc.take(parse_report(late))
     ev = acc.view(10.0, spec)["evaluation"]
     assert ev["count"] == 3 and ev["last"]["return_mean"] == 30.0 and ev["best_return_mean"] == 50.0
     assert acc.view(10.0, parse_job(_doc()).spec.evaluation)["evaluation"] is None  # off: null

@@ -92,7 +92,7 @@ class Accounting:
         self.evals = 0  # evaluations counted, whole job
         self.eval_last: Optional[dict] = None  # the newest evaluation (report.eval_summary's `last`)
         self.eval_best: Optional[float] = None
-        self._eval_seen: tuple[str, int] = ("", 0)  # (evaluator incarnation, its evaluations counted)
+        self._eval_seen: dict[str, int] = {}  # evaluator incarnation -> its evaluations counted
         self.rejected = 0  # reports refused (counted as messages_rejected_total{reason="report"})
         if state:
             self._load(state)
@@ -126,13 +126,16 @@ class Accounting:
 
     def _take_eval(self, report: Report) -> None:
         ev = report.extra["eval"]
-        inc, seen = self._eval_seen
-        new = ev["count"] - seen if inc == report.incarnation else ev["count"]
-        if new <= 0:  # nothing new (or a late report of a replaced evaluator)
+        new = ev["count"] - self._eval_seen.get(report.incarnation, 0)
+        if new <= 0:  # nothing new (an older or repeated report)
             return
         self.evals += new
-        self._eval_seen = (report.incarnation, ev["count"])
-        self.eval_last = dict(ev["last"])
+        self._eval_seen.pop(report.incarnation, None)
+        self._eval_seen[report.incarnation] = ev["count"]  # newest last; the oldest are forgotten
+        while len(self._eval_seen) > MAX_GONE:
+            del self._eval_seen[next(iter(self._eval_seen))]
+        if self.eval_last is None or ev["last"]["t"] >= self.eval_last["t"]:  # a replaced one's late report: not last
+            self.eval_last = dict(ev["last"])
         self.eval_best = ev["best_return_mean"] if self.eval_best is None else max(self.eval_best,
                                                                                   ev["best_return_mean"])
 
@@ -307,7 +310,7 @@ class Accounting:
                 "retired": [{"role": r, "group": g, "counts": c} for (r, g), c in sorted(self.retired.items())],
                 "retiredReasons": self.retired_reasons, "retiredLag": self.retired_lag, "rejected": self.rejected,
                 "eval": {"count": self.evals, "last": self.eval_last, "best": self.eval_best,
-                         "seen": list(self._eval_seen)},
+                         "seen": dict(self._eval_seen)},
                 "procs": [{"index": i, **_proc_state(p)} for (r, g, i), p in sorted(self.procs.items())],
                 "gone": [_proc_state(p) for p in sorted(self.gone.values(), key=lambda p: p.started)]}
 
@@ -325,8 +328,7 @@ class Accounting:
             self.evals = int(ev.get("count", 0))
             self.eval_last = dict(ev["last"]) if ev.get("last") else None
             self.eval_best = None if ev.get("best") is None else float(ev["best"])
-            inc, seen = ev.get("seen") or ("", 0)
-            self._eval_seen = (str(inc), int(seen))
+            self._eval_seen = {str(k): int(v) for k, v in (ev.get("seen") or {}).items()}
             for p in s.get("procs", []):
                 self.procs[(p["role"], int(p["group"]), int(p["index"]))] = _proc_from_state(p)
             for p in s.get("gone", []):
