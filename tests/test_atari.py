@@ -166,7 +166,8 @@ def test_pong_smoke_through_roles(tmp_path):
                "--set", "spec.env.numEnvs=4",
                "--set", "spec.env.fragmentLength=16",
                "--set", "spec.topology.actors=1",
-               "--set", "spec.resources.learner.cpu=1"])
+               "--set", "spec.resources.learner.cpu=1",
+               "--set", "spec.evaluation.intervalSeconds=null"])  # the example's evaluator: not this smoke
     s = json.loads((run / "summary.json").read_text())
     assert rc == 0, s
     assert s["exit_reason"] == "frames"

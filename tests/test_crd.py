@@ -54,9 +54,10 @@ def test_names_scope_and_subresources():
         "plan", "accounting", "autoscale"}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert names == ["Phase", "Actors", "Frames", "Frames/s", "Episodes", "Mean return", "Policy version", "Start",
-                     "End", "Age", "Groups", "Learners", "Policy lag", "Restarts", "Reason"]
+                     "End", "Age", "Groups", "Learners", "Policy lag", "Eval return", "Restarts",
+                     "Reason"]
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
-    assert wide == ["Groups", "Learners", "Policy lag", "Restarts", "Reason"]  # kubectl get tjj -o wide
+    assert wide == ["Groups", "Learners", "Policy lag", "Eval return", "Restarts", "Reason"]  # kubectl get tjj -o wide
     assert "all" in spec["names"]["categories"]  # kubectl get all
 
 
@@ -151,7 +152,8 @@ def test_schema_is_structural():
             for k, v in node.items():
                 yield from maps(v, f"{path}.{k}")
     assert sorted(maps(_schema()["properties"]["spec"], "spec")) == [
-        f"spec.properties.pods.properties.{r}.properties.nodeSelector" for r in ("actor", "all", "buffer", "learner")]
+        f"spec.properties.pods.properties.{r}.properties.nodeSelector"
+        for r in ("actor", "all", "buffer", "evaluator", "learner")]
 
 
 # ----------------------------------------------------------------- instances

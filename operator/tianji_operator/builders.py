@@ -40,10 +40,12 @@ CONTAINER = "worker"
 # can check runAsNonRoot; fsGroup makes volumes (checkpoints) writable by it.
 WORKER_UID = 10001
 
+POD_ROLES = ("learner", "buffer", "evaluator")  # roles of single pods (actors: StatefulSets)
 ROLE_PORTS = {  # container ports per role (offsets from spec.network.basePort)
     "buffer": ("fragments", "credits"),
     "learner": ("batches", "params"),
     "actor": (),
+    "evaluator": (),  # only subscribes (to learner-0-0's params)
 }
 
 
@@ -308,7 +310,8 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
         "securityContext": container_security_context(job),
     }
     spec: dict = {
-        "restartPolicy": "Always" if role == "actor" else "OnFailure",
+        # an evaluator that fails is restarted, never the job's failure (as an actor)
+        "restartPolicy": "Always" if role in ("actor", "evaluator") else "OnFailure",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
         "securityContext": pod_security_context(),
@@ -346,7 +349,7 @@ def curve_secret(job: TianJiJob) -> list[dict]:
 
 def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str],
              defaults: Optional[PodOverlay] = None) -> dict:
-    """A learner or buffer pod: stable name = hostname, under the headless Service's subdomain."""
+    """A learner, buffer or evaluator pod: stable name = hostname, under the headless Service's subdomain."""
     name = pod_name(job.name, role, group, index)
     return {
         "apiVersion": "v1",
@@ -390,4 +393,6 @@ def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int],
         out += [role_pod(resolved, "learner", g, i, command, defaults) for i in range(t.learners)]
         out += [role_pod(resolved, "buffer", g, i, command, defaults) for i in range(t.buffers)]
         out.append(actor_statefulset(resolved, g, actors.get(g, t.actors), command, defaults))
+    if resolved.spec.evaluation.enabled:  # spec.evaluation: one evaluator pod per job
+        out.append(role_pod(resolved, "evaluator", 0, 0, command, defaults))
     return out

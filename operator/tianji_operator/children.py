@@ -130,10 +130,10 @@ async def creation_refused(op: Operator, body: Any, resolved: TianJiJob, obj: di
 
 
 async def delete_role_pods(op: Operator, ns: Optional[str], name: str) -> list[str]:
-    """Delete the job's learner and buffer pods (suspension); the names deleted."""
+    """Delete the job's learner, buffer and evaluator pods (suspension); the names deleted."""
     gone = []
     for p in await op.kube.list("Pod", ns, b.label_selector(name)):
-        if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) in ("learner", "buffer"):
+        if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) in b.POD_ROLES:
             if await op.kube.delete("Pod", ns, p["metadata"]["name"]):
                 gone.append(p["metadata"]["name"])
     return gone
@@ -173,7 +173,7 @@ async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict],
     if policy in ("Running", "All"):
         for p in pods:
             role = p["metadata"].get("labels", {}).get(b.LABEL_ROLE)
-            if role not in ("learner", "buffer"):
+            if role not in b.POD_ROLES:
                 continue
             if policy == "All" or st.pod_phase(p) in ("Pending", "Running", "Unknown"):
                 if await op.kube.delete("Pod", ns, p["metadata"]["name"]):

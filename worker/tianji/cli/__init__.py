@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tianji.control.addressing import ROLES
 from tianji.control.plan import PlanError
 from tianji.control.spec import SpecError
 
@@ -108,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=_run)
 
     w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")
-    w.add_argument("--role", required=True, choices=["actor", "buffer", "learner"])
+    w.add_argument("--role", required=True, choices=list(ROLES))
     w.add_argument("--group", type=int, default=0)
     w.add_argument("--index", default="0", help="index in the group, or 'auto' (from the StatefulSet hostname)")
     w.add_argument("--job", required=True, help="TianJiJob manifest (YAML)")

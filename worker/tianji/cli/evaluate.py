@@ -73,6 +73,34 @@ def eval_actions(scores, epsilon: float, rng: np.random.Generator):
     return actions
 
 
+def play_episodes(model, env, info, algo: str, episodes: int, epsilon: float, seed: int,
+                  should_stop=None) -> "EpisodeQuota":
+    """`episodes` episodes (a fixed count per env, EpisodeQuota) of `model`'s evaluation policy:
+    argmax (PPO: the logits' mode; DQN: ε-greedy Q) or, continuous, the Gaussian's mean clipped
+    to the Box (no ε: there is no argmax to replace). The envs are reset with `seed` first.
+    Used by `tianji eval` and the evaluator role; `should_stop()` true ends it early (a stop
+    signal), the quota then not done."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    quota = EpisodeQuota(episodes, env.num_envs)
+    obs, _ = env.reset(seed=seed)
+    ret = np.zeros(env.num_envs)
+    with torch.inference_mode():
+        while not quota.done and not (should_stop and should_stop()):
+            x = torch.from_numpy(obs)
+            scores = model.logits(x) if algo == "ppo" else model(x)
+            a = (np.clip(scores.numpy(), info.act_low, info.act_high) if info.continuous
+                 else eval_actions(scores, epsilon, rng))
+            obs, r, term, trunc, inf = env.step(a)
+            ret += r
+            ended = inf.get("episode_end", term | trunc) if isinstance(inf, dict) else term | trunc
+            for i in np.nonzero(ended)[0]:
+                quota.add(int(i), ret[i])
+                ret[i] = 0.0
+    return quota
+
+
 def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float] = None,
              num_envs: int = 8) -> dict:
     import torch
@@ -94,22 +122,7 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float]
     model = build_model(job.spec.algorithm, job.spec.model, info, job.spec.env.seed, job.spec.env.imports)
     model.load_state_dict(state["model"])
     model.eval()
-    rng = np.random.default_rng(seed)
-    quota = EpisodeQuota(episodes, env.num_envs)
-    obs, _ = env.reset(seed=seed)
-    ret = np.zeros(env.num_envs)
-    with torch.inference_mode():
-        while not quota.done:
-            x = torch.from_numpy(obs)
-            scores = model.logits(x) if algo == "ppo" else model(x)
-            # continuous actions: the Gaussian's mean clipped to the Box (no ε: there is no argmax to replace)
-            a = np.clip(scores.numpy(), info.act_low, info.act_high) if info.continuous else eval_actions(scores, eps, rng)
-            obs, r, term, trunc, inf = env.step(a)
-            ret += r
-            ended = inf.get("episode_end", term | trunc) if isinstance(inf, dict) else term | trunc
-            for i in np.nonzero(ended)[0]:
-                quota.add(int(i), ret[i])
-                ret[i] = 0.0
+    quota = play_episodes(model, env, info, algo, episodes, eps, seed)
     env.close()
     rets = quota.all_returns()
     return {"checkpoint": str(ckpt_path), "job": job.name, "env": job.spec.env.id,

@@ -13,6 +13,9 @@ Counting rules (the same for processes and pods):
   older than the one held, by its `seq`, is ignored);
 * mean return = mean of the last 100 *finished* episodes of the job, ordered by
   finish time; the target needs 100 episodes;
+* evaluations (spec.evaluation): the evaluator's report carries its evaluations of this
+  incarnation (`extra.eval`: count, the last one, the best mean); the job counts those it has
+  not counted yet (a restarted evaluator starts its count again) and keeps the last and best;
 * rates: `throughput` = totals / elapsed (as summary.json always had), `rates` =
   over the last RATE_WINDOW_S (the live view and the autoscaler).
 
@@ -86,6 +89,10 @@ class Accounting:
         self.window: list[tuple[float, float]] = []  # last WINDOW episodes (finish time, return), by time
         self.episodes_total = 0
         self.history: list[tuple[float, dict[str, float], dict[int, dict[str, float]]]] = []
+        self.evals = 0  # evaluations counted, whole job
+        self.eval_last: Optional[dict] = None  # the newest evaluation (report.eval_summary's `last`)
+        self.eval_best: Optional[float] = None
+        self._eval_seen: dict[str, int] = {}  # evaluator incarnation -> its evaluations counted
         self.rejected = 0  # reports refused (counted as messages_rejected_total{reason="report"})
         if state:
             self._load(state)
@@ -100,6 +107,8 @@ class Accounting:
         counted of it: nothing is counted twice, and the current one stays current."""
         cur = self.procs.get(report.key)
         gone = self.gone.get(report.incarnation)
+        if report.role == "evaluator" and "eval" in report.extra:
+            self._take_eval(report)
         if cur is not None and cur.incarnation == report.incarnation:
             return self._advance(cur, report, retired=False)
         if gone is not None:
@@ -114,6 +123,29 @@ class Accounting:
         self.procs[report.key] = p
         self._count_episodes(report, report.episodes_total)
         return True
+
+    def _take_eval(self, report: Report) -> None:
+        ev = report.extra["eval"]
+        new = ev["count"] - self._eval_seen.get(report.incarnation, 0)
+        if new <= 0:  # nothing new (an older or repeated report)
+            return
+        self.evals += new
+        self._eval_seen.pop(report.incarnation, None)
+        self._eval_seen[report.incarnation] = ev["count"]  # newest last; the oldest are forgotten
+        while len(self._eval_seen) > MAX_GONE:
+            del self._eval_seen[next(iter(self._eval_seen))]
+        if self.eval_last is None or ev["last"]["t"] >= self.eval_last["t"]:  # a replaced one's late report: not last
+            self.eval_last = dict(ev["last"])
+        self.eval_best = ev["best_return_mean"] if self.eval_best is None else max(self.eval_best,
+                                                                                  ev["best_return_mean"])
+
+    def evaluation(self, spec: Any = None) -> Optional[dict[str, Any]]:
+        """summary.json's `evaluation`: None when spec.evaluation is off; without the spec
+        (the operator's status view), what was counted, None before the first evaluation."""
+        if spec is not None and spec.interval_seconds is None or spec is None and self.eval_last is None:
+            return None
+        return {"interval_seconds": spec and spec.interval_seconds, "episodes_per_eval": spec and spec.episodes,
+                "count": self.evals, "last": self.eval_last, "best_return_mean": self.eval_best}
 
     def _proc(self, r: Report) -> "Proc":
         return Proc(r.incarnation, r.started, r.seq, r.group, dict(r.counts),
@@ -243,9 +275,10 @@ class Accounting:
         return {v: max(0.0, last.get(k, 0.0) - first.get(k, 0.0)) / dt for k, v in RATE_KEYS.items()}
 
     # -------------------------------------------------------------- the shared numbers
-    def view(self, elapsed: float) -> dict[str, Any]:
+    def view(self, elapsed: float, evaluation: Any = None) -> dict[str, Any]:
         """The numbers summary.json and the TianJiJob status both show (snake_case here;
-        the status is this, camelCased). `elapsed`: seconds since the job started."""
+        the status is this, camelCased). `elapsed`: seconds since the job started;
+        `evaluation`: the job's spec.evaluation."""
         tot = self.totals()
         w = max(elapsed, 1e-9)
         mean = self.mean_return()
@@ -267,6 +300,7 @@ class Accounting:
             # samples buffers sent to learners per sample they stored (off-policy: since learningStarts)
             "replay_ratio": buf.get("samples_sent_total", 0.0) / inserted if inserted else None,
             "rejected_messages": int(sum(self.reasons("messages_rejected_total").values())) + self.rejected,
+            "evaluation": self.evaluation(evaluation),
         }
 
     # -------------------------------------------------------------- persistence
@@ -275,6 +309,8 @@ class Accounting:
         return {"v": 1, "episodesTotal": self.episodes_total, "window": [list(e) for e in self.window],
                 "retired": [{"role": r, "group": g, "counts": c} for (r, g), c in sorted(self.retired.items())],
                 "retiredReasons": self.retired_reasons, "retiredLag": self.retired_lag, "rejected": self.rejected,
+                "eval": {"count": self.evals, "last": self.eval_last, "best": self.eval_best,
+                         "seen": dict(self._eval_seen)},
                 "procs": [{"index": i, **_proc_state(p)} for (r, g, i), p in sorted(self.procs.items())],
                 "gone": [_proc_state(p) for p in sorted(self.gone.values(), key=lambda p: p.started)]}
 
@@ -288,6 +324,11 @@ class Accounting:
                                     for k, by in s.get("retiredReasons", {}).items()}
             self.retired_lag = dict(s.get("retiredLag") or self.retired_lag)
             self.rejected = int(s.get("rejected", 0))
+            ev = s.get("eval") or {}
+            self.evals = int(ev.get("count", 0))
+            self.eval_last = dict(ev["last"]) if ev.get("last") else None
+            self.eval_best = None if ev.get("best") is None else float(ev["best"])
+            self._eval_seen = {str(k): int(v) for k, v in (ev.get("seen") or {}).items()}
             for p in s.get("procs", []):
                 self.procs[(p["role"], int(p["group"]), int(p["index"]))] = _proc_from_state(p)
             for p in s.get("gone", []):
@@ -347,6 +388,9 @@ def status_numbers(view: dict) -> dict:
     }
     if view["mean_return"] is not None:
         out["meanReturn"] = view["mean_return"]
+    ev = view.get("evaluation")
+    if ev and ev["last"] is not None:
+        out["evalReturn"] = ev["last"]["return_mean"]
     for k, name in (("dropped_fraction", "droppedFraction"), ("replay_ratio", "replayRatio")):
         if view.get(k) is not None:
             out[name] = round(view[k], 4)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-ROLES = ("actor", "buffer", "learner")
+ROLES = ("actor", "buffer", "learner", "evaluator")
 
 PORTS = {"fragments": 0, "credits": 1, "batches": 2, "params": 3}
 OWNER = {"fragments": "buffer", "credits": "buffer", "batches": "learner", "params": "learner"}
@@ -39,7 +39,9 @@ DIST_PORT_OFFSET = 4
 LAST_PORT_OFFSET = max(*PORTS.values(), DIST_PORT_OFFSET)  # basePort..basePort+LAST_PORT_OFFSET are taken
 PORT_BLOCK = LAST_PORT_OFFSET + 1  # data ports per slot under host networking
 METRICS_BLOCK = 3
-METRICS_OFFSET = {"learner": 0, "buffer": 1, "actor": 2}
+# the evaluator (one per job, group 0) binds no data port and takes the actors' metrics port of
+# group 0: pods with the same host port go to different nodes, as actors of a group already do
+METRICS_OFFSET = {"learner": 0, "buffer": 1, "actor": 2, "evaluator": 2}
 ENV_HOST_PORT_SLOTS = "TIANJI_HOST_PORT_SLOTS"
 ENV_INDEX = "TIANJI_INDEX"
 ENV_POD_NAME = "TIANJI_POD_NAME"
@@ -63,7 +65,8 @@ def metrics_port(metrics: int, role: str, group: int, index: int, slots: Optiona
     """A pod's metrics port: fixed on a pod network, one per (slot, role) under host networking."""
     if slots is None:
         return metrics
-    return metrics + METRICS_BLOCK * (group * slots + (0 if role == "actor" else index)) + METRICS_OFFSET[role]
+    slot = group * slots + (0 if role in ("actor", "evaluator") else index)
+    return metrics + METRICS_BLOCK * slot + METRICS_OFFSET[role]
 
 
 def host_port_ranges(base: int, metrics: int, groups: int, slots: int) -> tuple[range, range]:

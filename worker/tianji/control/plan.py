@@ -585,18 +585,25 @@ def plan_for_job(job: TianJiJob, profile: Optional[Profile] = None) -> Plan:
     learner) are described as a Plan with the same predictions. PlanError if the
     explicit topology has more learners than resources.cpus cores, needs more
     cores than resources.cpus, or more GPUs than resources.gpus (when set), or a
-    process larger than resources.cpusPerNode.
+    process larger than resources.cpusPerNode. With spec.evaluation, the evaluator's
+    resources.evaluator.cpu is taken off resources.cpus first (auto) or counted in (explicit).
     """
     s = job.spec
     res = s.resources
+    # spec.evaluation's evaluator takes resources.evaluator.cpu of the cores, not the planner's to give
+    evaluator = res.evaluator.cpu if s.evaluation.enabled else 0.0
     if s.topology.auto:
-        return plan(job, cpus=res.cpus or 2, gpus=res.gpus, nodes=res.nodes,
+        cpus = (res.cpus or 2) - evaluator
+        if cpus <= 0:
+            raise PlanError(f"resources.evaluator.cpu ({evaluator:g}) leaves no cores of resources.cpus "
+                            f"({res.cpus or 2:g}) for training")
+        return plan(job, cpus=cpus, gpus=res.gpus, nodes=res.nodes,
                     cpus_per_node=res.cpus_per_node, profile=profile)
     p = profile or default_profile(job)
     t = s.topology
     g, na, nb, nl = t.groups, t.actors, t.buffers, t.learners
     ca, cb, cl, gl = res.actor.cpu, res.buffer.cpu, res.learner.cpu, res.learner.gpu
-    used = g * (na * ca + nb * cb + nl * cl)
+    used = g * (na * ca + nb * cb + nl * cl) + evaluator
     if res.cpus is not None:
         if g * nl > res.cpus:
             raise PlanError(f"more learners ({g * nl} = {g} groups x {nl}) than cores (resources.cpus = {res.cpus:g})")

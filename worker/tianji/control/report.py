@@ -35,6 +35,7 @@ COUNTERS = {
     "episodes_total": "Episodes finished by actors",
     "group_averages_total": "Cross-group parameter averages a learner applied (topology.groupSync: average)",
     "group_averages_skipped_total": "Cross-group averages skipped because their mean was not finite",
+    "eval_episodes_total": "Episodes the evaluator played with the greedy policy (spec.evaluation)",
 }
 GAUGES = {
     "policy_version": "Policy version this role holds",
@@ -47,6 +48,7 @@ GAUGES = {
     "replay_restored": "Transitions a DQN buffer loaded from its replay snapshot at start (checkpoint.replaySnapshot)",
     "replay_snapshot_seconds": "Time the buffer's latest replay snapshot took: the copy in its loop plus the write "
                                "in a thread",
+    "eval_return_mean": "Mean return of the evaluator's last evaluation (greedy policy, spec.evaluation)",
 }
 # What a learner computes on each update (gauges `learner_<name>`: the value of its latest batch).
 LEARNER_STATS = {
@@ -70,7 +72,7 @@ HISTOGRAMS = {
 # role and carried in its report's lag["hist"]; exported as a histogram built from those counts.
 LAG_SAMPLES_HISTOGRAM = ("learner_policy_lag_samples", "Policy lag of each consumed sample (versions)")
 REASON_LABELED = frozenset({"samples_dropped_total", "messages_rejected_total"})
-ROLES = ("actor", "buffer", "learner")
+ROLES = ("actor", "buffer", "learner", "evaluator")
 
 WINDOW = 100  # episodes in the mean return (and carried in a report)
 REPORT_VERSION = 1
@@ -154,6 +156,31 @@ def _dict(v: Any, what: str) -> dict:
     return v
 
 
+MAX_RETURN = 1e12  # |return| beyond this is hostile or broken (as for the episodes in `recent`)
+
+
+def eval_summary(*, count: int, return_mean: float, return_std: float, episodes: int, policy_version: int,
+                 env_frames: int, t: float, best_return_mean: float) -> dict:
+    """The evaluator's report extra `eval`: its evaluations this incarnation, the last one's numbers."""
+    return {"count": count, "best_return_mean": best_return_mean,
+            "last": {"return_mean": return_mean, "return_std": return_std, "episodes": episodes,
+                     "policy_version": policy_version, "env_frames": env_frames, "t": t}}
+
+
+def _eval(v: Any) -> dict:
+    d = _dict(v, "extra.eval")
+    last = _dict(d.get("last"), "extra.eval.last")
+    ret = (-MAX_RETURN, MAX_RETURN)
+    return {"count": _int(d.get("count"), "extra.eval.count", 1, 1 << 40),
+            "best_return_mean": _num(d.get("best_return_mean"), "extra.eval.best_return_mean", *ret),
+            "last": {"return_mean": _num(last.get("return_mean"), "extra.eval.last.return_mean", *ret),
+                     "return_std": _num(last.get("return_std"), "extra.eval.last.return_std", 0.0, MAX_RETURN),
+                     "episodes": _int(last.get("episodes"), "extra.eval.last.episodes", 1, 1 << 20),
+                     "policy_version": _int(last.get("policy_version"), "extra.eval.last.policy_version"),
+                     "env_frames": _int(last.get("env_frames"), "extra.eval.last.env_frames"),
+                     "t": _num(last.get("t"), "extra.eval.last.t", 0.0, 1e11)}}
+
+
 def parse_report(doc: Any, job: Optional[str] = None) -> Report:
     """Validate a report's values, not only its shape: it moves the job's numbers and its stop."""
     d = _dict(doc, "report")
@@ -202,6 +229,8 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
     for k in ("pace_fps", "epsilon", "capacity_sps", "busy_s"):
         if extra_in.get(k) is not None:
             extra[k] = _num(extra_in[k], f"extra.{k}")
+    if extra_in.get("eval") is not None:
+        extra["eval"] = _eval(extra_in["eval"])
     if isinstance(extra_in.get("checkpoint"), str):
         extra["checkpoint"] = extra_in["checkpoint"][:4096]
     return Report(role=role, group=_int(d.get("group"), "group", 0, 1 << 20),

@@ -430,6 +430,22 @@ class CheckpointConfig(_Model):
         return self
 
 
+class EvaluationConfig(_Model):
+    """Periodic evaluation during training: one evaluator process takes the learner's parameters
+    like an actor and, every intervalSeconds, plays `episodes` episodes with the greedy policy
+    (PPO: the mode; DQN: epsilon-greedy) on envs of its own (runtime/roles/evaluator.py)."""
+
+    interval_seconds: Optional[float] = Field(
+        None, gt=0, le=86_400, description="seconds between evaluations; unset or null: no evaluation")
+    episodes: int = Field(10, ge=1, le=1000, description="episodes per evaluation (a fixed count per env)")
+    epsilon: float = Field(0.05, ge=0, le=1, description="DQN: exploration rate of the evaluation policy "
+                                                          "(0.05: the Atari protocol); ignored by PPO")
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_seconds is not None
+
+
 class RoleResources(_Model):
     cpu: float = Field(1.0, ge=MIN_CPU, description="cores requested per process (at least 0.001: one millicore)")
     memory: str = Field("1Gi", json_schema_extra={"pattern": QUANTITY_PATTERN},
@@ -457,6 +473,8 @@ class Resources(_Model):
     actor: RoleResources = Field(default_factory=RoleResources)
     buffer: RoleResources = Field(default_factory=lambda: RoleResources(cpu=0.5, memory="1Gi"))
     learner: RoleResources = Field(default_factory=_learner_resources)
+    evaluator: RoleResources = Field(default_factory=lambda: RoleResources(cpu=0.5, memory="1Gi"),
+                                     description="the evaluator process (only with spec.evaluation)")
 
 
 class Link(_Model):
@@ -643,6 +661,7 @@ class Pods(_Model):
     actor: PodOverlay = Field(default_factory=PodOverlay)
     buffer: PodOverlay = Field(default_factory=PodOverlay)
     learner: PodOverlay = Field(default_factory=PodOverlay)
+    evaluator: PodOverlay = Field(default_factory=PodOverlay)
 
 
 class RunPolicy(_Model):
@@ -722,6 +741,7 @@ class JobSpec(_Model):
     staleness: Staleness = Field(default_factory=Staleness)
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     resources: Resources = Field(default_factory=Resources)
     network: Network = Field(default_factory=Network)
     autoscale: Autoscale = Field(default_factory=Autoscale)

@@ -16,6 +16,7 @@ outlives a run. `--metrics-port` serves every role's metrics for Prometheus.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -161,6 +162,8 @@ class Launcher:
         t = job.spec.topology
         self.children = [Child(r, g, i) for r in ROLE_ORDER for g in range(t.groups)
                          for i in range(getattr(t, r + "s"))]
+        if job.spec.evaluation.enabled:  # spec.evaluation: one evaluator, following learner-0-0
+            self.children.append(Child("evaluator", 0, 0))
         self._by_key = {(c.role, c.group, c.index): c for c in self.children}
         self.dist_init = None
         if t.groups * t.learners > 1:  # data-parallel learners rendezvous on a free local port
@@ -259,6 +262,12 @@ class Launcher:
             c.exits.append(code)
             if now - c.started_at >= HEALTHY_S:  # a slow trickle of faults never ends a run
                 c.failures = 0
+            if c.failures >= MAX_RESTARTS and c.role == "evaluator":  # training goes on without evaluations
+                print(f"tianji: {c.name} failed {c.failures + 1} times in a row (last: {code}); no more "
+                      f"evaluations this run (see {c.log.name})", file=sys.stderr)
+                self.warnings.append(f"{c.name} gave up after {c.failures + 1} failures")
+                c.restart_at = math.inf
+                continue
             if c.failures >= MAX_RESTARTS:
                 self.error = f"{c.name} failed {c.failures + 1} times in a row (last: {code}); see {c.log.name}"
                 return
@@ -354,10 +363,13 @@ class Launcher:
         return {"elapsed": self.t_offset + now - self.started, "env_frames": v["env_frames"], **v["rates"],
                 "policy_version": version, "lag": v["policy_lag"], "episodes": v["episodes"],
                 "mean_return": v["mean_return"], "dropped": sum(v["dropped_samples"].values()),
-                "rejected": v["rejected_messages"], "restarts": self._restarts(), "checkpoint": self.acc.checkpoint()}
+                "rejected": v["rejected_messages"], "restarts": self._restarts(), "checkpoint": self.acc.checkpoint(),
+                **({"eval_return": self.acc.eval_last["return_mean"]} if self.acc.eval_last else {})}
 
     def _restarts(self) -> dict[str, int]:
         out = {"actor": 0, "buffer": 0, "learner": 0}
+        if self.job.spec.evaluation.enabled:
+            out["evaluator"] = 0
         for c in self.children:
             out[c.role] += c.restarts
         return out
@@ -414,7 +426,7 @@ class Launcher:
         what only a local run has (restarts, run dir, exit reason)."""
         acc, spec, t = self.acc, self.job.spec, self.job.spec.topology
         wall = self.t_offset + wall  # a resumed run: the whole run's time
-        v = acc.view(wall)
+        v = acc.view(wall, spec.evaluation)
         frames = max(v["env_frames"], 1)
         rejected = acc.reasons("messages_rejected_total")
         return {
@@ -440,6 +452,7 @@ class Launcher:
             "dropped_samples": v["dropped_samples"],
             "dropped_fraction": v["dropped_fraction"], "replay_ratio": v["replay_ratio"],
             "policy_version": v["policy_version"],
+            "evaluation": v["evaluation"],
             "run_dir": str(self.run_dir),
             **({"resumed_from": self.resumed_from} if self.resumed_from else {}),
             **({"error": self.error} if self.error else {}),

@@ -77,8 +77,10 @@ class RoleMetrics:
         # Plain mirrors: cheap to read for reports, no registry walk on the hot path.
         self.counts: dict[str, float] = {n: 0.0 for n in COUNTERS}
         self.reasons: dict[str, dict[str, float]] = {n: {} for n in REASON_LABELED}
-        # Learner statistics appear once computed: a PPO learner reports no DQN loss of 0.
-        self.gauges: dict[str, float] = {n: 0.0 for n in GAUGES if n.removeprefix("learner_") not in LEARNER_STATS}
+        # Learner statistics appear once computed: a PPO learner reports no DQN loss of 0; nor
+        # does any role report an evaluation return before the evaluator's first evaluation.
+        self.gauges: dict[str, float] = {n: 0.0 for n in GAUGES if n.removeprefix("learner_") not in LEARNER_STATS
+                                         and n != "eval_return_mean"}
         self.lag = {"min": None, "max": None, "sum": 0.0, "count": 0, "hist": [0.0] * (len(LAG_BOUNDS) + 1)}
         if role == "learner":
             self.registry.register(_LagSamples(self))

@@ -21,8 +21,12 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     ret = [r["mean_return"] if r["mean_return"] is not None else float("nan") for r in recs]
     frames = [r["env_frames"] for r in recs]
     fig, ax = plt.subplots(1, 4, figsize=(20, 4))
-    ax[0].plot(t, ret)
-    ax[0].set(xlabel="seconds", ylabel="mean return (last 100)", title="return vs time")
+    ax[0].plot(t, ret, label="training: mean of the last 100 episodes")
+    ev = [(r["t"], r["eval_return"]) for r in recs if r.get("eval_return") is not None]
+    if ev:  # spec.evaluation: the last evaluation's mean (greedy policy), a step per evaluation
+        ax[0].step(*zip(*ev), where="post", label="evaluation (greedy policy)")
+        ax[0].legend(fontsize=8)
+    ax[0].set(xlabel="seconds", ylabel="mean return", title="return vs time")
     ax[1].plot(frames, ret)
     ax[1].set(xlabel="env frames", ylabel="mean return (last 100)", title="return vs frames")
     for key, label in (("produced_fps", "actors: produced frames/s"), ("received_fps", "buffers: received samples/s"),

@@ -30,6 +30,7 @@ def scalars(row: dict) -> dict[str, float]:
     put("charts/episode_return_mean", row.get("mean_return"))
     put("charts/episodes", row.get("episodes"))
     put("charts/env_frames", row.get("env_frames"))
+    put("eval/return_mean", row.get("eval_return"))  # the last periodic evaluation (spec.evaluation)
     for k, tag in RATE_TAGS.items():
         put(tag, row.get(k))
     for k, v in (row.get("lag") or {}).items():

@@ -49,9 +49,10 @@ def run_worker(a: argparse.Namespace) -> int:
         pass
     from tianji.runtime.roles.actor import Actor
     from tianji.runtime.roles.buffer import Buffer
+    from tianji.runtime.roles.evaluator import Evaluator
     from tianji.runtime.roles.learner import Learner
 
-    cls = {"actor": Actor, "buffer": Buffer, "learner": Learner}[a.role]
+    cls = {"actor": Actor, "buffer": Buffer, "learner": Learner, "evaluator": Evaluator}[a.role]
     addrs = Addresses.from_env(job.name, job.spec.network.base_port, a.run_dir)
     fabric = None
     if job.spec.network.interface and not a.run_dir:  # pods: data sockets on that interface's address

@@ -68,7 +68,55 @@ class Pacer:
         return max(0.0, self.next_free - time.monotonic()) if self.fps else 0.0
 
 
-class Actor(Role):
+class ParamFollower:
+    """Follows one learner's parameter publishes (SUB, never waited on): takes the newest
+    queued message, validates it whole before loading (`_take_params`), and keeps
+    `version`. Actors and the evaluator (roles/evaluator.py) follow parameters this way."""
+
+    def follow_params(self, group: int, learner: int) -> None:
+        self.version = 0
+        self.learner_name = f"learner-{group}-{learner}"
+        self.param_limits = limits_for(sum(v.nbytes for v in state_arrays(self.model).values()))
+        self.sub = self.socket(zmq.SUB, self.addrs.connect("params", group, learner), bind=False, hwm=2,
+                               max_msg=self.param_limits.max_total_bytes * 4)
+
+    def probe_params(self) -> None:
+        """Take the newest parameters queued on the subscription (older ones are skipped)."""
+        newest = None
+        while True:
+            msg = self.receive(self.sub, ("params",), self.param_limits)
+            if msg is None:
+                if not self.sub.poll(0):
+                    break
+                continue
+            newest = msg
+        if newest is None:
+            return
+        self.handle(self._take_params, newest)
+
+    def _take_params(self, msg) -> None:
+        """Validated before anything is loaded: sender, every array finite, names/shapes/dtypes
+        (load_arrays), the advertised capacity a sane number. Raises WireError (counted)."""
+        if msg.sender != self.learner_name:
+            raise WireError("sender", f"params from {msg.sender!r}")
+        cap = check_capacity(msg.meta.get("capacity_sps"))
+        headroom = check_headroom(msg.meta.get("headroom"))
+        frames = check_frames(msg.meta.get("frames"))
+        check_params(msg)
+        # Not "only newer versions": a learner restarted from its checkpoint restarts the numbering.
+        try:
+            load_arrays(self.model, msg.arrays)
+        except ValueError as e:
+            raise WireError("params", str(e)) from None
+        self.version = msg.policy_version
+        self.metrics.set("policy_version", self.version)
+        self.on_params(cap, headroom, frames)
+
+    def on_params(self, cap: Optional[float], headroom: Optional[float], frames: Optional[int]) -> None:
+        """What the publish's adverts change in this role (once the parameters are loaded)."""
+
+
+class Actor(ParamFollower, Role):
     name = "actor"
 
     def setup(self) -> None:
@@ -77,14 +125,10 @@ class Actor(Role):
         seed = s.env.seed + 10_000 * self.group + 100 * self.index + 1
         self.rollout = Rollout(s, seed, frames_scale=topo.groups * topo.actors)
         self.model, self.info = self.rollout.model, self.rollout.info
-        self.version = 0
         b = buffer_for_actor(self.index, topo.buffers)
         l = learner_for_actor(self.index, topo.buffers, topo.learners)
         self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4)
-        self.learner_name = f"learner-{self.group}-{l}"
-        self.param_limits = limits_for(sum(v.nbytes for v in state_arrays(self.model).values()))
-        self.sub = self.socket(zmq.SUB, self.addrs.connect("params", self.group, l), bind=False, hwm=2,
-                               max_msg=self.param_limits.max_total_bytes * 4)
+        self.follow_params(self.group, l)
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
         self.learner_paced = False  # a capacity advert has arrived
@@ -154,37 +198,8 @@ class Actor(Role):
         else:
             self.metrics.inc("samples_dropped_total", samples, reason="hwm")
 
-    def probe_params(self) -> None:
-        """Take the newest parameters queued on the subscription (older ones are skipped)."""
-        newest = None
-        while True:
-            msg = self.receive(self.sub, ("params",), self.param_limits)
-            if msg is None:
-                if not self.sub.poll(0):
-                    break
-                continue
-            newest = msg
-        if newest is None:
-            return
-        self.handle(self._take_params, newest)
-
-    def _take_params(self, msg) -> None:
-        """Validated before anything is loaded: sender, every array finite, names/shapes/dtypes
-        (load_arrays), the advertised capacity a sane number. Raises WireError (counted)."""
-        if msg.sender != self.learner_name:
-            raise WireError("sender", f"params from {msg.sender!r}")
-        cap = check_capacity(msg.meta.get("capacity_sps"))
-        headroom = check_headroom(msg.meta.get("headroom"))
-        frames = check_frames(msg.meta.get("frames"))
-        check_params(msg)
-        # Not "only newer versions": a learner restarted from its checkpoint restarts the numbering.
-        try:
-            load_arrays(self.model, msg.arrays)
-        except ValueError as e:
-            raise WireError("params", str(e)) from None
-        self.rollout.params_loaded()
-        self.version = msg.policy_version
-        self.metrics.set("policy_version", self.version)
+    def on_params(self, cap: Optional[float], headroom: Optional[float], frames: Optional[int]) -> None:
+        self.rollout.params_loaded()  # a reduced-precision policy copy follows the new weights
         if frames is not None:
             self.rollout.global_frames = frames
         if self.spec.staleness.pace_actors and cap:
