@@ -192,13 +192,13 @@ def test_dqn_refuses_a_box_action_space_naming_it():
 
 def _data_parallel_learner(rank: int, world: int, init: str, out) -> None:
     torch.set_num_threads(1)
-    from tianji.runtime.distributed import GradientAverager
+    from tianji.runtime.distributed import GroupSync
 
     job = pendulum_job(minibatch_size=256, epochs=2)
     model = build_model(job.spec.algorithm, job.spec.model, INFO, job.spec.env.seed)
     learner = PPOLearner(model, job.spec.algorithm, seed=rank)
-    avg = GradientAverager(rank, world, init, backend="gloo")
-    learner.sync_grads, learner.world = avg, world
+    avg = GroupSync(rank, world, 1, init, "allreduce", backend="gloo")  # `world` groups of one learner
+    learner.sync_grads, learner.world = avg.sync_grads, world
     rng = np.random.default_rng(rank)  # different observations and rewards per rank
     T, N = 64, 4
     for _ in range(2):
