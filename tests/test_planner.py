@@ -521,8 +521,12 @@ def test_on_a_shared_host_actors_and_learner_take_turns():
         assert p["consumed_sps"] == pytest.approx(2.0 * p["produced_fps"])
         assert p["bottleneck"] == SAMPLE_BOUND  # the learner waits out every actor phase
     # Synchronised groups take turns as well and pay the all-reduce: two groups consume less.
-    groups = predict_on_host(job(**d, topology=topo(1, 2)), replace(pr, allreduce_seconds={2: 0.0005}), 2.0)
+    sync = {**topo(1, 2), "groupSync": {"mode": "allreduce"}}
+    groups = predict_on_host(job(**d, topology=sync), replace(pr, allreduce_seconds={2: 0.0005}), 2.0)
     assert groups["consumed_sps"] < one["consumed_sps"]
+    # Averaging groups (the default) pay no per-step all-reduce, but share the same two cores.
+    avg = predict_on_host(job(**d, topology=topo(1, 2)), replace(pr, allreduce_seconds={2: 0.0005}), 2.0)
+    assert groups["consumed_sps"] < avg["consumed_sps"] <= one["consumed_sps"] * 1.001
     busy = predict_on_host(job(**d, topology=topo(1)), pr, 2.0, background=6)
     assert busy["consumed_sps"] < 0.5 * one["consumed_sps"]
 
