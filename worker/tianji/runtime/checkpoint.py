@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import torch
 
+from tianji.runtime.atomicfile import atomic_write
+
 log = logging.getLogger("tianji")
 PATTERN = re.compile(r"^ckpt-(\d{12})\.pt$")
 
@@ -37,16 +39,7 @@ def save(directory: str | Path, version: int, state: dict[str, Any], keep: int) 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     final = d / f"ckpt-{version:012d}.pt"
-    tmp = d / f".tmp-{os.getpid()}-{final.name}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:  # a full disk, a signal: never leave half a file behind
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(final, d / f".tmp-{os.getpid()}-{final.name}", lambda f: torch.save(state, f))
     for old in list_checkpoints(d)[:-keep]:
         old.unlink(missing_ok=True)
     return final

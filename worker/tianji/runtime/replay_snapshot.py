@@ -28,6 +28,7 @@ from typing import Optional
 
 import numpy as np
 
+from tianji.runtime.atomicfile import atomic_write
 from tianji.runtime.storage import Replay
 
 log = logging.getLogger("tianji")
@@ -68,16 +69,7 @@ def write(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{TMP_PREFIX}{os.getpid()}-{final.name}")
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:  # a full disk, a signal: never leave half a file behind
-        tmp.unlink(missing_ok=True)
-        raise
-    return final
+    return atomic_write(final, tmp, lambda f: np.savez(f, **arrays))
 
 
 def remove_temp_files(path: str | Path) -> None:
