@@ -143,3 +143,21 @@ def ipc(run_dir: Path, name: str) -> str:
     """The ipc address of a run's socket `name`. `<run dir>/sock` is a link to a short folder
     when the run dir's path is too long for a unix socket: connect through the resolved path."""
     return f"ipc://{os.path.realpath(Path(run_dir) / 'sock')}/{name}"
+
+
+def run_ranks(target, n_ranks: int, args: tuple, n_msgs: int, timeout: float = 600) -> list:
+    """Spawn `target(rank, init, *args, queue)` for each rank (torch.distributed over tcp on a free
+    port), collect `n_msgs` messages from the queue, and assert every rank exited cleanly."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=target, args=(r, init, *args, q)) for r in range(n_ranks)]
+    for p in procs:
+        p.start()
+    msgs = [q.get(timeout=timeout) for _ in range(n_msgs)]  # liveness bound, not a timing
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return msgs

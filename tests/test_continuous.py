@@ -190,7 +190,7 @@ def test_dqn_refuses_a_box_action_space_naming_it():
         build_model(job.spec.algorithm, job.spec.model, INFO, 1)
 
 
-def _data_parallel_learner(rank: int, world: int, init: str, out) -> None:
+def _data_parallel_learner(rank: int, init: str, world: int, out) -> None:
     torch.set_num_threads(1)
     from tianji.runtime.distributed import GroupSync
 
@@ -213,23 +213,11 @@ def _data_parallel_learner(rank: int, world: int, init: str, out) -> None:
 
 
 def test_data_parallel_learners_share_one_set_of_normalisation_statistics():
-    import torch.multiprocessing as mp
+    from helpers import run_ranks
 
-    from helpers import free_port
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_data_parallel_learner, args=(r, 2, init, q)) for r in range(2)]
-    for p in procs:
-        p.start()
     got = {0: [], 1: []}
-    for _ in range(4):
-        rank, state = q.get(timeout=120)
+    for rank, state in run_ranks(_data_parallel_learner, 2, (2,), 4, timeout=120):
         got[rank].append(state)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
     for step in range(2):
         for k in got[0][step]:
             assert np.array_equal(got[0][step][k], got[1][step][k]), f"{k} differs after update {step}"

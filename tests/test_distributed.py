@@ -7,9 +7,8 @@ import re
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from helpers import EXAMPLES, free_port, read_summary, run_tianji
+from helpers import EXAMPLES, read_summary, run_ranks, run_tianji
 
 
 def _batch(rng) -> dict:
@@ -20,7 +19,7 @@ def _batch(rng) -> dict:
             "valid": rng.random((T, N)) > 0.02, "last_obs": rng.normal(size=(N, 4)).astype(np.float32)}
 
 
-def _learner(rank: int, world: int, init: str, out) -> None:
+def _learner(rank: int, init: str, world: int, out) -> None:
     torch.set_num_threads(1)
     from tianji.algos.ppo import PPOLearner
     from tianji.runtime.distributed import GroupSync
@@ -42,19 +41,9 @@ def _learner(rank: int, world: int, init: str, out) -> None:
 
 
 def test_learners_hold_identical_parameters_after_each_update():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_learner, args=(r, 2, init, q)) for r in range(2)]
-    for p in procs:
-        p.start()
     got = {0: [], 1: []}
-    for _ in range(6):
-        rank, params = q.get(timeout=600)  # a liveness bound: a loaded 2-core machine is slow to spawn
+    for rank, params in run_ranks(_learner, 2, (2,), 6):
         got[rank].append(params)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
     for step in range(3):
         for a, b in zip(got[0][step], got[1][step]):
             assert np.array_equal(a, b), f"parameters differ after update {step}"
@@ -117,23 +106,9 @@ def _averaging_learner(rank: int, init: str, out) -> None:
     gs.close()
 
 
-def _collect(target, n_ranks: int, args: tuple, n_msgs: int) -> list:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=target, args=(r, init, *args, q)) for r in range(n_ranks)]
-    for p in procs:
-        p.start()
-    msgs = [q.get(timeout=600) for _ in range(n_msgs)]  # liveness bound, not a timing
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return msgs
-
-
 def test_average_mode_groups_stay_identical_and_averaging_equalises_groups():
     world = GROUPS * PER_GROUP
-    msgs = _collect(_averaging_learner, world, (), world * (9 + 3))
+    msgs = run_ranks(_averaging_learner, world, (), world * (9 + 3))
     got = {(r, kind, step): v for r, kind, step, v in msgs}
     for step in range(9):  # within a group: identical after every update, averaging or not
         for g in range(GROUPS):
@@ -178,5 +153,5 @@ def _poisoned_learner(rank: int, init: str, out) -> None:
 
 
 def test_a_non_finite_average_is_skipped_on_every_rank():
-    for rank, applied, skipped, same in _collect(_poisoned_learner, 2, (), 2):
+    for rank, applied, skipped, same in run_ranks(_poisoned_learner, 2, (), 2):
         assert not applied and skipped == 1 and same, rank
