@@ -524,7 +524,8 @@ def test_on_a_shared_host_actors_and_learner_take_turns():
     sync = {**topo(1, 2), "groupSync": {"mode": "allreduce"}}
     groups = predict_on_host(job(**d, topology=sync), replace(pr, allreduce_seconds={2: 0.0005}), 2.0)
     assert groups["consumed_sps"] < one["consumed_sps"]
-    # Averaging groups (the default) pay no per-step all-reduce, but share the same two cores.
+    # Averaging groups (the default) pay no per-step all-reduce; the model still lets them take
+    # turns on one host (measured 2026-11-24 they overlapped more: README, a known under-prediction).
     avg = predict_on_host(job(**d, topology=topo(1, 2)), replace(pr, allreduce_seconds={2: 0.0005}), 2.0)
     assert groups["consumed_sps"] < avg["consumed_sps"] <= one["consumed_sps"] * 1.001
     busy = predict_on_host(job(**d, topology=topo(1)), pr, 2.0, background=6)
