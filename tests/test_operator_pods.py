@@ -227,9 +227,10 @@ async def test_the_autoscaler_rescales_actors_from_prometheus_rates(tmp_path):
         spec = {"autoscale": {"enabled": True, "prometheusUrl": c.prometheus.url, "minActors": 1, "maxActors": 2,
                               "band": 0.15, "cooldownSeconds": 0, "intervalSeconds": 2},
                 "staleness": {"paceActors": False, "replayRatio": 4},
-                # Train on past 475: a job that reaches its target first ends (and its StatefulSet
-                # goes) before the autoscaler's first 10 s Prometheus window has filled.
-                "stop": {"meanReturn": None, "seconds": 600}}
+                # Train on past the example's stop rules: a job that reaches 475 or 400k frames first
+                # (unpaced actors get there in under a minute) ends, and its StatefulSet with it,
+                # before the autoscaler has decided.
+                "stop": {"meanReturn": None, "envFrames": None, "seconds": 600}}
         await c.kube.create_job(example_job(spec))
         sts_name = f"{JOB}-actor-0"
         await eventually(lambda: c.kube.obj("apps/v1/statefulsets", NAMESPACE, sts_name)["spec"]["replicas"] == 1,

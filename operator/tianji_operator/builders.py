@@ -298,8 +298,11 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
         "terminationMessagePolicy": "File",
         "ports": ports,
         "resources": _resources(job, role),
+        # timeoutSeconds 5, not the default 1: a worker whose loop keeps its cores busy (unpaced
+        # actors on 2 cores) can take over a second to render /metrics, and a pod marked not ready
+        # holds the autoscaler back ("waiting for actors to become ready")
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
-                           "periodSeconds": 10, "failureThreshold": 3},
+                           "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
         "volumeMounts": [
             {"name": "job", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},

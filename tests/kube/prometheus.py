@@ -127,7 +127,8 @@ class PrometheusServer:
                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h",
                 "--log.level=warn", stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True)
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        # 30 s: on a loaded 2-core box (unpaced actors) Prometheus answers slowly
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         self._task = asyncio.create_task(self._follow(), name="prometheus-sd")
         deadline = time.monotonic() + 30
         while True:
