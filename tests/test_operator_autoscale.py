@@ -154,7 +154,8 @@ async def _evaluated(kube, clock, decision=None):
     def done():
         ev = (_status(kube).get("autoscale") or {}).get("lastEvaluation") or {}
         return ev.get("time") == st.iso(clock.t) and (decision is None or ev["decision"] == decision) and ev
-    return await eventually(done, what=f"an autoscale evaluation ({decision}) at {st.iso(clock.t)}")
+    # 60 s: a liveness bound (the default 10 s was missed once on a busy 2-core CI machine)
+    return await eventually(done, timeout=60, what=f"an autoscale evaluation ({decision}) at {st.iso(clock.t)}")
 
 
 async def _counted(kube, clock):
