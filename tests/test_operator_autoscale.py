@@ -112,6 +112,22 @@ async def test_reports_are_read_from_running_pods_and_validated():
     assert acc.totals()["env_frames"] == 1000 and acc.episodes_total == 2 and acc.policy_version() == 3
 
 
+def test_rates_from_reports_need_a_window_newer_than_the_last_evaluation():
+    """The autoscale timer may tick before the monitor has counted: a zero-length window, or one
+    the previous decision already used, is no observation (it would read as zero production)."""
+    from tianji.control.report import parse_report
+
+    acc = Accounting()
+    for seq, t, frames in ((1, 0.0, 100), (2, 0.0, 100), (3, 10.0, 5100)):
+        acc.take(parse_report(worker_report("cp", "actor", 0, 0, seq=seq, env_frames_total=frames), "cp"))
+        acc.sample(t)
+        if t == 0.0:
+            assert asc.from_accounting(acc) is None  # two samples, but no time between them
+    obs = asc.from_accounting(acc, after=0.0)
+    assert obs is not None and obs.groups[0]["produced"] == pytest.approx(500.0)
+    assert asc.from_accounting(acc, after=10.0) is None  # nothing counted since the evaluation at 10 s
+
+
 async def test_an_unreachable_pod_is_an_error_not_a_zero():
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as http:
         reports, errors = await scrape_reports(http, [_pod("a0", "actor", 0, "127.0.0.9")], 1, "cp")

@@ -63,9 +63,16 @@ class Observation:
                            for g, v in sorted(self.groups.items())]}
 
 
-def from_accounting(acc: Accounting) -> Optional[Observation]:
-    """Per-group rates of the accounting's window; None until it has two samples."""
+def from_accounting(acc: Accounting, after: Optional[float] = None) -> Optional[Observation]:
+    """Per-group rates of the accounting's window; None until the window spans time and,
+    with `after` (the previous evaluation's time), holds a sample newer than it. The
+    monitor and the autoscale timer tick independently: without these checks a tick that
+    runs before the monitor's count is judged on a zero-length window (rates 0) or on the
+    data the previous decision already used, and that stale verdict holds for a whole interval."""
     if len(acc.history) < 2:
+        return None
+    t0, t1 = acc.history[0][0], acc.history[-1][0]
+    if t1 <= t0 or (after is not None and t1 <= after):
         return None
     groups = {}
     procs = acc.processes()

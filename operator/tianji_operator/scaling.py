@@ -50,14 +50,14 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger)
             obs = await asc.query_prometheus(op.http(), url, asc.promql_queries(
                 name, ns, op.config.promql_window, op.config.promql_job_label, op.config.promql_namespace_label))
         else:
-            obs = asc.from_accounting(mem.acc) if mem.acc is not None else None
+            obs = asc.from_accounting(mem.acc, after=mem.last_sample) if mem.acc is not None else None
     except asc.MetricsError as e:
         mem.last_sample = now  # try again after the interval, not on every tick
         op.metrics.errors.labels(where="metrics").inc()
         logger.warning("metrics: %s", e)
         return
     if obs is None:
-        return  # the monitor has not counted two samples yet
+        return  # the monitor has not counted a fresh window yet: try on the next tick
     mem.last_sample = now
     try:
         await _observe_and_rescale(op, body, spec, resolved, obs, now, logger)
