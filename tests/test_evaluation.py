@@ -235,7 +235,8 @@ def test_a_local_run_evaluates_periodically_and_survives_a_killed_evaluator(runn
     from test_faults import pid_of
 
     run = running_tianji(str(PPO), "--set", "spec.evaluation.intervalSeconds=3", "--set", "spec.evaluation.episodes=4",
-                         "--set", "spec.stop.meanReturn=100000", "--set", "spec.stop.seconds=60")
+                         "--set", "spec.stop.meanReturn=100000", "--set", "spec.stop.seconds=60",
+                         "--set", "spec.stop.envFrames=1000000000")  # a fast machine makes 400k frames in 60 s
     wait_for(lambda: (last_record(run.run_dir) or {}).get("eval_return") is not None, 120, "a first evaluation")
     victim = pid_of("evaluator", run.run_dir)
     os.kill(victim, signal.SIGKILL)  # training goes on; the evaluator is restarted and evaluates again
