@@ -305,8 +305,9 @@ def main(argv=None) -> int:
                           "spec.resources.learner.threads=2", f"spec.algorithm.batchSize={2 * B}"], prof, a.seconds, 2))
     if "c" in a.sweeps:
         rows.append(point("c", "1 group", a.job, base, ["spec.topology.actors=1"], prof, a.seconds, 1))
-        rows.append(point("c", "2 groups", a.job, base, ["spec.topology.actors=1", "spec.topology.groups=2"], prof,
-                          a.seconds, 1))
+        for mode in ("average", "allreduce"):  # the mode in the record: the model treats them differently
+            rows.append(point("c", f"2 groups, {mode}", a.job, base, ["spec.topology.actors=1", "spec.topology.groups=2",
+                              f"spec.topology.groupSync.mode={mode}"], prof, a.seconds, 1))
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     job_name = os.path.relpath(a.job, ROOT) if Path(a.job).resolve().is_relative_to(ROOT) else a.job

@@ -524,10 +524,12 @@ def test_on_a_shared_host_actors_and_learner_take_turns():
     sync = {**topo(1, 2), "groupSync": {"mode": "allreduce"}}
     groups = predict_on_host(job(**d, topology=sync), replace(pr, allreduce_seconds={2: 0.0005}), 2.0)
     assert groups["consumed_sps"] < one["consumed_sps"]
-    # Averaging groups (the default) pay no per-step all-reduce; the model still lets them take
-    # turns on one host (measured 2026-11-24 they overlapped more: README, a known under-prediction).
+    # Averaging groups (the default) never wait for each other: they run side by side, sharing
+    # the cores in each phase, so two gain over one but less than twice (each actor phase now
+    # has two actors and a buffer each on 2 cores).
     avg = predict_on_host(job(**d, topology=topo(1, 2)), replace(pr, allreduce_seconds={2: 0.0005}), 2.0)
-    assert groups["consumed_sps"] < avg["consumed_sps"] <= one["consumed_sps"] * 1.001
+    assert 1.2 * one["consumed_sps"] < avg["consumed_sps"] < 2.0 * one["consumed_sps"]
+    assert avg["actor_share"] < one["actor_share"] and avg["consumed_sps"] > 1.5 * groups["consumed_sps"]
     busy = predict_on_host(job(**d, topology=topo(1)), pr, 2.0, background=6)
     assert busy["consumed_sps"] < 0.5 * one["consumed_sps"]
 

@@ -229,7 +229,9 @@ def host_turns(cores: float, actors: int, buffers: int, learners: int, learner_t
     processes): every gradient step ends in an all-reduce that waits for all ranks, and the
     groups' turns were measured to add up, not overlap (2 groups of 1 actor, 1 buffer and 1
     learner on 2 cores consumed 14,972 samples/s, one group 21,702), so g groups take
-    T = g·(T_A + T_learn) per batch of each (plan._predict with turns=g).
+    T = g·(T_A + T_learn) per batch of each (plan._predict with turns=g). Averaging groups
+    (groupSync average) never wait for each other: the arguments are then all groups'
+    processes, which share each phase, and each group takes T = T_A + T_learn.
     """
     n_bg = int(math.ceil(background))
     bgd = [background / n_bg] * n_bg if n_bg else []

@@ -772,7 +772,10 @@ def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: 
     """The same model for `tianji run` on one machine, where processes are not limited to
     their requests. Co-located actors and learners take turns, and so do synchronised groups
     (costmodel.host_turns): per batch the actors' phase and the learner's phase add up, over
-    the g groups, T = max(g·(T_A + T_learn), T_C), and each phase gets a max-min fair share
+    the g groups, T = max(g·(T_A + T_learn), T_C). Averaging groups (groupSync average) run
+    side by side instead: T = max(T_A + T_learn, T_C), with all g groups' processes sharing
+    each phase (measured 2026-11-24: 2 averaging groups produced 1.5× one group on 2 cores,
+    where turns would give 1×). Each phase gets a max-min fair share
     of the `cores` (costmodel.max_min_shares) beside `background` busy processes of other
     work and the buffers' busy share:
 
@@ -789,13 +792,18 @@ def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: 
     threads = learner_threads or s.resources.learner.threads or _threads(s.resources.learner.cpu)
     full = costmodel.learner_sps(profile.learner_sps_per_core, profile.learner_thread_scaling, threads)[0]
     bg = max(0.0, background)
+    # Synchronised groups take turns with each other (one group's processes per phase, g turns);
+    # averaging groups never wait for each other, so they run side by side: every group's
+    # processes share each phase (all in the same phase: the contended case), one turn each.
+    side_by_side = g > 1 and t.group_sync.mode == "average"
+    k, turns = (g, 1) if side_by_side else (1, g)
     d_b = 0.1
     pred: dict = {}
     for _ in range(5):  # the buffers' share depends on the rates: a few rounds reach the fixed point
-        sa, sb, sl = costmodel.host_turns(cores, na, nb, nl, float(threads), d_b, bg)
-        cb = costmodel.host_turns(cores, na, nb, nl, float(threads), 1.0, bg)[1]  # its share were it busy
+        sa, sb, sl = costmodel.host_turns(cores, k * na, k * nb, k * nl, float(threads), d_b, bg)
+        cb = costmodel.host_turns(cores, k * na, k * nb, k * nl, float(threads), 1.0, bg)[1]  # were it busy
         pred = _predict(job, profile, g, na, nb, nl, 1.0, max(cb, _EPS), float(threads), 0,
-                        actor_share=sa, learner_rate=full * min(1.0, sl / threads), turns=g)
+                        actor_share=sa, learner_rate=full * min(1.0, sl / threads), turns=turns)
         msgs = (pred["produced_fps"] + pred["consumed_sps"]) / profile.fragment_samples / (g * nb)
         d_b = min(1.0, max(0.05, msgs * profile.message_seconds))
     pred.update({"actor_share": sa, "buffer_share": sb, "learner_share": sl, "host_cores": cores,
