@@ -35,7 +35,15 @@ BAD_SPECS = {
                                      "spec.env.imports[0]", "should match pattern"),
     "model-from-an-unlisted-package": ({"model": {"entryPoint": "mypkg.models:Net"}},
                                        "spec", "model.entryPoint: module 'mypkg.models' is not in a package listed"),
+    # The CRD's JSON types, which the apiserver enforces and pydantic would coerce: refused, not coerced.
+    "actors-as-a-string": ({"topology": {"actors": "2"}}, "spec.topology.actors", "expected an integer, got str '2'"),
+    "actors-as-a-boolean": ({"topology": {"actors": True}}, "spec.topology.actors", "expected an integer, got bool"),
+    "lr-as-a-string": ({"algorithm": {"name": "ppo", "lr": "0.001"}}, "spec.algorithm.lr",
+                       "expected a number, got str '0.001'"),
+    "pace-actors-as-an-integer": ({"staleness": {"paceActors": 1}}, "spec.staleness.paceActors",
+                                  "expected a boolean, got int 1"),
 }
+JSON_TYPE_CASES = [k for k in BAD_SPECS if "-as-a" in k]
 
 
 def write_manifest(tmp_path, spec: dict):
@@ -87,6 +95,29 @@ async def test_the_operator_refuses_the_spec_in_the_same_words(tmp_path, old_crd
         assert local in planned["message"] and local in failed["message"]
         assert planned["message"].startswith(f"{field}: ") and says in planned["message"]
         assert children(kube) == {}
+
+
+@pytest.mark.parametrize("case", JSON_TYPE_CASES)
+def test_the_crd_schema_refuses_the_same_json_types(case):
+    import jsonschema
+
+    from test_crd import _job, _validate_instance
+
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_instance(_job(BAD_SPECS[case][0]))
+
+
+def test_numbers_read_as_kubectl_reads_them(tmp_path):
+    """`3e-4` is a number (YAML 1.2, kubectl), not the string PyYAML's 1.1 rules make of it; an
+    integral number is an integer, as it is to the apiserver."""
+    from tianji.control.spec import load_job
+
+    p = tmp_path / "job.yaml"
+    p.write_text((EXAMPLES / "cartpole-ppo.yaml").read_text().replace("lr: 1.0e-3", "lr: 3e-4", 1))
+    assert load_job(p).spec.algorithm.lr == 3e-4
+    job = load_job(EXAMPLES / "cartpole-ppo.yaml", ["spec.algorithm.lr=5E-4", "spec.topology.actors=3.0",
+                                                    "spec.stop.envFrames=1e6"])
+    assert (job.spec.algorithm.lr, job.spec.topology.actors, job.spec.stop.env_frames) == (5e-4, 3, 1_000_000)
 
 
 def test_valid_kubernetes_values_pass(tmp_path):

@@ -8,6 +8,8 @@ Python. Unknown fields are errors everywhere (`extra="forbid"`).
 from __future__ import annotations
 
 import re
+import types
+import typing
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -79,12 +81,49 @@ def immutable(field: str) -> dict:
             "message": f"{field} is immutable: delete and re-create the job to change it"}
 
 
+_JSON_TYPE = {bool: "a boolean", int: "an integer", float: "a number"}
+
+
+class _FieldError(ValueError):
+    """A model validator's error about one field (`key`): reported at that field's path."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _scalar_type(annotation: Any) -> Optional[type]:
+    """bool, int or float for a field of that type (or Optional of it); None for anything else."""
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = rest[0] if len(rest) == 1 else None
+    return annotation if annotation in _JSON_TYPE else None
+
+
 class _Model(BaseModel):
     # allow_inf_nan=False: `meanReturn: .nan` (or any NaN/inf) is an error, not a stop rule that never fires.
     model_config = ConfigDict(
         extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_assignment=True,
         allow_inf_nan=False,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_types(cls, data: Any) -> Any:
+        """The CRD's types, as the apiserver applies them: `actors: "2"`, `actors: true` or
+        `paceActors: 1` are refused here too, not coerced (one manifest, one meaning). An
+        integral number is an integer (2.0), as it is to the apiserver."""
+        if not isinstance(data, dict):
+            return data
+        for name, f in cls.model_fields.items():
+            want = _scalar_type(f.annotation)
+            for key in {f.alias or name, name}:
+                v = data.get(key)
+                if want is None or v is None:
+                    continue
+                if not (isinstance(v, bool) if want is bool else isinstance(v, (int, float)) and not isinstance(v, bool)):
+                    raise _FieldError(key, f"expected {_JSON_TYPE[want]}, got {type(v).__name__} {v!r}")
+        return data
 
 
 # ----------------------------------------------------------------- algorithms
@@ -895,8 +934,15 @@ def _message(e: dict) -> str:
     return e["msg"]
 
 
+def _where(e: dict) -> str:
+    path, err = _path_str(e["loc"]), (e.get("ctx") or {}).get("error")
+    if isinstance(err, _FieldError):
+        return err.key if path == "(root)" else f"{path}.{err.key}"
+    return path
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
-    return "\n".join(f"{source}: {_path_str(e['loc'])}: {_message(e)}" for e in err.errors())
+    return "\n".join(f"{source}: {_where(e)}: {_message(e)}" for e in err.errors())
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -956,6 +1002,9 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
+# YAML 1.2 (and kubectl) read `3e-4` as a number; PyYAML's 1.1 rules need a dot and make it a string.
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789"))
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
 
 
