@@ -138,3 +138,32 @@ def test_the_final_report_fits_a_termination_message():
     back = parse_report(json.loads(out), "j")
     assert len(out) <= 4096 and back.counts["env_frames_total"] == 123456789 and 0 < len(back.recent) <= 100
     assert back.recent[-1][0] == pytest.approx(r["recent"][-1][0], abs=0.01)  # the newest are kept
+
+
+def test_scraped_and_terminated_reports_give_the_same_mean_on_a_near_tie():
+    """The operator counts scraped reports and then the pods' compact termination messages; the
+    workers' own final reports alone must give the same mean-100, to the last digit, even when
+    the window's oldest place goes to one of two episodes 0.5 ms apart (rounded alike at the source)."""
+    from tianji.control.report import build_report
+    from tianji.observability.metrics import RoleMetrics
+
+    def report(index, seq, eps, final=False):
+        return build_report(job="j", role="actor", group=0, index=index, incarnation=f"i{index}", pid=1,
+                            started=1.0, seq=seq, time=100.0 + seq, final=final,
+                            snapshot=RoleMetrics("j", "actor", 0, index).snapshot(),
+                            episodes_total=len(eps), recent=eps, extra={})
+
+    a = [(10.004, 500.0)] + [(20.0 + i, 400.0) for i in range(50)]
+    b = [(10.0045, 0.0)] + [(20.5 + i, 400.0) for i in range(49)]  # 101 episodes: one of the two oldest goes
+    status = Accounting()
+    for r in (report(0, 1, a), report(1, 1, b)):  # scraped: full reports
+        status.take(parse_report(r, "j"))
+    finals = [parse_report(json.loads(compact_json(report(i, 2, eps, final=True), 4096)), "j")
+              for i, eps in ((0, a), (1, b))]
+    for f in finals:
+        status.take(f)
+    workers = Accounting()
+    for f in finals:
+        workers.take(f)
+    assert status.episodes_total == workers.episodes_total == 101
+    assert status.mean_return() == workers.mean_return()

@@ -234,7 +234,8 @@ def test_ppo_learns_pendulum_through_tianji_run(tmp_path):
     s = read_summary(run)
     assert r.returncode == 0, r.stderr[-2000:]
     assert s["reached_target"] and s["exit_reason"] == "target", s
-    assert s["mean_return"] >= -250 and s["rejected_messages"] == 0, s
+    # the mean that met the rule; episodes that end while the run stops still count in mean_return
+    assert s["mean_return_at_target"] >= -250 and s["mean_return"] >= -300 and s["rejected_messages"] == 0, s
     # Updates here take longer than the learner's 1 s credit top-up: that must not queue extra batches
     # (lag bound: maxPolicyLag 2 at the buffer + the credit window + the batch being trained).
     assert s["policy_lag"]["max"] <= 5, s["policy_lag"]

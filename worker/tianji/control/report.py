@@ -121,13 +121,21 @@ def build_report(*, job: str, role: str, group: int, index: int, incarnation: st
             "incarnation": incarnation, "pid": pid, "started": started, "seq": seq, "time": time, "final": final,
             "counts": snapshot["counts"], "reasons": snapshot["reasons"], "gauges": snapshot["gauges"],
             "lag": snapshot["lag"], "episodes_total": int(episodes_total),
-            "recent": [[float(t), float(r)] for t, r in recent[-MAX_EPISODES_PER_REPORT:]], "extra": extra}
+            "recent": [episode(t, r) for t, r in recent[-MAX_EPISODES_PER_REPORT:]], "extra": extra}
+
+
+def episode(t: float, r: float) -> list[float]:
+    """One recent episode as every report carries it: finish time to 0.01 s, return to 6
+    significant digits. Rounded at the source, so that a scraped report and the compact
+    termination message (which must be short) carry the same values: the mean-100 window is
+    ordered by these, and two copies that differed could order a near-tie differently."""
+    return [round(float(t), 2), float(f"{float(r):.6g}")]
 
 
 def compact_json(report: dict, limit: int) -> bytes:
     """JSON of `report` in at most `limit` bytes (a pod's termination message keeps 4096):
     the oldest recent episodes go first; counters are never dropped."""
-    doc = dict(report, recent=[[round(t, 2), float(f"{r:.6g}")] for t, r in report.get("recent", [])])
+    doc = dict(report, recent=[episode(t, r) for t, r in report.get("recent", [])])
     while True:
         out = json.dumps(doc, separators=(",", ":")).encode()
         if len(out) <= limit or not doc["recent"]:

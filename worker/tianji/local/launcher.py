@@ -180,6 +180,7 @@ class Launcher:
             self._check_checkpoints()
         self.started = time.monotonic()
         self.target_reached_at: Optional[float] = None
+        self.mean_at_target: Optional[float] = None  # the mean-100 that met the stop rule
         self.interrupted = False
         self.error: Optional[str] = None
         self.zygote: Optional[zygote.Zygote] = None
@@ -339,6 +340,7 @@ class Launcher:
                 continue
             if rep.episodes_total and self.target_reached_at is None and self.stop_rule.target_reached(self.acc):
                 self.target_reached_at = time.monotonic() - self.started
+                self.mean_at_target = self.acc.mean_return()
             for c in self.children:
                 if (c.role, c.group, c.index) == rep.key and c.proc is not None and c.proc.pid == rep.pid:
                     c.last_report = time.monotonic()
@@ -434,6 +436,7 @@ class Launcher:
             "target_return": float(spec.stop.mean_return) if spec.stop.mean_return is not None else None,
             "reached_target": self.target_reached_at is not None,
             "seconds_to_target": round(self.t_offset + self.target_reached_at, 3) if self.target_reached_at is not None else None,
+            "mean_return_at_target": self.mean_at_target,
             "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
             "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
             "throughput": v["throughput"],
