@@ -167,3 +167,28 @@ def test_scraped_and_terminated_reports_give_the_same_mean_on_a_near_tie():
         workers.take(f)
     assert status.episodes_total == workers.episodes_total == 101
     assert status.mean_return() == workers.mean_return()
+
+
+def test_an_actors_final_report_keeps_its_whole_window_in_a_termination_message():
+    """The operator's final count of a pod comes from its 4096-byte termination message: an actor's
+    report with every counter it keeps, large values and long float returns still carries its 100
+    most recent episodes (the mean-100 of status and of the workers' own reports stay equal)."""
+    from tianji.control.report import build_report
+    from tianji.observability.metrics import RoleMetrics
+
+    m = RoleMetrics("halfcheetah-ppo-with-a-forty-char-name-x", "actor", 3, 11)
+    for name, v, reason in (("episodes_total", 12345, None), ("env_frames_total", 123456789, None),
+                            ("samples_sent_total", 123456789, None), ("bytes_sent_total", 12345678901, None),
+                            ("bytes_received_total", 12345678901, None),
+                            ("samples_dropped_total", 1234, "env_nonfinite"), ("samples_dropped_total", 1234, "hwm"),
+                            ("messages_rejected_total", 3, "decode"), ("messages_rejected_total", 3, "schema")):
+        m.inc(name, v, **({"reason": reason} if reason else {}))
+    for name, v in (("policy_version", 123456), ("episode_return_mean", -1234.5678), ("epsilon", 0.05)):
+        m.set(name, v)
+    recent = [(1_763_957_412.123456 + 7.1 * i, -1234.56789 - i) for i in range(WINDOW)]
+    r = build_report(job="halfcheetah-ppo-with-a-forty-char-name-x", role="actor", group=3, index=11, incarnation="0123456789abcdef",
+                     pid=123456, started=1_763_957_000.123, seq=12345, time=1_763_958_000.5, final=True,
+                     snapshot=m.snapshot(), episodes_total=12345, recent=recent,
+                     extra={"version": 123456, "pace_fps": 1234.5678, "epsilon": 0.05})
+    back = parse_report(json.loads(compact_json(r, 4096)), "halfcheetah-ppo-with-a-forty-char-name-x")
+    assert [list(e) for e in back.recent] == r["recent"] and len(back.recent) == WINDOW
