@@ -121,7 +121,8 @@ class _Model(BaseModel):
                 v = data.get(key)
                 if want is None or v is None:
                     continue
-                if not (isinstance(v, bool) if want is bool else isinstance(v, (int, float)) and not isinstance(v, bool)):
+                number = isinstance(v, (int, float)) and not isinstance(v, bool)
+                if not (isinstance(v, bool) if want is bool else number):
                     raise _FieldError(key, f"expected {_JSON_TYPE[want]}, got {type(v).__name__} {v!r}")
         return data
 
@@ -1003,8 +1004,8 @@ class _StrictLoader(yaml.SafeLoader):
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
 # YAML 1.2 (and kubectl) read `3e-4` as a number; PyYAML's 1.1 rules need a dot and make it a string.
-_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-                                    list("-+0123456789"))
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
 
 
