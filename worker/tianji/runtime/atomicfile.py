@@ -1,6 +1,7 @@
 """Write a file so that readers see the old one or the whole new one, never half of it."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -18,3 +19,10 @@ def atomic_write(final: Path, tmp: Path, dump: Callable[[BinaryIO], None]) -> Pa
         tmp.unlink(missing_ok=True)
         raise
     return final
+
+
+def atomic_write_json(path: str | os.PathLike, doc: object) -> Path:
+    """`doc` as indented JSON at `path`, through atomic_write (temp file beside it)."""
+    final = Path(path)
+    return atomic_write(final, final.with_name(final.name + ".tmp"),
+                        lambda f: f.write((json.dumps(doc, indent=2) + "\n").encode()))

@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
 from typing import Optional
+
+from tianji.runtime.atomicfile import atomic_write_json
 
 TAG = b"tianji-link/1"
 MAX_PAYLOAD = 64 << 20  # refuse larger requests (a peer could otherwise make the server buffer anything)
@@ -160,10 +161,7 @@ def link_command(args: argparse.Namespace) -> int:
         print(f"tianji profile: {out}: not a JSON object; not overwritten", file=sys.stderr)
         return 2
     doc.update(res)
-    tmp = f"{out}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, out)
+    atomic_write_json(out, doc)
     print(f"tianji profile: link {res['link_bytes_per_second'] * 8 / 1e9:,.2f} Gbit/s, "
           f"{res['link_latency_s'] * 1e6:,.0f} µs one-way; wrote {out}", file=sys.stderr)
     return 0

@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from tianji.runtime.atomicfile import atomic_write_json
 from tianji.runtime.rollout import Rollout
 from tianji.control.spec import PPOConfig, TianJiJob, load_job
 
@@ -377,13 +378,6 @@ def measure_profile(job: TianJiJob, seconds: float = 3.0) -> dict:
     }
 
 
-def _write_json(out: str, d: dict) -> None:
-    tmp = f"{out}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(d, indent=2) + "\n")
-    os.replace(tmp, out)
-
-
 def profile_command(args: argparse.Namespace) -> int:
     if not getattr(args, "job", None):
         print("tianji profile: a job manifest is needed (or --link-serve / --link-measure)", file=sys.stderr)
@@ -401,7 +395,7 @@ def profile_command(args: argparse.Namespace) -> int:
             with open(out) as f:  # keep a link measured into this file earlier (--link-measure)
                 old = json.load(f)
             result.update({k: old[k] for k in ("link_bytes_per_second", "link_latency_s", "link") if k in old})
-        _write_json(out, result)
+        atomic_write_json(out, result)
         print(f"tianji profile: actor {result['actor_fps_per_core']:,.0f} frames/s/core, learner "
               f"{result['learner_sps_per_core']:,.0f} samples/s/core, message {result['message_seconds'] * 1e6:,.0f} µs, "
               f"{result['bytes_per_sample']:,.0f} B/sample; wrote {out}", file=sys.stderr)
