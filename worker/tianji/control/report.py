@@ -164,7 +164,7 @@ def _dict(v: Any, what: str) -> dict:
     return v
 
 
-MAX_RETURN = 1e12  # |return| beyond this is hostile or broken (as for the episodes in `recent`)
+MAX_RETURN = 1e12  # |return| beyond this is hostile or broken (recent episodes and evaluations)
 
 
 def eval_summary(*, count: int, return_mean: float, return_std: float, episodes: int, policy_version: int,
@@ -229,7 +229,7 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
     for i, e in enumerate(recent_in):
         if not isinstance(e, (list, tuple)) or len(e) != 2:
             raise ReportError(f"recent[{i}]: expected [finish time, return]")
-        recent.append((_num(e[0], f"recent[{i}].time", 0.0, 1e11), _num(e[1], f"recent[{i}].return", -1e12, 1e12)))
+        recent.append((_num(e[0], f"recent[{i}].time", 0.0, 1e11), _num(e[1], f"recent[{i}].return", -MAX_RETURN, MAX_RETURN)))
     extra_in = _dict(d.get("extra", {}), "extra")
     extra: dict[str, Any] = {}
     if extra_in.get("version") is not None:

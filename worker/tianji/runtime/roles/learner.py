@@ -298,7 +298,7 @@ class Learner(Role):
         """Cross-group averaging after every update (average mode; distributed.GroupSync). False if a
         peer is gone (the learner then stops with an error, as for a failed gradient all-reduce)."""
         avg = self.averager
-        skipped = getattr(avg, "skipped", 0)
+        skipped = avg.skipped
         try:
             applied = avg.after_update(self.model)
         except RuntimeError as e:
@@ -308,7 +308,7 @@ class Learner(Role):
         if applied:
             self.metrics.inc("group_averages_total")
             self._keep_good()
-        elif getattr(avg, "skipped", 0) > skipped:
+        elif avg.skipped > skipped:
             log.warning("%s: cross-group average not finite; skipped", self.sender)
             self.metrics.inc("group_averages_skipped_total")
         return True
