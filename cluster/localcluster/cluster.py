@@ -23,8 +23,8 @@ from . import network
 from .controlplane import DOMAIN, ControlPlane, Proc
 
 HERE = Path(__file__).resolve().parent
-K8S_VERSION = next(line.split()[2] for line in (HERE.parent / "go" / "k8s" / "go.mod").read_text().splitlines()
-                   if line.startswith("require k8s.io/kubernetes"))
+K8S_VERSION = next(w[1] for w in map(str.split, (HERE.parent / "go" / "k8s" / "go.mod").read_text().splitlines())
+                   if len(w) >= 2 and w[0] == "k8s.io/kubernetes" and w[1].startswith("v"))
 BIN = Path(os.environ.get("K8S_CACHE", Path.home() / ".cache" / "tianji" / f"k8s-{K8S_VERSION}")) / "bin"
 PROGRAMS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "coredns", "helm")
 
@@ -82,8 +82,10 @@ class NodeHandle:
                 f"--dns={c.net.gateway}", f"--domain={DOMAIN}", f"--cpu={self.cpu}", f"--memory={self.memory}",
                 f"--gpus={self.gpus}", *(f"--resource={k}={v}" for k, v in self.resources.items()),
                 *(f"--label={k}={v}" for k, v in self.labels.items()), *c.agent_args]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
-                                                                          os.environ.get("PYTHONPATH")]))}
+        # The pods' "image" is this venv: its bin first on PATH (`tianji`, `python`).
+        venv_bin = str(Path(sys.executable).parent)
+        env = {**os.environ, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "/usr/bin:/bin")]),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
         self.agent = Proc(f"node-{self.name}", argv, c.root / "logs" / f"node-{self.name}.log").start(env)
 
     def processes(self) -> list[int]:

@@ -9,22 +9,17 @@ On these machines the tier never skips: missing programs fail it (`make cluster`
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional
 
 import pytest
-import yaml
 
 from localcluster import network
 from localcluster.cluster import BIN, LocalCluster, missing_programs
 from localcluster.pods import unavailable_reason
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "tianji-operator"
-RELEASE, OPERATOR_NS = "tianji", "tianji-system"
+from clusterkit import OPERATOR_NS, RELEASE, helm, install_operator
+
 # Faster than a kubelet's defaults, as the emulator tier runs them: restarts back off from 1 s.
 AGENT_ARGS = ("--backoff-base=1", "--backoff-max=10", "--probe-period-cap=1")
 
@@ -64,49 +59,22 @@ def cluster(tmp_path_factory) -> LocalCluster:
     c.down()
 
 
-def helm(c: LocalCluster, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": str(c.kubeconfig), "HELM_CACHE_HOME": str(c.root / "helm" / "cache"),
-           "HELM_CONFIG_HOME": str(c.root / "helm" / "config"), "HELM_DATA_HOME": str(c.root / "helm" / "data")}
-    res = subprocess.run([str(BIN / "helm"), *args], capture_output=True, text=True, timeout=timeout, env=env)
-    if check and res.returncode != 0:
-        raise RuntimeError(f"helm {' '.join(args)}: {res.stderr.strip()}\n{c.logs(30)}")
-    return res
+@pytest.fixture(scope="session")
+def prometheus(cluster: LocalCluster, tmp_path_factory):
+    from cluster_prometheus import ClusterPrometheus
 
-
-OPERATOR_VALUES = ["--set", "operator.monitorInterval=1", "--set", "operator.autoscaleTick=1",
-                   "--set", "operator.handlerBackoff=1"]
+    p = ClusterPrometheus(cluster, tmp_path_factory.mktemp("prometheus")).start()
+    yield p
+    p.stop()
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: LocalCluster) -> str:
-    """`helm install` of the chart, as the README says; waits for the operator pod to be Ready."""
-    helm(cluster, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace", *OPERATOR_VALUES,
-         "--wait", "--timeout=180s")
+def operator(cluster: LocalCluster, prometheus) -> str:
+    """`helm install` of the chart, as the README says (plus shorter intervals and the test
+    Prometheus allowed); waits for the operator pod to be Ready."""
+    install_operator(cluster, prometheus.url)
     yield RELEASE
     helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
-
-
-def get(c: LocalCluster, *args: str) -> Any:
-    """`kubectl get ... -o yaml` as a dict (None if not found)."""
-    res = c.kubectl("get", *args, "-o", "yaml", check=False)
-    if res.returncode != 0:
-        if "NotFound" in res.stderr:
-            return None
-        raise RuntimeError(res.stderr)
-    return yaml.safe_load(res.stdout)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0,
-             on_timeout: Optional[Callable[[], str]] = None) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    extra = on_timeout() if on_timeout else ""
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})\n{extra}")
 
 
 @pytest.fixture

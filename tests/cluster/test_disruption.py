@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import get, wait_for
-from jobs import JOB, condition, diagnostics, example, pods, status, wait_phase
+from clusterkit import get, wait_for
+from cluster_jobs import JOB, condition, diagnostics, example, pods, status, wait_phase
 
 
 def training(c, ns: str, frames: int = 20_000) -> dict:

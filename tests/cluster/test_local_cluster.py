@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from conftest import get, wait_for
+from clusterkit import get, wait_for
 
 SERVER = textwrap.dedent("""
     import http.server, os, socket

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import OPERATOR_NS, RELEASE
-from jobs import EXAMPLE, JOB, condition, final_reports, pods, wait_phase, workers_view
+from clusterkit import OPERATOR_NS, RELEASE, wait_for
+from cluster_jobs import EXAMPLE, JOB, condition, final_reports, pods, status, wait_phase, workers_view
 
 SA = f"system:serviceaccount:{OPERATOR_NS}:{RELEASE}-tianji-operator"
 
@@ -38,21 +38,13 @@ def test_quick_start_trains_to_the_target_in_a_restricted_namespace(cluster, ope
     ok = condition(st, "Succeeded")
     assert st["phase"] == "Succeeded" and ok["reason"] == "StopConditionReached", st
     assert st["meanReturn"] >= 475, st
-    # `kubectl get tjj` prints the numbers of the status...
-    table = cluster.kubectl("get", "tjj", JOB, "-n", namespace, "--no-headers",
-                            "-o", "custom-columns=F:.status.envFrames,E:.status.episodes,M:.status.meanReturn"
-                            ).stdout.split()
-    # ...and, once every pod is gone, they are what the worker processes counted themselves.
-    from conftest import wait_for
-
+    # Once every pod is gone, `kubectl get tjj` shows what the worker processes counted themselves.
     wait_for(lambda: not pods(cluster, namespace), 120, "the job's pods to go (cleanPodPolicy Running)")
     reports, missing = final_reports(cluster, namespace)
     assert reports and not missing, missing
     want = workers_view(reports)
 
     def agrees() -> bool:
-        from jobs import status
-
         s = status(cluster, namespace)
         return (s.get("envFrames"), s.get("episodes"), s.get("meanReturn")) == (
             want["env_frames"], want["episodes"], want["mean_return"])

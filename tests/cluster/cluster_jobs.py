@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import yaml
 
-from conftest import get, wait_for
+from clusterkit import get, wait_for
 from tianji.control.accounting import Accounting
 from tianji.control.report import parse_report
 
