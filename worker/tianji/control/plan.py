@@ -49,16 +49,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from tianji.control import costmodel  # noqa: F401  (re-exported for callers: plan.costmodel)
-from tianji.control.objective import NEAR_BEST, choose  # noqa: F401
-from tianji.control.placement import pack  # noqa: F401
+from tianji.control.objective import choose
+# Re-exported: the names the launcher, the operator and the workers import from here.
 from tianji.control.prediction import (  # noqa: F401
     COMMUNICATION_BOUND,
     SAMPLE_BOUND,
     TRAINING_BOUND,
     Shape,
 )
-from tianji.control.profile import OPTIONAL_PROFILE_KEYS, Profile, default_profile, load_profile  # noqa: F401
+from tianji.control.profile import Profile, default_profile, load_profile  # noqa: F401
 from tianji.control.rebalance import (  # noqa: F401
     GroupThroughput,
     RebalancePolicy,
