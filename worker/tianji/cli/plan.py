@@ -68,15 +68,15 @@ def _summary_rows(p: Plan, source: str, cpus: float, gpus: int, host: dict | Non
 def _runners_up_table(p: Plan):
     from rich.table import Table
 
-    t = Table(title="runners-up (considered, not chosen)")
+    t = Table(title="runners-up: plans considered and why they lost (time to target relative to the plan)")
     for col, just in (("groups x (actors, buffers, learners)", "left"), ("cores / GPUs", "right"),
-                      ("effective samples/s", "right"), ("efficiency", "right"),
+                      ("effective /s", "right"), ("efficiency", "right"),
                       ("time to target", "right"), ("why it lost", "left")):
-        t.add_column(col, justify=just)
+        t.add_column(col, justify=just, no_wrap=True)
     for r in p.runners_up:
         topo = r["topology"]
-        t.add_row(f"{topo['groups']} x ({topo['actors']}, {topo['buffers']}, {topo['learners']}); "
-                  f"learner {r['learner_cpu']:g} core" + (" + GPU" if r["learner_gpu"] else ""),
+        t.add_row(f"{topo['groups']} x ({topo['actors']}, {topo['buffers']}, {topo['learners']}), "
+                  f"{r['learner_cpu']:g}-core learner" + (" + GPU" if r["learner_gpu"] else ""),
                   f"{r['cpus_used']:g} / {r['gpus_used']}", _fmt_rate(r["effective_sps"]),
                   f"{r['efficiency']:.2f}", f"x{r['time_to_target_vs_plan']:.2f}", r["lost"])
     return t
@@ -91,7 +91,7 @@ def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int, host: 
     s.add_column()
     for k, v in _summary_rows(p, source, cpus, gpus, host):
         s.add_row(k, v)
-    c = Console(width=max(Console().width, 150))
+    c = Console(width=max(Console().width, 200))
     c.print(_roles_table(name, p))
     c.print(s)
     if p.runners_up:

@@ -94,11 +94,9 @@ def _why(c: Candidate, chosen: Candidate, cpus: float, gpus: int, x: float) -> s
                 "fewer resources")
     if rc > rp:
         k, gain = rc / rp, c.effective / chosen.effective - 1
-        return (f"{gain:+.0%} effective progress for {k:.2g}x the resources; minMarginalGain {x:g} asks "
-                f"{k ** x - 1:+.0%}")
+        return f"{gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k ** x - 1:+.0%}"
     k, gain = rp / rc, chosen.effective / c.effective - 1
-    return (f"the plan buys {gain:+.0%} effective progress for {k:.2g}x its resources "
-            f"(minMarginalGain {x:g} asks {k ** x - 1:+.0%})")
+    return f"the plan buys {gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k ** x - 1:+.0%}"
 
 
 def _runners_up(chosen, eligible, cands, cpus, gpus, x, max_lag) -> list[dict]:
@@ -112,6 +110,6 @@ def _runners_up(chosen, eligible, cands, cpus, gpus, x, max_lag) -> list[dict]:
     dropped = [c for c in cands if id(c) not in kept and c.effective > chosen.effective]
     if dropped:
         d = max(dropped, key=lambda c: c.effective)
-        out.append(_describe(d, chosen, f"expected policy lag {d.pred['expected_policy_lag']:.1f} > "
-                                        f"spec.staleness.maxPolicyLag {max_lag}: its samples would be dropped"))
+        out.append(_describe(d, chosen, f"expected policy lag {d.pred['expected_policy_lag']:.1f} > maxPolicyLag "
+                                        f"{max_lag}: its samples would be dropped"))
     return out
