@@ -115,9 +115,11 @@ def plot(rows: list[dict], out: Path) -> None:
         for algo, mark in (("ppo", "o"), ("dqn", "s")):
             xs = [(m, p) for m, p, a in pts if a == algo]
             ax.scatter([m for m, _ in xs], [p for _, p in xs], marker=mark, label=algo)
-        top = max([max(m, p) for m, p, _ in pts] or [1.0]) * 1.1
-        ax.plot([0, top], [0, top], "k--", lw=0.8, label="predicted = measured")
-        ax.set(xlim=(0, top), ylim=(0, top), xlabel=f"measured {k}", ylabel=f"predicted {k}")
+        vals = [v for m, p, _ in pts for v in (m, p) if v > 0] or [1.0]
+        lo, top = min(vals) / 1.5, max(vals) * 1.5
+        ax.plot([lo, top], [lo, top], "k--", lw=0.8, label="predicted = measured")
+        ax.set(xscale="log", yscale="log", xlim=(lo, top), ylim=(lo, top),
+               xlabel=f"measured {k}", ylabel=f"predicted {k}")
         ax.legend(fontsize=8)
     fig.suptitle("planner (predict_on_host) vs random topologies run for real")
     fig.tight_layout()
