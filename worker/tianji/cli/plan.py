@@ -20,6 +20,10 @@ def _fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.2f}"
 
 
+def _fmt_times(x) -> str:
+    return "never" if x is None else f"x{x:.2f}"
+
+
 def _roles_table(name: str, p: Plan):
     from rich.table import Table
 
@@ -78,7 +82,7 @@ def _runners_up_table(p: Plan):
         t.add_row(f"{topo['groups']} x ({topo['actors']}, {topo['buffers']}, {topo['learners']}), "
                   f"{r['learner_cpu']:g}-core learner" + (" + GPU" if r["learner_gpu"] else ""),
                   f"{r['cpus_used']:g} / {r['gpus_used']}", _fmt_rate(r["effective_sps"]),
-                  f"{r['efficiency']:.2f}", f"x{r['time_to_target_vs_plan']:.2f}", r["lost"])
+                  f"{r['efficiency']:.2f}", _fmt_times(r["time_to_target_vs_plan"]), r["lost"])
     return t
 
 

@@ -69,9 +69,12 @@ def choose(cands: list[Candidate], cpus: float, gpus: int, x: float, max_lag=Non
     eligible = _lag_ok(cands, max_lag)
     best = max(score(c, cpus, gpus, x) for c in eligible)
     pool = [c for c in eligible if score(c, cpus, gpus, x) >= (1 - NEAR_BEST) * best]
-    sh = lambda c: c.shape  # noqa: E731
-    chosen = min(pool, key=lambda c: (round(resources(c, cpus, gpus), 9), sh(c).g * sh(c).nl,
-                                      sh(c).g * (sh(c).na + sh(c).nb + sh(c).nl), -c.effective))
+
+    def smallest(c: Candidate) -> tuple:  # resources, then learners, then processes
+        s = c.shape
+        return round(resources(c, cpus, gpus), 9), s.g * s.nl, s.g * (s.na + s.nb + s.nl), -c.effective
+
+    chosen = min(pool, key=smallest)
     return Choice(chosen, tuple(eligible), tuple(_runners_up(chosen, eligible, cands, cpus, gpus, x, max_lag)))
 
 
@@ -82,7 +85,7 @@ def _describe(c: Candidate, chosen: Candidate, lost: str) -> dict:
             "cpus_used": c.cores, "gpus_used": c.gpus, "consumed_sps": c.pred["consumed_sps"],
             "efficiency": c.pred["efficiency"], "effective_sps": c.effective,
             "expected_policy_lag": c.pred["expected_policy_lag"], "bottleneck": c.pred["bottleneck"],
-            "time_to_target_vs_plan": chosen.effective / c.effective if c.effective > 0 else float("inf"),
+            "time_to_target_vs_plan": chosen.effective / c.effective if c.effective > 0 else None,
             "lost": lost}
 
 
