@@ -12,6 +12,15 @@ this same run (`tianji profile`, 2 s per component, one per algorithm and envs p
 and the busy background measured just before the point. Nothing is fitted to any of the
 runs: the model's figures come from the profile alone.
 
+    python bench/planner_validation.py --time-to-target [--random 3] [--budget-s 150] [--algos ppo]
+
+`--time-to-target` asks the paper's Fig. 6 question instead: the planner's topology
+(`topology: auto` for this machine's cores, from a profile taken now) against --random
+topologies drawn as above, each run until the example's stop.meanReturn (or --budget-s),
+on seconds to target from the run's summary.json. One seed per topology: seed-to-seed spread
+of time to target is ±25 % (docs/groupsync.json), so only large differences mean anything.
+Output DIR/planner-time-to-target.json.
+
 Reported (JSON on stdout and DIR/planner-validation.json, plot DIR/planner-validation.png):
 per point the predicted and measured produced frames/s and consumed samples/s, their
 relative errors (pred − meas)/meas, and the bottleneck kinds; over all points the median
@@ -126,6 +135,56 @@ def plot(rows: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=90)
 
 
+def to_target(algo: str, sets: list[str], budget_s: float, profile: str) -> dict:
+    """One `tianji run` to the example's target; its topology as resolved, and summary figures."""
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    with tempfile.TemporaryDirectory(prefix="tianji-ttt-") as tmp:
+        rd = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "tianji.cli", "run", str(ROOT / EXAMPLES[algo]), "--run-dir", str(rd), "--quiet",
+               "--profile", profile]
+        for x in [f"spec.stop.seconds={budget_s}", *sets]:
+            cmd += ["--set", x]
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "worker") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        load = os.getloadavg()[0]
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget_s + 180)
+        try:
+            summ = json.loads((rd / "summary.json").read_text())
+            topo = yaml.safe_load((rd / "job.yaml").read_text())["spec"]["topology"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {"set": sets, "error": p.stderr[-800:]}
+    return {"set": sets, "topology": topo, "load1_before": round(load, 2), "reached_target": summ["reached_target"],
+            "seconds_to_target": summ["seconds_to_target"], "env_frames": summ["env_frames"],
+            "wall_seconds": round(summ["wall_seconds"], 1), "exit_reason": summ["exit_reason"]}
+
+
+def time_to_target(a, algos: list[str]) -> dict:
+    """The planner's topology vs random ones on seconds to target (module docstring)."""
+    from tianji.runtime.atomicfile import atomic_write_json
+
+    rng, out = random.Random(a.seed), {}
+    for algo in algos:
+        cache: dict = {}
+        t0 = {"algo": algo, "num_envs": 4}
+        prof_path = Path(a.out_dir) / f"profile-{algo}.json"
+        prof_path.parent.mkdir(parents=True, exist_ok=True)
+        profile_for(cache, t0, a.budget_s)
+        atomic_write_json(prof_path, cache[(algo, 4)])
+        planned = to_target(algo, ["spec.topology.auto=true", f"spec.resources.cpus={os.cpu_count() or 1}"],
+                            a.budget_s, str(prof_path))
+        print(f"  {algo} planned: {planned}", file=sys.stderr)
+        rand = []
+        for _ in range(a.random):
+            t = draw(rng, [algo])
+            rand.append(to_target(algo, point_sets(t), a.budget_s, str(prof_path)))
+            print(f"  {algo} random: {rand[-1]}", file=sys.stderr)
+        out[algo] = {"planned": planned, "random": rand}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10)
@@ -133,6 +192,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--algos", default="ppo,dqn")
     ap.add_argument("--out-dir", default=".")
+    ap.add_argument("--time-to-target", action="store_true", help="planned vs random topologies on time to target")
+    ap.add_argument("--random", type=int, default=3, help="--time-to-target: random topologies per algorithm")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="--time-to-target: seconds cap per run")
     a = ap.parse_args(argv)
     algos = [x for x in a.algos.split(",") if x]
     if not algos or set(algos) - set(EXAMPLES) or a.n < 1 or not a.seconds > 0:
@@ -140,6 +202,14 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)  # this process only profiles and predicts; the runs set their own
+    if a.time_to_target:
+        load0 = list(os.getloadavg())
+        res = {"bench": "planner-time-to-target", "seed": a.seed, "budget_s": a.budget_s,
+               "results": time_to_target(a, algos),
+               "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": list(os.getloadavg())}}
+        (Path(a.out_dir) / "planner-time-to-target.json").write_text(json.dumps(res, indent=1) + "\n")
+        print(json.dumps(res))
+        return 0
     t0, rng, cache = time.perf_counter(), random.Random(a.seed), {}
     load0 = list(os.getloadavg())
     rows = [run_one(t, profile_for(cache, t, a.seconds), a.seconds) for t in (draw(rng, algos) for _ in range(a.n))]
