@@ -18,7 +18,7 @@ runs: the model's figures come from the profile alone.
 (`topology: auto` for this machine's cores, from a profile taken now) against --random
 topologies drawn as above, each run until the example's stop.meanReturn (or --budget-s),
 on seconds to target from the run's summary.json. One seed per topology: seed-to-seed spread
-of time to target is ±25 % (docs/groupsync.json), so only large differences mean anything.
+of time to target is −24 % to +32 % (docs/groupsync.json): only larger differences mean anything.
 Output DIR/planner-time-to-target.json.
 
 Reported (JSON on stdout and DIR/planner-validation.json, plot DIR/planner-validation.png):
