@@ -515,6 +515,18 @@ class Resources(_Model):
                                      description="the evaluator process (only with spec.evaluation)")
 
 
+class PlanConfig(_Model):
+    """The planner's budget rule (tianji.control.objective)."""
+
+    min_marginal_gain: float = Field(
+        0.5, ge=0, le=1,
+        description="topology: auto sizes the job no bigger than its predicted progress pays for: a plan using k "
+                    "times the resources (cores/M + GPUs/G) of a smaller one must predict at least k^x its "
+                    "effective progress (samples/s discounted by batch growth and policy lag; time to target is "
+                    "its inverse). 0.5 (default): doubling must buy at least 41 % more; 0: the most progress the "
+                    "budget buys; 1: the most per core")
+
+
 class Link(_Model):
     """The network between the job's processes, for the planner's communication terms:
     a named preset, or bandwidth and latency (tianji.control.costmodel.LINK_PRESETS)."""
@@ -781,6 +793,7 @@ class JobSpec(_Model):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     resources: Resources = Field(default_factory=Resources)
+    plan: PlanConfig = Field(default_factory=PlanConfig, description="the planner's budget rule (topology: auto)")
     network: Network = Field(default_factory=Network)
     autoscale: Autoscale = Field(default_factory=Autoscale)
     image: str = Field("tianji-worker:0.1.0", min_length=1,
