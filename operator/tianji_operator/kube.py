@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
+import os
 import ssl
 import tempfile
 from typing import Any, Callable, Optional
@@ -233,3 +235,18 @@ class KubeClient:
             if e.status == 404:
                 return False
             raise
+
+
+def in_cluster_login(settings: Any) -> Any:
+    """The pod's service account, at the API server address the kubelet puts in the pod's env
+    (KUBERNETES_SERVICE_HOST/PORT), as client-go's in-cluster config does. Kopf's own helper
+    always dials https://kubernetes.default.svc, which needs cluster DNS and a routed Service IP;
+    the env address needs neither. None outside a pod."""
+    import kopf
+
+    info = kopf.login_with_service_account(settings=settings)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is not None and host and port:
+        host = f"[{host}]" if ":" in host else host
+        info = dataclasses.replace(info, server=f"https://{host}:{port}")
+    return info

@@ -8,7 +8,6 @@ namespace/pod/container. It listens on the cluster's bridge address, so pods rea
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.parse
 import urllib.request
@@ -19,6 +18,13 @@ import yaml
 
 from localcluster.cluster import BIN, LocalCluster
 from localcluster.controlplane import Proc
+
+PORT = 19090  # on the cluster's own bridge address: nothing else listens there
+
+
+def prometheus_url(c: LocalCluster) -> str:
+    return f"http://{c.net.gateway}:{PORT}"
+
 
 RBAC = """
 apiVersion: rbac.authorization.k8s.io/v1
@@ -72,11 +78,8 @@ class ClusterPrometheus:
                           "query_log_file": str(self.root / "queries.jsonl")},
                "scrape_configs": [pod_monitor_scrape_config(self.c, cert, self.interval)]}
         (self.root / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        host = self.c.net.gateway
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        self.url = f"http://{host}:{port}"
+        self.url = prometheus_url(self.c)
+        host, port = self.c.net.gateway, PORT
         self.proc = Proc("prometheus", [str(exe), f"--config.file={self.root / 'prometheus.yml'}",
                                         f"--storage.tsdb.path={self.root / 'data'}",
                                         f"--web.listen-address={host}:{port}", "--storage.tsdb.retention.time=1h",

@@ -69,10 +69,12 @@ def prometheus(cluster: LocalCluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: LocalCluster, prometheus) -> str:
+def operator(cluster: LocalCluster) -> str:
     """`helm install` of the chart, as the README says (plus shorter intervals and the test
     Prometheus allowed); waits for the operator pod to be Ready."""
-    install_operator(cluster, prometheus.url)
+    from cluster_prometheus import prometheus_url
+
+    install_operator(cluster, prometheus_url(cluster))
     yield RELEASE
     helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
 

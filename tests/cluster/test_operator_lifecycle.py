@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, wait_for
+from cluster_prometheus import prometheus_url
 from cluster_jobs import JOB, diagnostics, example, pods, status, wait_phase
 
 OPERATOR_POD = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
@@ -56,7 +57,7 @@ def test_an_operator_restart_keeps_ended_jobs_ended_and_running_ones_single(clus
 
 
 @pytest.mark.timeout(600)
-def test_helm_uninstall_with_a_running_job_leaves_nothing_stuck(cluster, operator, prometheus, namespace):
+def test_helm_uninstall_with_a_running_job_leaves_nothing_stuck(cluster, operator, namespace):
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example({"stop": {"meanReturn": None,
                                                                                    "envFrames": None}}))
     wait_for(lambda: status(cluster, namespace).get("phase") == "Running", 300, "the job running",
@@ -73,4 +74,4 @@ def test_helm_uninstall_with_a_running_job_leaves_nothing_stuck(cluster, operato
         left = cluster.kubectl("get", "all", "-n", OPERATOR_NS, "-o", "name").stdout.split()
         assert not [x for x in left if "tianji" in x], left
     finally:  # the session's later tests keep an operator
-        install_operator(cluster, prometheus.url)
+        install_operator(cluster, prometheus_url(cluster))

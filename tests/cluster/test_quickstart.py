@@ -26,8 +26,10 @@ def test_the_operator_can_do_what_it_needs_and_nothing_else(cluster, operator, n
         assert can_i(cluster, verb, what, "-n", namespace), (verb, what)
     for verb, what in (("delete", "nodes"), ("create", "clusterroles.rbac.authorization.k8s.io"),
                        ("list", "secrets"), ("update", "pods"), ("delete", "statefulsets.apps"),
-                       ("create", "pods/exec"), ("create", "deployments.apps"), ("delete", "namespaces")):
+                       ("create", "deployments.apps"), ("delete", "namespaces")):
         assert not can_i(cluster, verb, what, "-n", namespace), (verb, what)
+    for sub in ("exec", "attach", "portforward"):  # (`pods/exec` would name a pod "exec")
+        assert not can_i(cluster, "create", "pods", f"--subresource={sub}", "-n", namespace), sub
 
 
 @pytest.mark.timeout(900)
