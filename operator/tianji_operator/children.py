@@ -140,10 +140,11 @@ async def delete_role_pods(op: Operator, ns: Optional[str], name: str) -> list[s
 
 
 async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict], acc: Accounting,
-                  phase: str, reason: str, message: str, now: float) -> None:
+                  phase: str, reason: str, message: str, now: float, extra: Optional[dict] = None) -> None:
     """Record the end (status first, from a fresh read: if another tick ended the job
     already, nothing changes), then clean up. The pods' final reports arrive afterwards
-    (termination messages) and are counted by the monitor and the pod event handler."""
+    (termination messages) and are counted by the monitor and the pod event handler.
+    `extra`: status fields written with the end (the restart counts its message names)."""
     ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     policy = run_policy_of(body, resolved).clean_pod_policy
     ended = phase == st.SUCCEEDED
@@ -163,7 +164,7 @@ async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict],
             won = False
             return None
         won = True
-        return {"phase": phase, "completionTime": st.iso(now),
+        return {**(extra or {}), "phase": phase, "completionTime": st.iso(now),
                 "conditions": st.set_conditions(cur.get("conditions"), *conds), **counted_fields(acc, cur, now)}
 
     await update_status(op, ns, name, compute)

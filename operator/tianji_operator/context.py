@@ -48,7 +48,6 @@ class JobMemory:
     acc: Optional[Accounting] = None  # loaded from status.accounting on first use
     last_sample: Optional[float] = None  # autoscaler: last evaluation
     report_errors: list[str] = field(default_factory=list)
-    restarts: dict[str, int] = field(default_factory=dict)  # pod uid -> container restarts seen
     warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
 
     def accounting(self, status: dict) -> Accounting:

@@ -104,6 +104,7 @@ CORE = {
     "v1/services": ("Service", True, {"status"}),
     "v1/configmaps": ("ConfigMap", True, set()),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, {"status"}),
+    "storage.k8s.io/v1/storageclasses": ("StorageClass", False, set()),
     "v1/secrets": ("Secret", True, set()),
     "v1/events": ("Event", True, set()),
     "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
