@@ -49,6 +49,7 @@ class JobMemory:
     last_sample: Optional[float] = None  # autoscaler: last evaluation
     report_errors: list[str] = field(default_factory=list)
     warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
+    ended: bool = False  # the job ended: only processes counted before the end may still add to it
 
     def accounting(self, status: dict) -> Accounting:
         if self.acc is None:
@@ -64,10 +65,17 @@ class JobMemory:
         if isinstance(rep, ReportError):
             self.refuse([str(rep)])
             return
+        if self.ended and not self.known(rep.incarnation):
+            return  # started after the end (a pod made again by someone): not part of this job's result
         try:
             acc.take(rep)
         except ReportError as e:
             self.refuse([str(e)])
+
+    def known(self, incarnation: str) -> bool:
+        acc = self.acc
+        return acc is not None and (incarnation in acc.gone or any(p.incarnation == incarnation
+                                                                   for p in acc.procs.values()))
 
     def refuse(self, why: list[str], counted: bool = True) -> None:
         """Reports that were not counted: rejected (when `counted`), the last few reasons kept."""

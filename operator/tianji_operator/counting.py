@@ -21,14 +21,21 @@ from .context import JobMemory, Operator
 
 # ----------------------------------------------------------------- accounting
 async def count_reports(op: Operator, mem: JobMemory, name: str, pods: list[dict],
-                        port: int) -> tuple[Accounting, list[Report]]:
+                        port: int, ended: bool = False) -> tuple[Accounting, list[Report]]:
     """Feed the job's accounting: every running pod's /report, and the final reports that
     ended containers left in their termination messages. The caller has loaded `mem`'s
     accounting (JobMemory.accounting) from the job's status. Returns the accounting and the
-    reports live processes answered with this time."""
+    reports live processes answered with this time.
+
+    After the end (`ended`) only final reports count, and only of processes counted before
+    it: the job's numbers are its result, not what pods kept running (cleanPodPolicy None) or
+    made again afterwards do."""
+    mem.ended = ended
     for pod in pods:
         for rep in terminated_reports(pod, name):
             mem.take(rep)
+    if ended:
+        return mem.acc, []
     reports, errors = await scrape_reports(op.http(), pods, port, name)
     for rep in reports:
         mem.take(rep)

@@ -102,7 +102,8 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
     _, resolved = read_applied(cm)
     mem = op.memory(ns, name)
     mem.accounting(status)
-    acc, live = await count_reports(op, mem, name, pods, resolved.spec.network.metrics_port)
+    acc, live = await count_reports(op, mem, name, pods, resolved.spec.network.metrics_port,
+                                    ended=status.get("phase") in st.TERMINAL)
     acc.sample(now)
     if status.get("phase") in st.TERMINAL:
         return await _after_end(op, body, resolved, pods, acc, now)
@@ -145,7 +146,7 @@ async def _decide_end(op: Operator, body: Any, resolved: Any, pods: list[dict], 
     shutdown) and a deleted pod that fails while it stops is no failure of the job."""
     topo = resolved.spec.topology
     waiting = ""
-    if status.get("phase") == st.RUNNING:
+    if status.get("startTime"):  # started (a pod being replaced makes it Pending again, not unstarted)
         try:
             live_spec = parse_job(manifest_of(body)).spec
         except SpecError:
