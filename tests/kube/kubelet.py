@@ -15,7 +15,9 @@
   pod's hostname (`spec.hostname`, else the pod name);
 * volumes mounted at their `mountPath` in the process's own mount namespace
   (`unshare --mount --uts`, then `mount --bind`): configMap and secret (items →
-  files, or every key; modes), emptyDir (medium Memory: under the host's /dev/shm), hostPath;
+  files, or every key; modes), emptyDir (medium Memory: under the host's /dev/shm), hostPath,
+  persistentVolumeClaim (the claim must exist; one directory per claim uid under `root`/pvc,
+  kept when pods come and go, as a provisioned volume is);
   `readOnly` and `subPath` are honoured. Mount points are created on the host;
 * `terminationMessagePath` (policy File): a file per container incarnation,
   bind-mounted there; when the process exits its first 4096 bytes become
@@ -32,9 +34,11 @@
 * graceful deletion: the emulator (with `graceful_pod_deletion`, set here) marks
   a deleted pod with deletionTimestamp and deletionGracePeriodSeconds; this
   kubelet SIGTERMs the container's process group, SIGKILLs it after the grace
-  period, records the terminated state and a terminal phase, then deletes the
-  object with a grace period of 0. A pod that vanishes without that (a forced
-  delete) is killed the same way, with `force_grace` seconds;
+  period, records the terminated state and a terminal phase, then, `removal_delay`
+  seconds later (0: at once; a cluster's kubelet takes its time, and a finalizer
+  can hold the object longer), deletes the object with a grace period of 0. A pod
+  that vanishes without that (a forced delete) is killed the same way, with
+  `force_grace` seconds;
 * the container's process group plays its cgroup: when the main process exits,
   whatever is left in its group is SIGKILLed.
 
@@ -561,6 +565,14 @@ class PodWorker:
             return target
         if "hostPath" in vol:
             return Path(vol["hostPath"]["path"])
+        if "persistentVolumeClaim" in vol:
+            claim = vol["persistentVolumeClaim"]["claimName"]
+            pvc = self.kube.obj("v1/persistentvolumeclaims", self.namespace, claim)
+            if pvc is None:
+                raise PodStartError("ContainerCreating", f'persistentvolumeclaim "{claim}" not found')
+            target = self.kubelet.root / "pvc" / f"{self.namespace}_{claim}_{pvc['metadata']['uid'][:8]}"
+            target.mkdir(parents=True, exist_ok=True)
+            return target
         kinds = sorted(k for k in vol if k != "name")
         raise PodStartError("CreateContainerConfigError", f'volume "{name}": {kinds} volumes are not emulated')
 
@@ -859,6 +871,8 @@ class PodWorker:
         self.kubelet.refresh_dns()
         self.kubelet.event(self, self.status["phase"], "")
         await self.deleting.wait()  # a finished pod stays (with its status) until it is deleted
+        if not self.gone and self.kubelet.removal_delay:
+            await asyncio.sleep(self.kubelet.removal_delay)  # deleted, terminal, and still there a while
         await self._remove()
         for d in self.shm_dirs:  # memory-backed emptyDirs go with the pod (those on disk stay, for tests)
             shutil.rmtree(d, ignore_errors=True)
@@ -873,7 +887,8 @@ class Kubelet:
 
     def __init__(self, kube: KubeEmulator, root: Path, *, node_name: str = "local-node",
                  backoff_base: float = 10.0, backoff_max: float = 300.0, probe_period_cap: Optional[float] = None,
-                 force_grace: float = 2.0, image_env: Optional[dict[str, str]] = None):
+                 force_grace: float = 2.0, image_env: Optional[dict[str, str]] = None,
+                 removal_delay: float = 0.0):
         Kubelet._ids += 1
         self.id = f"{os.getpid()}-{Kubelet._ids}"
         self.kube = kube
@@ -883,6 +898,7 @@ class Kubelet:
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self.probe_period_cap = probe_period_cap
         self.force_grace = force_grace
+        self.removal_delay = removal_delay
         self.teardown_grace = 0.0  # SIGTERM → SIGKILL delay for a container whose pod worker fails
         # The "image": this host's Python, with the variables an image's ENV would set.
         self.image_env = image_env if image_env is not None else {
@@ -975,6 +991,10 @@ class Kubelet:
         elif not p.exists():
             p.parent.mkdir(parents=True, exist_ok=True)
             p.touch()
+
+    def claim_dirs(self, namespace: str, claim: str) -> list[Path]:
+        """The directories that backed the claim `claim` (one per claim object that was used)."""
+        return sorted((self.root / "pvc").glob(f"{namespace}_{claim}_*"))
 
     def pod_incarnations(self, name: Optional[str] = None, labels: Optional[dict] = None) -> list[Incarnation]:
         """Container starts, oldest first, of the pod `name` and/or of pods with these labels."""
