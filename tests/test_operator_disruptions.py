@@ -99,7 +99,8 @@ async def env(kube):
 async def test_a_deleted_learner_never_ends_the_job_and_its_successor_must_catch_up(env):
     kube, clock, op, pods = env
     serve(pods, 1, [100.0] * 50, learner_report(1, 40, checkpoint="ckpt-000000000040.pt"))
-    await job_with_report_pods(kube, pods, {"stop": {"meanReturn": 475}})
+    # cleanPodPolicy None: the test plays the learner's stop itself (its final report) after the end
+    await job_with_report_pods(kube, pods, {"stop": {"meanReturn": 475}, "runPolicy": {"cleanPodPolicy": "None"}})
     await eventually(lambda: status(kube).get("policyVersion") == 40, what="the learner counted")
     # The learner pod is deleted; its object lingers (a finalizer, a slow kubelet) with the
     # terminal status its worker left: exit 0 on SIGTERM, phase Succeeded, the final report.
