@@ -12,7 +12,6 @@ end and its model stay right when pods, the operator or the learner go away.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
@@ -23,9 +22,8 @@ import pytest
 
 from kube.fakes import FakePodMetrics, worker_report
 from kube.operator_harness import (NAMESPACE, FakeClock, RunningOperator, children, cond, eventually, job,
-                                   job_manifest, run_pods, start_cluster, status)
-from test_operator_reconcile import assert_rbac_covers, created, operator  # noqa: F401 (a fixture)
-from tianji_operator import status as st
+                                   job_manifest, run_pods, status)
+from test_operator_reconcile import assert_rbac_covers, created
 
 STS = "apps/v1/statefulsets"
 IPS = {"cartpole-learner-0-0": "127.0.0.5", "cartpole-buffer-0-0": "127.0.0.6",
@@ -85,6 +83,13 @@ def terminated(report: dict, exit_code: int = 0) -> dict:
         "started": False, "lastState": {},
         "state": {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
                                  "message": json.dumps(report)}}}]}
+
+
+@pytest.fixture
+async def operator(kube):
+    async with RunningOperator(kube) as op:
+        yield op
+    assert_rbac_covers(kube)
 
 
 @pytest.fixture

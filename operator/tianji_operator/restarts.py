@@ -17,6 +17,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from tianji.control.addressing import actor_set_name, pod_name
+
 from . import builders as b
 
 ROLES = ("learner", "buffer", "actor", "evaluator")
@@ -96,8 +98,6 @@ class Ledger:
 
 def expected_pods(name: str, topology: Any, sets: dict[int, Any], evaluator: bool) -> set[str]:
     """Names of the pods a job runs now: its learners and buffers, actors up to each set's replicas."""
-    from tianji.control.addressing import actor_set_name, pod_name
-
     out = {pod_name(name, r, g, i) for g in range(topology.groups)
            for r, n in (("learner", topology.learners), ("buffer", topology.buffers)) for i in range(n)}
     for g, s in sets.items():
