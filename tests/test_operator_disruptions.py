@@ -21,9 +21,10 @@ import kopf
 import pytest
 
 from kube.fakes import FakePodMetrics, worker_report
-from kube.operator_harness import (NAMESPACE, FakeClock, RunningOperator, children, cond, eventually, job,
+from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, children, cond, eventually, job,
                                    job_manifest, run_pods, status)
 from test_operator_reconcile import assert_rbac_covers, created
+from tianji_operator import status as st
 
 STS = "apps/v1/statefulsets"
 IPS = {"cartpole-learner-0-0": "127.0.0.5", "cartpole-buffer-0-0": "127.0.0.6",
@@ -234,6 +235,32 @@ async def test_handlers_with_a_copy_from_before_the_end_change_nothing(kube):
     assert kube.obj(STS, NAMESPACE, "cartpole-actor-0")["spec"]["replicas"] == 0
     assert not [n for (k, n) in children(kube) if k == "Pod"]
     assert status(kube)["phase"] == "Succeeded" and status(kube)["conditions"] == ended["conditions"]
+
+
+async def test_an_operator_stopped_between_the_end_and_its_clean_up_cleans_up_when_back(kube):
+    """The end is written first, the clean-up comes after: an operator killed in between leaves
+    running pods behind, which the next one deletes (cleanPodPolicy holds) without touching the end."""
+    clock = FakeClock()
+    async with RunningOperator(kube, clock=clock):
+        await kube.create_job(job_manifest("cartpole"))
+        await created(kube)
+        await run_pods(kube, "cartpole")
+        await eventually(lambda: status(kube).get("phase") == "Running", what="phase Running")
+    now = st.iso(clock.t)
+    ended = [st.condition(t, ok, r, "mean return 480 >= stop.meanReturn 475", now=clock.t)
+             for t, ok, r in (("Succeeded", True, "StopConditionReached"), ("Failed", False, "JobSucceeded"))]
+    await kube.set_status(JOBS, NAMESPACE, "cartpole", {"phase": "Succeeded", "completionTime": now,
+                                                         "conditions": st.set_conditions(
+                                                             status(kube)["conditions"], *ended)})
+    conditions = status(kube)["conditions"]
+    async with RunningOperator(kube, clock=clock):
+        await eventually(lambda: not [n for (k, n) in children(kube) if k == "Pod"]
+                         and kube.obj(STS, NAMESPACE, "cartpole-actor-0")["spec"]["replicas"] == 0,
+                         what="cleanPodPolicy Running applied")
+        await kube.set_status(STS, NAMESPACE, "cartpole-actor-0", {"replicas": 0, "readyReplicas": 0})  # its controller
+        await eventually(lambda: status(kube).get("actors") == "0/0", what="no actors left in status")
+    assert status(kube)["phase"] == "Succeeded" and status(kube)["completionTime"] == now
+    assert status(kube)["conditions"] == conditions
 
 
 # ----------------------------------------------------------------- 3. restarts survive the operator

@@ -19,7 +19,8 @@ from tianji.control.spec import SpecError, parse_job
 
 from . import builders as b
 from . import status as st
-from .children import KEPT_WHOLE, PRIVILEGED_HINT, child_exists, finish, reconcile_manual_scaling, recreate_configmap
+from .children import (KEPT_WHOLE, PRIVILEGED_HINT, child_exists, clean_up, finish, reconcile_manual_scaling,
+                       recreate_configmap)
 from .context import Operator, actor_sets, adopt, current_spec, manifest_of, read_applied, run_policy_of, update_status
 from .counting import count_reports, counted_fields, elapsed_since_start, final_counted_fields, learners_behind
 from .kube import ApiError
@@ -295,12 +296,16 @@ async def _write_running(op: Operator, body: Any, resolved: Any, pods: list[dict
 
 
 async def _after_end(op: Operator, body: Any, resolved: Any, pods: list[dict], acc: Any, now: float) -> None:
-    """An ended job: no phase or condition changes, nothing healed or scaled; only the final
-    counts of the pods still stopping, and groups/actors as they really are (what is left after
-    cleanPodPolicy: 0 actors once they are scaled away)."""
+    """An ended job: no phase or condition changes, nothing healed or scaled up; cleanPodPolicy
+    holds (again: the operator may have stopped between the end and its clean-up); only the
+    final counts of the pods still stopping, and groups/actors as they really are (0 actors
+    once they are scaled away)."""
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
     topo = resolved.spec.topology
     sets = await actor_sets(op, ns, name, topo.groups)
+    _, scaled = await clean_up(op, ns, name, resolved, pods, run_policy_of(body, resolved).clean_pod_policy, sets)
+    if scaled:
+        sets = await actor_sets(op, ns, name, topo.groups)
     groups, actors = st.summarize(topo, pods, sets, b.LABEL_ROLE, b.LABEL_GROUP)
     for e in groups:  # desired after the end: the pods that are left
         for role in ("learners", "buffers"):
