@@ -432,6 +432,12 @@ class StopConfig(_Model):
 
 
 class CheckpointConfig(_Model):
+    """Learner checkpoints (model, optimizer, policy version, counters), written every
+    intervalSeconds and as a learner stops. On Kubernetes they outlive the pod when they are on
+    a claim: persistentVolumeClaim, size, or by default one claim per learner pod from the
+    cluster's default StorageClass; with `ephemeral` (or no default class: status condition
+    Durable says so) they are in an emptyDir and a replaced learner starts over."""
+
     interval_seconds: float = Field(60.0, gt=0)
     keep: int = Field(3, ge=1, le=100)
     # Kubernetes only: where learners keep checkpoints. Default: one claim per learner pod from the
