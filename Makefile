@@ -56,7 +56,7 @@ test-cluster: install prometheus cluster
 
 # Everything but the agents-that-learn tests (seconds instead of minutes).
 test-fast: install prometheus
-	$(PY) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -m "not slow and not cluster" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/converge.py

@@ -2,7 +2,8 @@
 # Builds the local test cluster's programs from their Go modules into a cache outside the
 # checkout (K8S_CACHE, default ~/.cache/tianji/k8s-<version>): etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes with its staging
-# modules at their published versions), CoreDNS (our plugin selection) and helm.
+# modules at their published versions), CoreDNS (our plugin selection), helm and Prometheus
+# (with Kubernetes service discovery).
 # Each module's binaries are rebuilt only when its go.mod/go.sum/sources changed: a warm run
 # takes seconds. Only go.mod, go.sum and our small main files are in the repository.
 set -euo pipefail
@@ -17,13 +18,14 @@ build() {  # build MODULE_DIR LDFLAGS PACKAGE...: go build the packages into $bi
   local dir="$1" ldflags="$2"; shift 2
   local stamp="$cache/.$(basename "$dir").stamp"
   local sum
-  sum="$(cd "$here/go/$dir" && cat go.mod go.sum $(ls *.go 2>/dev/null) | sha256sum | cut -c1-16)-$ldflags-$*"
+  local tags="${PROM_TAGS:-}"
+  sum="$(cd "$here/go/$dir" && cat go.mod go.sum $(ls *.go 2>/dev/null) | sha256sum | cut -c1-16)-$ldflags-$tags-$*"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$sum" ]]; then
     echo "cluster: $dir binaries up to date in $bin"; return
   fi
   echo "cluster: building $dir ($*) into $bin (a cold build takes many minutes on 2 cores)"
   local t0=$SECONDS
-  (cd "$here/go/$dir" && go build -ldflags="-s -w $ldflags" -o "$bin/" "$@")
+  (cd "$here/go/$dir" && go build -tags="$tags" -ldflags="-s -w $ldflags" -o "$bin/" "$@")
   echo "$sum" > "$stamp"
   echo "cluster: $dir built in $((SECONDS - t0)) s"
 }
@@ -41,4 +43,6 @@ build k8s "$k8s_version" go.etcd.io/etcd/server/v3 k8s.io/kubernetes/cmd/kube-ap
 build dns "" .
 [[ -x "$bin/dns" ]] && mv -f "$bin/dns" "$bin/coredns"
 build helm "" helm.sh/helm/v4/cmd/helm
+# Prometheus with Kubernetes service discovery (Debian's package has none): the autoscaler tests.
+PROM_TAGS="remove_all_sd,enable_kubernetes_sd" build prometheus "" github.com/prometheus/prometheus/cmd/prometheus
 echo "$bin"

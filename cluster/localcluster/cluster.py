@@ -28,6 +28,8 @@ K8S_VERSION = next(w[1] for w in map(str.split, (HERE.parent / "go" / "k8s" / "g
 BIN = Path(os.environ.get("K8S_CACHE", Path.home() / ".cache" / "tianji" / f"k8s-{K8S_VERSION}")) / "bin"
 PROGRAMS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "coredns", "helm")
 
+# Cluster DNS and the network plugin's node agents read cluster-wide what they serve, each with an
+# identity of its own (a node's own identity may read only its own Node).
 COREDNS_RBAC = """
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
@@ -41,6 +43,17 @@ kind: ClusterRoleBinding
 metadata: {name: "system:coredns"}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "tianji:local-network"}
+rules: [{apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "tianji:local-network"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "tianji:local-network"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "tianji:local-network"}]
 """
 
 
@@ -76,9 +89,11 @@ class NodeHandle:
         c = self.cluster
         network.up_node(c.net, self.name, self.number)
         pair = c.cp.pki.issue(f"node-{self.name}", f"system:node:{self.name}", ("system:nodes",))
+        net = c.cp.pki.issue(f"network-{self.name}", "tianji:local-network")
         argv = ["nsenter", f"--net={network.NETNS_DIR / self.netns}", sys.executable, "-m", "localcluster.nodeagent",
                 f"--name={self.name}", f"--ip={self.ip}", f"--netns={self.netns}", f"--server={c.cp.server}",
-                f"--ca={c.cp.pki.ca.cert}", f"--cert={pair.cert}", f"--key={pair.key}", f"--root={self.root}",
+                f"--ca={c.cp.pki.ca.cert}", f"--cert={pair.cert}", f"--key={pair.key}", f"--net-cert={net.cert}",
+                f"--net-key={net.key}", f"--root={self.root}",
                 f"--dns={c.net.gateway}", f"--domain={DOMAIN}", f"--cpu={self.cpu}", f"--memory={self.memory}",
                 f"--gpus={self.gpus}", *(f"--resource={k}={v}" for k, v in self.resources.items()),
                 *(f"--label={k}={v}" for k, v in self.labels.items()), *c.agent_args]

@@ -46,6 +46,7 @@ class NodeAgent(Node):
                  api_host: str, api_port: int, **kwargs: Any):
         super().__init__(root, node_name=spec.name, host_ip=spec.ip, **kwargs)
         self.api, self.spec = api, spec
+        self.net_api: Optional[Api] = None  # the network plugin's identity (routes between nodes)
         self.node_ns, self.dns_ip, self.domain = cluster_ns, dns_ip, domain
         self.api_host, self.api_port = api_host, api_port
         self.pod_cidr: Optional[str] = None
@@ -76,7 +77,7 @@ class NodeAgent(Node):
         last_status = 0.0
         loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            try:
                 if await self.api.merge_patch(lease_path, self.spec.lease(LEASE_S)) is None:
                     await self.api.create("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
                                           self.spec.lease(LEASE_S))
@@ -84,12 +85,21 @@ class NodeAgent(Node):
                     await self.api.merge_patch(f"/api/v1/nodes/{self.node_name}/status",
                                                {"status": self.spec.status()})
                     last_status = loop.time()
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                log.warning("heartbeat: %s", e)
+            try:
                 await self.sync_routes()
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError) as e:
+                log.warning("routes: %s", e)
             await asyncio.sleep(RENEW_S)
 
     async def sync_routes(self) -> None:
-        """Every other node's podCIDR via its IP (host-gateway routing)."""
-        nodes = (await self.api.get("/api/v1/nodes") or {}).get("items") or []
+        """Every other node's podCIDR via its IP (host-gateway routing). Read with the network
+        identity (`net_api`): the Node authorizer lets a node read only its own Node, as a CNI
+        plugin's daemon reads nodes with credentials of its own."""
+        if self.net_api is None:
+            return
+        nodes = (await self.net_api.get("/api/v1/nodes") or {}).get("items") or []
         for n in nodes:
             cidr = (n.get("spec") or {}).get("podCIDR")
             ip = next((a["address"] for a in (n.get("status") or {}).get("addresses") or []
@@ -272,6 +282,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--ca", required=True)
     ap.add_argument("--cert", required=True)
     ap.add_argument("--key", required=True)
+    ap.add_argument("--net-cert", help="client certificate of the network plugin (reads every Node's podCIDR)")
+    ap.add_argument("--net-key")
     ap.add_argument("--root", required=True, type=Path)
     ap.add_argument("--dns", required=True, help="cluster DNS server address")
     ap.add_argument("--domain", default="cluster.local")
@@ -291,10 +303,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     host = a.server.split("//", 1)[1].rsplit(":", 1)
 
     async def amain() -> None:
-        async with Api(a.server, a.ca, a.cert, a.key) as api:
+        async with contextlib.AsyncExitStack() as stack:
+            api = await stack.enter_async_context(Api(a.server, a.ca, a.cert, a.key))
             agent = NodeAgent(api, spec, a.root, cluster_ns=a.netns, dns_ip=a.dns, domain=a.domain,
                               api_host=host[0], api_port=int(host[1]), backoff_base=a.backoff_base,
                               backoff_max=a.backoff_max, probe_period_cap=a.probe_period_cap)
+            if a.net_cert:
+                agent.net_api = await stack.enter_async_context(Api(a.server, a.ca, a.net_cert, a.net_key))
             await agent.run()
 
     os.environ.pop("KUBECONFIG", None)

@@ -1,4 +1,5 @@
-"""A real Prometheus (Debian's) for the local cluster: it discovers pods through
+"""A real Prometheus for the local cluster (built by `make cluster` with Kubernetes service
+discovery, which Debian's package leaves out): it discovers pods through
 `kubernetes_sd_configs` against the local API server (with a client certificate of its own,
 `prometheus`, allowed to list and watch pods by RBAC) and relabels them as prometheus-operator
 renders the chart's PodMonitor (charts/tianji-operator/templates/podmonitor.yaml): pods
@@ -7,7 +8,6 @@ namespace/pod/container. It listens on the cluster's bridge address, so pods rea
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import time
 import urllib.parse
@@ -17,7 +17,7 @@ from typing import Optional
 
 import yaml
 
-from localcluster.cluster import LocalCluster
+from localcluster.cluster import BIN, LocalCluster
 from localcluster.controlplane import Proc
 
 RBAC = """
@@ -62,9 +62,9 @@ class ClusterPrometheus:
         self.url = ""
 
     def start(self) -> "ClusterPrometheus":
-        exe = shutil.which("prometheus")
-        if exe is None:
-            raise RuntimeError("no `prometheus` binary (make test installs Debian's prometheus package)")
+        exe = BIN / "prometheus"
+        if not exe.is_file():
+            raise RuntimeError(f"no {exe}: run `make cluster` (it builds Prometheus with Kubernetes discovery)")
         self.root.mkdir(parents=True, exist_ok=True)
         self.c.kubectl("apply", "-f", "-", input=RBAC)
         cert = self.c.cp.pki.issue("prometheus", "prometheus")
@@ -77,7 +77,7 @@ class ClusterPrometheus:
             s.bind((host, 0))
             port = s.getsockname()[1]
         self.url = f"http://{host}:{port}"
-        self.proc = Proc("prometheus", [exe, f"--config.file={self.root / 'prometheus.yml'}",
+        self.proc = Proc("prometheus", [str(exe), f"--config.file={self.root / 'prometheus.yml'}",
                                         f"--storage.tsdb.path={self.root / 'data'}",
                                         f"--web.listen-address={host}:{port}", "--storage.tsdb.retention.time=1h",
                                         "--log.level=warn"], self.root / "prometheus.log").start()
