@@ -29,6 +29,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "ConfigMap": ("", "v1", "configmaps"),
     "Event": ("", "v1", "events"),  # read only: the StatefulSet controller's FailedCreate
     "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
+    "StorageClass": ("storage.k8s.io", "v1", "storageclasses"),  # read only: is there a default class
     "Secret": ("", "v1", "secrets"),
     "Service": ("", "v1", "services"),
     "Pod": ("", "v1", "pods"),

@@ -10,7 +10,11 @@ node agent that runs pods for a real API server. This module adds what only the 
   records), in place of cluster DNS;
 * API writes go straight into the emulator's store (status as the kubelet, binding as the
   scheduler, the final delete with a grace period of 0); the emulator marks deleted pods
-  with deletionTimestamp (`graceful_pod_deletion`).
+  with deletionTimestamp (`graceful_pod_deletion`). The final delete comes `removal_delay`
+  seconds after the pod's terminal status (0: at once): a deleted pod whose worker has
+  stopped lingers, as under a slow kubelet or a finalizer;
+* persistentVolumeClaim volumes (a provisioner's): the claim must exist; each claim object
+  gets one directory under `root`/pvc, kept while pods come and go (`claim_dirs`).
 
 Each container incarnation is an `Incarnation` (in `Kubelet.incarnations`): its pid, argv, env,
 log file and termination-message file stay on disk under `root` after the pod is gone.
@@ -140,9 +144,11 @@ class ClusterDNS:
 class Kubelet(Node):
     """Stands in for the scheduler and the kubelet of one node, over `KubeEmulator` (module doc)."""
 
-    def __init__(self, kube: KubeEmulator, root: Path, *, node_name: str = "local-node", **kwargs: Any):
+    def __init__(self, kube: KubeEmulator, root: Path, *, node_name: str = "local-node",
+                 removal_delay: float = 0.0, **kwargs: Any):
         super().__init__(root, node_name=node_name, host_ip="127.0.0.1", **kwargs)
         self.kube = kube
+        self.removal_delay = removal_delay
         self.ipam = LoopbackIPAM()
         self.dns = ClusterDNS(self.root / "cluster-hosts")
         self._task: Optional[asyncio.Task] = None
@@ -211,7 +217,24 @@ class Kubelet(Node):
                 self._store(worker, put, Write(agent="kubelet", verb="update", subresource="status",
                                                as_controller=True))
 
+    async def volume_source(self, worker: PodWorker, vol: dict) -> Optional[Path]:
+        if "persistentVolumeClaim" not in vol:
+            return None
+        claim = vol["persistentVolumeClaim"]["claimName"]
+        pvc = self.kube.obj("v1/persistentvolumeclaims", worker.namespace, claim)
+        if pvc is None:
+            raise PodStartError("ContainerCreating", f'persistentvolumeclaim "{claim}" not found')
+        target = self.root / "pvc" / f"{worker.namespace}_{claim}_{pvc['metadata']['uid'][:8]}"
+        target.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def claim_dirs(self, namespace: str, claim: str) -> list[Path]:
+        """The directories that backed the claim `claim` (one per claim object that was used)."""
+        return sorted((self.root / "pvc").glob(f"{namespace}_{claim}_*"))
+
     async def remove(self, worker: PodWorker) -> None:
+        if not worker.gone and self.removal_delay:
+            await asyncio.sleep(self.removal_delay)  # deleted, terminal, and still there a while
         with contextlib.suppress(kmock.KubernetesObjectNotFoundError):
             async with self.kube._lock:
                 obj = self.kube.obj(PODS, worker.namespace, worker.name)

@@ -430,9 +430,17 @@ class StopConfig(_Model):
 
 
 class CheckpointConfig(_Model):
+    """Learner checkpoints (model, optimizer, policy version, counters), written every
+    intervalSeconds and as a learner stops. On Kubernetes they outlive the pod when they are on
+    a claim: persistentVolumeClaim, size, or by default one claim per learner pod from the
+    cluster's default StorageClass; with `ephemeral` (or no default class: status condition
+    Durable says so) they are in an emptyDir and a replaced learner starts over."""
+
     interval_seconds: float = Field(60.0, gt=0)
     keep: int = Field(3, ge=1, le=100)
-    # Kubernetes only: where learners keep checkpoints (default: an emptyDir, lost with the pod).
+    # Kubernetes only: where learners keep checkpoints. Default: one claim per learner pod from the
+    # cluster's default StorageClass (status condition Durable); an emptyDir only when asked
+    # (`ephemeral`) or when the cluster has no default class (then Durable is False and says so).
     persistent_volume_claim: Optional[str] = Field(
         None, min_length=1, max_length=253, json_schema_extra={"pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
         description="an existing PersistentVolumeClaim for the learners' checkpoints")
@@ -442,6 +450,10 @@ class CheckpointConfig(_Model):
                                                                               "cluster's default class)")
     access_mode: Literal["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"] = Field(
         "ReadWriteOnce", description="ReadWriteMany when learners may run on several nodes")
+    ephemeral: bool = Field(
+        False, description="Kubernetes: keep learner state in an emptyDir, lost with its pod (a replaced or "
+                           "resumed learner starts again from policy version 0). Default false: each learner "
+                           "pod gets a claim <job>-state-<pod> from the cluster's default StorageClass")
     replay_snapshot: bool = Field(
         False, description="DQN: each buffer also writes its replay (every intervalSeconds and on exit) and a "
                            "resumed buffer loads it, so training goes on without a new warm-up. Off by default: "
@@ -460,6 +472,9 @@ class CheckpointConfig(_Model):
         if self.persistent_volume_claim and (self.size or self.storage_class_name):
             raise ValueError("persistentVolumeClaim names an existing claim: size and storageClassName are for "
                              "the claim the operator creates; set one or the other")
+        if self.ephemeral and (self.persistent_volume_claim or self.size):
+            raise ValueError("ephemeral keeps learner state in an emptyDir: persistentVolumeClaim and size "
+                             "name a claim; set one or the other")
         if self.storage_class_name and not self.size:
             raise ValueError("storageClassName needs size (the claim the operator creates)")
         if self.replay_snapshot and self.size and self.access_mode == "ReadWriteOncePod":
@@ -730,8 +745,10 @@ class RunPolicy(_Model):
         "Running", description="at the end: Running deletes learner/buffer pods still running and scales "
                                "actors to 0; All deletes finished ones too; None keeps them")
     suspend: bool = Field(
-        False, description="true deletes the pods (checkpoints and counts are kept); false again resumes "
-                           "(Kubernetes Job / Kueue semantics)")
+        False, description="true deletes the pods; false again resumes (Kubernetes Job / Kueue semantics). "
+                           "Kept: the counts (in status) and the learners' checkpoints when they are on a claim "
+                           "(the default, see status condition Durable); with an emptyDir "
+                           "(checkpoint.ephemeral, or no default StorageClass) the learners start over")
 
 
 # Fields that moved: old name -> (new section, new name). Accepted on read (older manifests,
