@@ -43,6 +43,8 @@ from tianji.observability.exporter import JobExporter
 from tianji.observability.learnerstats import lag_histogram, learner_stats
 from tianji.observability.runlog import RunLog
 from tianji.observability.progress import Progress
+from tianji.runtime.security import covers, sender_identity
+from tianji.runtime.sequence import SeqGuard
 from tianji.runtime.wire import WireError, decode
 
 POLL_S = 0.1
@@ -151,19 +153,15 @@ class Launcher:
             sock.symlink_to(self.sock_dir, target_is_directory=True)
         os.chmod(self.sock_dir, 0o700)  # whatever the umask: only this user may connect
         self.report_addr = f"ipc://{self.sock_dir}/launcher-report"
-        self.curve_file: Optional[Path] = None
-        if job.spec.network.encryption == "curve":  # the job's key pair, 0600, made once per run dir
-            from tianji.runtime import security
-
-            self.curve_file = run_dir / "curve.json"
-            if not self.curve_file.exists():
-                security.write_keys(self.curve_file)
-            self.curve_keys = security.read_keys(self.curve_file)
         t = job.spec.topology
         self.children = [Child(r, g, i) for r in ROLE_ORDER for g in range(t.groups)
                          for i in range(getattr(t, r + "s"))]
         if job.spec.evaluation.enabled:  # spec.evaluation: one evaluator, following learner-0-0
             self.children.append(Child("evaluator", 0, 0))
+        self.keys_dir: Optional[Path] = None
+        self.rings: dict = {}
+        if job.spec.network.encryption == "curve":
+            self._issue_keys()
         self._by_key = {(c.role, c.group, c.index): c for c in self.children}
         self.dist_init = None
         if t.groups * t.learners > 1:  # data-parallel learners rendezvous on a free local port
@@ -171,6 +169,7 @@ class Launcher:
                 so.bind(("127.0.0.1", 0))
                 self.dist_init = f"tcp://127.0.0.1:{so.getsockname()[1]}"
         self.acc = Accounting()
+        self.report_seqs = SeqGuard()
         self.resumed_from: Optional[dict] = None
         self.t_offset = 0.0  # a resumed run's clock continues the previous launches'
         self.warnings: list[str] = []
@@ -184,6 +183,18 @@ class Launcher:
         self.interrupted = False
         self.error: Optional[str] = None
         self.zygote: Optional[zygote.Zygote] = None
+
+    def _issue_keys(self) -> None:
+        """A CURVE key pair per process (and the launcher's), fresh for each launch: each worker's
+        keyring is its own 0600 file under <run dir>/keys (runtime/security.py)."""
+        from tianji.runtime import security
+
+        self.keys_dir = self.run_dir / "keys"
+        shutil.rmtree(self.keys_dir, ignore_errors=True)  # a previous launch's keys are void
+        self.keys_dir.mkdir(mode=0o700)
+        self.rings = security.issue([c.name for c in self.children] + [security.LAUNCHER])
+        for c in self.children:
+            security.write_keyring(self.keys_dir / f"{c.name}.json", self.rings[c.name])
 
     def _continue_counts(self) -> None:
         """A resumed run keeps counting (frames, episodes, the last 100 returns, lag) where the
@@ -223,7 +234,7 @@ class Launcher:
                                command=[*CLI, "worker"], run_dir=str(self.run_dir),
                                report=self.report_addr, sock_dir=str(self.sock_dir), parent_pid=os.getpid(),
                                dist_init=self.dist_init,
-                               curve_keys=str(self.curve_file) if self.curve_file else None)
+                               curve_keys=str(self.keys_dir / f"{c.name}.json") if self.keys_dir else None)
         env = _worker_env(launch)
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
@@ -325,13 +336,7 @@ class Launcher:
             except zmq.Again:
                 return
             try:
-                msg = decode(frames, job=self.job.name)
-                if msg.kind != "report":
-                    raise WireError("report", f"{msg.kind!r} on the report socket")
-                rep = parse_report(msg.meta, job=self.job.name)
-                child = self._by_key.get(rep.key)
-                if child is None or rep.pid not in child.pids:  # only our own workers count
-                    raise WireError("report", f"report from pid {rep.pid} as {rep.key}")
+                rep = self._report(frames)
                 self.acc.take(rep)
                 if rep.key[0] == "learner":
                     self.learner_reported = True
@@ -344,6 +349,22 @@ class Launcher:
             for c in self.children:
                 if (c.role, c.group, c.index) == rep.key and c.proc is not None and c.proc.pid == rep.pid:
                     c.last_report = time.monotonic()
+
+    def _report(self, frames: list):
+        """A worker's report, refused (WireError, ReportError) unless its sender is the process the
+        transport authenticated, the (role, group, index) inside is that process, its pid one of that
+        process's incarnations, and its sequence number new (a replayed report is refused)."""
+        msg = decode(frames, job=self.job.name)
+        if msg.kind != "report":
+            raise WireError("report", f"{msg.kind!r} on the report socket")
+        if self.rings and not covers(sender_identity(frames[0]), msg.sender):
+            raise WireError("sender", f"a report as {msg.sender!r} with another process's key")
+        rep = parse_report(msg.meta, job=self.job.name)
+        child = self._by_key.get(rep.key)
+        if child is None or child.name != msg.sender or rep.pid not in child.pids:  # only our own workers
+            raise WireError("report", f"report from pid {rep.pid} as {rep.key} sent by {msg.sender!r}")
+        self.report_seqs.accept(msg.sender, msg.seq)
+        return rep
 
     # ---------------------------------------------------------------- stop rule
     def _exit_reason(self, now: float) -> Optional[str]:
@@ -473,10 +494,10 @@ class Launcher:
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, 4 << 20)
-        if self.curve_file is not None:  # reports, too, only from holders of the job's key
-            from tianji.runtime.security import Curve
+        if self.rings:  # reports, too, only from the job's processes, each as itself
+            from tianji.runtime.security import LAUNCHER, Curve
 
-            curve = Curve(ctx, self.curve_keys)
+            curve = Curve(ctx, self.rings[LAUNCHER])
             curve.server(sock)
         sock.bind(self.report_addr)
         reason = "error"
