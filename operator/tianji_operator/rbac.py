@@ -28,7 +28,7 @@ RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
     # learners' checkpoints (spec.checkpoint.size)
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
-    # secrets: the job's CurveZMQ key pair (builders.curve_secret), created once.
+    # secrets: one CurveZMQ keyring per role of a job (builders.curve_secrets), each created once.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # pods: watched for the final reports in their termination messages.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},

@@ -179,6 +179,7 @@ class Launcher:
             self._check_checkpoints()
         self.started = time.monotonic()
         self.target_reached_at: Optional[float] = None
+        self.target_backing: Optional[dict] = None  # the checkpoint and version behind a reached target
         self.mean_at_target: Optional[float] = None  # the mean-100 that met the stop rule
         self.interrupted = False
         self.error: Optional[str] = None
@@ -224,9 +225,10 @@ class Launcher:
             for i in range(t.learners):
                 d = checkpoint.checkpoint_dir(self.run_dir, g, i)
                 if checkpoint.load_latest(d) is None:
-                    msg = f"learner-{g}-{i}: no usable checkpoint, starting from scratch"
+                    msg = f"learner-{g}-{i}: no usable checkpoint, starting from scratch (and counting returns anew)"
                     self.warnings.append(msg)
                     print(f"tianji: {msg}", file=sys.stderr)
+                    self.acc.restart_window(time.time())  # the previous returns were not this policy's
 
     # ---------------------------------------------------------------- processes
     def _spawn(self, c: Child) -> None:
@@ -367,6 +369,20 @@ class Launcher:
         return rep
 
     # ---------------------------------------------------------------- stop rule
+    def _verdict(self, reason: str) -> str:
+        """The one place a run's result is decided, once every process has stopped and sent its final
+        report: "target" stands only if the learners' final checkpoint, of a policy past version 0,
+        backs it (then `target_backing` names both); otherwise the run ends in "error", saying why."""
+        if reason != "target":
+            return reason
+        ckpt, version = self.acc.checkpoint(), self.acc.policy_version()
+        if ckpt is None or version <= 0:
+            self.error = self.error or ("the target was met but no checkpoint of a trained policy backs it "
+                                        f"(checkpoint {ckpt}, policy version {version})")
+            return "error"
+        self.target_backing = {"checkpoint": ckpt, "policy_version": version}
+        return reason
+
     def _exit_reason(self, now: float) -> Optional[str]:
         if self.error:
             return "error"
@@ -452,12 +468,16 @@ class Launcher:
         v = acc.view(wall, spec.evaluation)
         frames = max(v["env_frames"], 1)
         rejected = acc.reasons("messages_rejected_total")
+        reached = reason == "target"  # (decided by _verdict, backed by a checkpoint)
+        backing = self.target_backing if reached else None
         return {
             "job": self.job.name, "algorithm": spec.algorithm.name, "env": spec.env.id,
             "target_return": float(spec.stop.mean_return) if spec.stop.mean_return is not None else None,
-            "reached_target": self.target_reached_at is not None,
-            "seconds_to_target": round(self.t_offset + self.target_reached_at, 3) if self.target_reached_at is not None else None,
-            "mean_return_at_target": self.mean_at_target,
+            "reached_target": reached,
+            "seconds_to_target": round(self.t_offset + self.target_reached_at, 3) if reached else None,
+            "mean_return_at_target": self.mean_at_target if reached else None,
+            "target_checkpoint": backing and backing["checkpoint"],
+            "target_policy_version": backing and backing["policy_version"],
             "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
             "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
             "throughput": v["throughput"],
@@ -530,6 +550,7 @@ class Launcher:
                         reason = r
                         break
                 self._stop_children(sock)
+                reason = self._verdict(reason)
                 now = time.monotonic()
                 self.acc.sample(now)
                 self._record(mf, now)
