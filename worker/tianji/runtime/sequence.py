@@ -35,14 +35,17 @@ class SeqGuard:
 
     def __init__(self) -> None:
         self.last: dict[str, int] = {}
+        self._horizon = 0  # now + MAX_AHEAD_S when last read: the clock is read only past it
 
     def accept(self, sender: str, seq: int) -> None:
         """Raises WireError("replay") unless `seq` is new from `sender`; then remembers it."""
         last = self.last.get(sender)
         if last is not None and seq <= last:
             raise WireError("replay", f"{sender}: seq {seq} <= {last} already accepted")
-        if seq > now_us() + MAX_AHEAD_S * 1e6:
-            raise WireError("replay", f"{sender}: seq {seq} is ahead of this clock")
+        if seq > self._horizon:
+            self._horizon = now_us() + int(MAX_AHEAD_S * 1e6)
+            if seq > self._horizon:
+                raise WireError("replay", f"{sender}: seq {seq} is ahead of this clock")
         if last is None and len(self.last) >= MAX_SENDERS:
             del self.last[next(iter(self.last))]
         self.last[sender] = seq

@@ -60,6 +60,7 @@ class Role:
         self.seq = 0
         self.seqs = SeqGuard()  # the last sequence number accepted from each sender
         self._pinned: dict = {}  # connecting socket -> the peer whose key it pinned
+        self._covered: dict = {}  # (identity, sender) -> security.covers (a cache: it runs per message)
         self._refused_seen = 0  # CURVE handshakes refused, already counted
         self.limits = Limits()
         self._report_sock = None
@@ -153,7 +154,12 @@ class Role:
         send here. Without CURVE (encryption: none) only the role is checked."""
         if self.curve is not None:
             identity = self._pinned.get(sock) or security.sender_identity(head)
-            if not security.covers(identity, msg.sender):
+            ok = self._covered.get((identity, msg.sender))
+            if ok is None:
+                ok = self._covered[(identity, msg.sender)] = security.covers(identity, msg.sender)
+                if len(self._covered) > 4096:  # bounded: senders are few, forged names many
+                    self._covered.clear()
+            if not ok:
                 raise WireError("sender", f"{msg.sender!r} sent with the key of {identity!r}")
         if security.role_of(msg.sender) not in senders:
             raise WireError("role", f"a {msg.kind} from {msg.sender!r}")
