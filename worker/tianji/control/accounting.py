@@ -443,7 +443,8 @@ class StopRule:
 
     def message(self, reason: str, acc: Accounting, elapsed: float) -> str:
         if reason == "target":
-            return f"mean return {acc.mean_return():.4g} >= stop.meanReturn {self.stop.mean_return:g}"
+            return (f"mean return {acc.mean_return():.4g} >= stop.meanReturn {self.stop.mean_return:g} "
+                    f"(policy version {acc.policy_version()}, checkpoint {acc.checkpoint() or 'none yet'})")
         if reason == "frames":
             return f"{int(acc.totals()['env_frames'])} env frames >= stop.envFrames {self.stop.env_frames}"
         return f"ran {elapsed:.0f} s >= {self.seconds:g} s"
