@@ -192,6 +192,7 @@ class Launcher:
 
         self.keys_dir = self.run_dir / "keys"
         shutil.rmtree(self.keys_dir, ignore_errors=True)  # a previous launch's keys are void
+        (self.run_dir / "curve.json").unlink(missing_ok=True)  # so is an older version's job-wide key
         self.keys_dir.mkdir(mode=0o700)
         self.rings = security.issue([c.name for c in self.children] + [security.LAUNCHER])
         for c in self.children:
