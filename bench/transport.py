@@ -120,14 +120,13 @@ class _Trust:
     """What roles/base.py adds per message on the receiving side: sender identity, then replay."""
 
     def __init__(self) -> None:
+        from tianji.runtime import security
         from tianji.runtime.sequence import SeqGuard
 
-        self.guard = SeqGuard()
+        self.guard, self.covers, self.identity = SeqGuard(), security.covers, security.sender_identity
 
     def check(self, msg, head) -> None:
-        from tianji.runtime import security
-
-        if CURVE_KEYS is not None and not security.covers(security.sender_identity(head), msg.sender):
+        if CURVE_KEYS is not None and not self.covers(self.identity(head), msg.sender):
             raise RuntimeError(f"{msg.sender} not covered by its key")
         self.guard.accept(msg.sender, msg.seq)
 
