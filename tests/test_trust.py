@@ -24,7 +24,7 @@ from tianji.runtime.wire import MAX_META_ITEMS, WireError, decode, encode
 from kube.fakes import worker_report
 
 PPO = EXAMPLES / "cartpole-ppo.yaml"
-NAMES = ["learner-0-0", "buffer-0-0", "actor-0-0", "actor-0-1", security.LAUNCHER]
+NAMES = ["learner-0-0", "buffer-0-0", "actor-0-0", "actor-0-1", "actor-1-0", security.LAUNCHER]
 
 
 # ------------------------------------------------------------------ units
@@ -157,7 +157,8 @@ def credit(sender="learner-0-0", pv=0, seq=None, **meta):
 
 
 def test_the_buffer_takes_credits_only_from_its_learner_and_fragments_once(job_keys):
-    """Forged 'learner' credits (10^12, stale), a credit from an actor as itself, a replayed fragment."""
+    """Forged 'learner' credits (10^12, stale), a credit from an actor as itself, a fragment from another
+    group's actor, a replayed fragment."""
     from tianji.runtime.roles.buffer import Buffer
 
     job, rings, role, insider = job_keys
@@ -170,13 +171,15 @@ def test_the_buffer_takes_credits_only_from_its_learner_and_fragments_once(job_k
         send(actor_credits, credit(sender="actor-0-0"))  # an actor as itself: no role to send credits
         send(learner_credits, credit(pv=5, reset=True))
         run_until(buf, {"sender": 1, "role": 1})
+        send(insider("actor-1-0", "buffer-0-0", "fragments"), fragment(sender="actor-1-0"))  # another group's
+        run_until(buf, {"sender": 2})
         assert buf.learner_version == 5 and buf.version_high == 5
         send(learner_credits, credit(pv=MAX_POLICY_VERSION + 1))  # even from the learner: out of bounds
         send(learner_credits, credit(pv=3))  # stale: a learner's versions only grow
         one = fragment(pv=5)
         send(frags, one, times=50)  # the same fragment again and again
         got = run_until(buf, {"version": 2, "replay": 49})
-        assert got == {"sender": 1, "role": 1, "version": 2, "replay": 49}, got
+        assert got == {"sender": 2, "role": 1, "version": 2, "replay": 49}, got
         assert buf.learner_version == 5 and buf.version_high == 5
         assert buf.metrics.counts["samples_received_total"] == hostile.T * hostile.N  # counted once
         assert buf.feedback["fragments"] == 1
@@ -207,6 +210,7 @@ def test_the_learner_trains_only_on_batches_its_buffer_sent_once(job_keys):
 def test_a_process_rebinding_the_parameter_socket_is_never_heard(job_keys, tmp_path):
     """An actor's key bound where learner-0-0 publishes: a follower pinned to the learner's key
     fails the handshake, so the forged parameters (version 900001) never reach it."""
+    from tianji.algos.models import state_arrays
     from tianji.runtime.roles.actor import Actor
 
     job, rings, role, insider = job_keys
@@ -219,8 +223,7 @@ def test_a_process_rebinding_the_parameter_socket_is_never_heard(job_keys, tmp_p
         evil.bind(f"ipc://{os.environ['TIANJI_SOCK_DIR']}/learner-0-0-params")
         actor = role(Actor, "actor-0-0")
         try:
-            forged = {k: np.asarray(v) for k, v in __import__("tianji.algos.models", fromlist=["state_arrays"])
-                      .state_arrays(actor.model).items()}
+            forged = {k: np.asarray(v) for k, v in state_arrays(actor.model).items()}
             deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
                 evil.send_multipart(encode("params", hostile.JOB, "learner-0-0", now_us(), 900_001, forged, {}))

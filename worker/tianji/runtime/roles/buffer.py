@@ -68,6 +68,7 @@ class Buffer(Role):
                                      max_msg=1 << 20)
         learner = learner_for_buffer(self.index, s.topology.learners)
         self.learner_name = f"learner-{self.group}-{learner}"
+        self.actor_prefix = f"actor-{self.group}-"  # fragments come from this group's actors only
         self.version_high = 0  # the highest version the owning learner has announced (trusted)
         self.out = self.socket(zmq.PUSH, self.addrs.connect("batches", self.group, learner), bind=False,
                                hwm=self.window + 1, peer=self.learner_name)
@@ -123,6 +124,8 @@ class Buffer(Role):
     # ---------------------------------------------------------------- inputs
     def _take_fragment(self, msg: Message) -> None:
         """Raises WireError for anything not this job's (counted by Role.handle)."""
+        if not msg.sender.startswith(self.actor_prefix):  # (authenticated: roles/base.py)
+            raise WireError("sender", f"fragment from {msg.sender!r}, not an actor of group {self.group}")
         check_policy_version(msg.policy_version, self.version_high)
         frag = check_fragment(msg, self.spec, self.info)  # rebuilds stacked frames (framestack.py)
         self.accept(msg)  # not a replay
