@@ -226,7 +226,7 @@ class Launcher:
             for i in range(t.learners):
                 d = checkpoint.checkpoint_dir(self.run_dir, g, i)
                 if checkpoint.load_latest(d) is None:
-                    msg = f"learner-{g}-{i}: no usable checkpoint, starting from scratch (and counting returns anew)"
+                    msg = f"learner-{g}-{i}: no usable checkpoint, starting from scratch"
                     self.warnings.append(msg)
                     print(f"tianji: {msg}", file=sys.stderr)
                     self.acc.restart_window(time.time())  # the previous returns were not this policy's
