@@ -45,7 +45,9 @@ def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
     builds it), for a ConfigMap that was deleted."""
     try:
         doc = parse_job(manifest_of(body)).to_manifest()
-        doc["spec"]["topology"] = {"auto": False, **{k: int(v) for k, v in plan["topology"].items()}}
+        # The spec's groupSync stays: status.plan carries only the counts.
+        doc["spec"]["topology"] = {**doc["spec"]["topology"], "auto": False,
+                                   **{k: int(v) for k, v in plan["topology"].items()}}
         for role in ("actor", "buffer", "learner"):
             rp = plan[role]
             doc["spec"]["resources"][role] = {"cpu": rp["cpu"], "memory": rp["memory"], "gpu": rp["gpu"],

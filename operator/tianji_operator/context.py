@@ -50,6 +50,7 @@ class JobMemory:
     report_errors: list[str] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)  # pod uid -> container restarts seen
     warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
+    node_lost: str = ""  # pods force-deleted off a lost node, until the job is Ready again (nodelost.py)
 
     def accounting(self, status: dict) -> Accounting:
         if self.acc is None:

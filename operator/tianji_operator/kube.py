@@ -217,11 +217,17 @@ class KubeClient:
                 return False
             raise
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+    async def delete(self, kind: str, namespace: str, name: str, *, grace_seconds: Optional[int] = None,
+                     uid: Optional[str] = None) -> bool:
+        """DELETE (background propagation); `grace_seconds=0` with `uid` is a forced delete of exactly
+        that object (`kubectl delete --force --grace-period=0`)."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
-            await self.request("DELETE", path_of(kind, namespace, name),
-                               body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
-                               verb="delete", kind=kind)
+            await self.request("DELETE", path_of(kind, namespace, name), body=body, verb="delete", kind=kind)
             return True
         except ApiError as e:
             if e.status == 404:

@@ -24,6 +24,7 @@ from .children import KEPT_WHOLE, PRIVILEGED_HINT, child_exists, finish, reconci
 from .context import JobMemory, Operator, actor_sets, adopt, current_spec, manifest_of, read_applied, run_policy_of, update_status
 from .counting import count_reports, counted_fields, elapsed_since_start, final_counted_fields
 from .kube import ApiError
+from .nodelost import release as release_lost_pods
 
 
 def _count_restarts(mem: JobMemory, pods: list[dict]) -> tuple[int, str]:
@@ -118,6 +119,11 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
     mem.accounting(status)
     acc = await count_reports(op, mem, name, pods, resolved.spec.network.metrics_port)
     acc.sample(now)
+    lost = await release_lost_pods(op, body, pods, now, logger)
+    if lost:  # their objects are gone: the self-healing below (or the StatefulSet) makes them again
+        gone = {ln.split()[1] for ln in lost}
+        pods = [p for p in pods if p["metadata"]["name"] not in gone]
+        mem.node_lost = "; ".join(lost)
     if status.get("phase") in st.TERMINAL:
         # Ended: no more phase changes, only the final counts of the pods still stopping.
         await update_status(op, ns, name, lambda fresh: final_counted_fields(acc, fresh.get("status") or {}, now))
@@ -202,9 +208,12 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
             kopf.warn(body, reason="Unschedulable", message=f"pod {pod_name}: {why}"[:900])
     refused = [] if ready else await _failed_creates(op, body, groups)
     if ready:
+        mem.node_lost = ""
         conds = [st.condition("Ready", True, "AllPodsReady", f"actors {actors} ready", now=now, generation=gen)]
     elif refused:
         conds = [st.condition("Ready", False, "FailedCreate", "; ".join(refused)[:1000], now=now, generation=gen)]
+    elif mem.node_lost:
+        conds = [st.condition("Ready", False, "NodeLost", mem.node_lost[:1000], now=now, generation=gen)]
     elif stuck:
         conds = [st.condition("Ready", False, "Unschedulable", "; ".join(f"pod {p}: {w}" for p, w in stuck)[:1000],
                               now=now, generation=gen)]

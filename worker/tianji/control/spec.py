@@ -321,9 +321,9 @@ class ModelConfig(_Model):
     encoder: Literal["auto", "mlp", "nature_cnn"] = "auto"
     actor_precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="actors' inference precision. bfloat16 (opt-in) runs the policy from a bf16 copy "
-                               "of the parameters, ~1.5-2x faster on CPUs with bf16 dot products; the stored "
+                               "of the parameters (faster where the CPU has bf16 dot products); the stored "
                                "behaviour log-probs are those of that bf16 policy, so the learner sees slightly "
-                               "off-policy data (README: Pong actor)")
+                               "off-policy data")
     entry_point: Optional[str] = Field(
         None, max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
         description="a user's torch module, module.path:Class, built as Class(observation_space, action_space, "
@@ -357,9 +357,7 @@ class GroupSync(_Model):
                     "updates (a non-blocking all-reduce, applied when it has completed, never waited on), so a "
                     "fast group never waits on a slow one. allreduce: every learner of every group in one "
                     "synchronous gradient all-reduce per step (one model, but every step waits for the slowest "
-                    "learner). Measured on CartPole PPO with 2 groups (README, bench/groupsync.py): average "
-                    "consumed 1.6-2.4x the samples/s of allreduce and reached the target on 4 of 4 seeds "
-                    "(allreduce 3 of 4), though on more frames. With one group both are the same")
+                    "learner). With one group both are the same")
     interval_updates: int = Field(20, ge=1, le=1_000_000,
                                   description="average mode: learner updates between cross-group averagings")
 
@@ -447,7 +445,7 @@ class CheckpointConfig(_Model):
     replay_snapshot: bool = Field(
         False, description="DQN: each buffer also writes its replay (every intervalSeconds and on exit) and a "
                            "resumed buffer loads it, so training goes on without a new warm-up. Off by default: "
-                           "a snapshot is the whole ring (CartPole 1M transitions: 56 MB; Atari: GBs) and "
+                           "a snapshot is the whole ring (GBs for Atari) and "
                            "briefly doubles the buffer's memory while it is written")
 
     @field_validator("size")
@@ -515,6 +513,18 @@ class Resources(_Model):
     learner: RoleResources = Field(default_factory=_learner_resources)
     evaluator: RoleResources = Field(default_factory=lambda: RoleResources(cpu=0.5, memory="1Gi"),
                                      description="the evaluator process (only with spec.evaluation)")
+
+
+class PlanConfig(_Model):
+    """The planner's budget rule (tianji.control.objective)."""
+
+    min_marginal_gain: float = Field(
+        0.5, ge=0, le=1,
+        description="topology: auto sizes the job no bigger than its predicted progress pays for: a plan using k "
+                    "times the resources (cores/M + GPUs/G) of a smaller one must predict at least k^x its "
+                    "effective progress (samples/s discounted by batch growth and policy lag; time to target is "
+                    "its inverse). 0.5 (default): doubling must buy at least 41 % more; 0: the most progress the "
+                    "budget buys; 1: the most per core")
 
 
 class Link(_Model):
@@ -783,6 +793,7 @@ class JobSpec(_Model):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     resources: Resources = Field(default_factory=Resources)
+    plan: PlanConfig = Field(default_factory=PlanConfig, description="the planner's budget rule (topology: auto)")
     network: Network = Field(default_factory=Network)
     autoscale: Autoscale = Field(default_factory=Autoscale)
     image: str = Field("tianji-worker:0.1.0", min_length=1,
