@@ -233,9 +233,8 @@ def test_a_process_rebinding_the_parameter_socket_is_never_heard(job_keys, tmp_p
             evil.close()  # the learner's own key at the same path is heard (the check above can fail)
             real = ctx.socket(zmq.PUB)
             real.setsockopt(zmq.LINGER, 0)
-            curve.close()
-            curve = security.Curve(ctx, rings["learner-0-0"])
-            curve.server(real)
+            learner = rings["learner-0-0"].keys  # (the context's ZAP handler admits every key of the job)
+            real.curve_secretkey, real.curve_publickey, real.curve_server = learner.secret, learner.public, True
             real.bind(f"ipc://{os.environ['TIANJI_SOCK_DIR']}/learner-0-0-params")
 
             def heard():
