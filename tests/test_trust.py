@@ -381,7 +381,8 @@ def test_an_insider_with_an_actors_key_forges_every_message_and_the_run_still_re
         one = fragment()
         for _ in range(4000):
             s["fragments"].send_multipart(one)
-        wait_for(lambda: (last_record_of(rd).get("rejected") or 0) >= 11 + 10 + 3999, 120, "the forgeries to be counted")
+        wait_for(lambda: (last_record_of(rd).get("rejected") or 0) >= 11 + 10 + 3999, 120,
+                 "the forgeries to be counted")
     finally:
         ctx.destroy(linger=0)
     assert run.wait(timeout=900) == 0, run.output()[-3000:]
