@@ -3,9 +3,13 @@
     python bench/transport.py [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3] [--encryption curve] [--compare wire.py]
     python bench/transport.py --experiment collection [--png collection.png]   # the paper's Fig. 5
 
-`--encryption curve` runs every transfer (raw and wire alike) over CurveZMQ with a job key
-pair and a ZAP handler, as a job with `spec.network.encryption: curve` does; compare its
-MB/s and CPU µs per message with a run under `--encryption none` (the default here).
+`--encryption curve` runs every transfer (raw and wire alike) over CurveZMQ with a key pair per
+side and a ZAP handler mapping keys to identities, as a job with `spec.network.encryption: curve`
+does; compare its MB/s and CPU µs per message with a run under `--encryption none` (the default).
+The mode `wire` also pays what a role adds per message (docs/security.md): the sender numbers
+each message (runtime/sequence.next_seq), the receiver checks the sender against the key's
+identity (ZAP's User-Id, with curve) and refuses replays (SeqGuard). `base` (--compare) does not:
+with main's wire.py it is the before of the same run.
 
 For every message size and transport, side by side in one run:
 
@@ -109,7 +113,22 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-CURVE_KEYS = None  # set by --encryption curve (before the senders fork)
+CURVE_KEYS = None  # {"actor-0-0": Keyring, "buffer-0-0": Keyring}: set by --encryption curve (before the senders fork)
+
+
+class _Trust:
+    """What roles/base.py adds per message on the receiving side: sender identity, then replay."""
+
+    def __init__(self) -> None:
+        from tianji.runtime import security
+        from tianji.runtime.sequence import SeqGuard
+
+        self.guard, self.covers, self.identity = SeqGuard(), security.covers, security.sender_identity
+
+    def check(self, msg, head) -> None:
+        if CURVE_KEYS is not None and not self.covers(self.identity(head), msg.sender):
+            raise RuntimeError(f"{msg.sender} not covered by its key")
+        self.guard.accept(msg.sender, msg.seq)
 
 
 def _sender(addr: str, mode: str, size: int, n: int, done, cpu_q) -> None:
@@ -119,13 +138,21 @@ def _sender(addr: str, mode: str, size: int, n: int, done, cpu_q) -> None:
     if CURVE_KEYS is not None:
         from tianji.runtime.security import Curve
 
-        Curve(ctx, CURVE_KEYS).client(s)
+        Curve(ctx, CURVE_KEYS["actor-0-0"]).client(s, "buffer-0-0")
     s.connect(addr)
     arr = np.frombuffer(np.random.bytes(size), dtype=np.uint8)
     c0, t0 = _cpu(), time.thread_time()
     if mode == "raw":
         for _ in range(n):
             s.send(arr, copy=False)
+    elif mode == "wire":  # numbered as a role numbers its messages
+        from tianji.runtime.sequence import next_seq
+
+        encode, send_frames = WIRES[mode][:2]
+        seq = 0
+        for _ in range(n):
+            seq = next_seq(seq)
+            send_frames(s, encode("fragment", JOB, "actor-0-0", seq, 7, {"obs": arr}, {"frames": 256}))
     else:
         encode, send_frames = WIRES[mode][:2]
         for i in range(n):
@@ -166,7 +193,7 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, ...]:
     if CURVE_KEYS is not None:
         from tianji.runtime.security import Curve
 
-        curve = Curve(ctx, CURVE_KEYS)
+        curve = Curve(ctx, CURVE_KEYS["buffer-0-0"])
         curve.server(r)
     r.setsockopt(zmq.LINGER, 0)
     r.setsockopt(zmq.RCVTIMEO, int(RECV_TIMEOUT_S * 1000))
@@ -188,11 +215,16 @@ def _run(addr_base: str, mode: str, size: int, n: int) -> tuple[float, ...]:
                 got += 1
         else:
             recv_frames, decode = WIRES[mode][2:]
+            trust = _Trust().check if mode == "wire" else None
             decode(recv_frames(r), job=JOB)
             got = 1
             t0 = time.perf_counter()
             while got < n:
-                msg = decode(recv_frames(r), job=JOB)
+                frames = recv_frames(r)
+                msg = decode(frames, job=JOB)
+                if trust is not None:
+                    trust(msg, frames[0])
+                del frames
                 if msg.arrays["obs"].nbytes != size:
                     raise RuntimeError("payload size mismatch")
                 # Release before the next receive, as the raw loop does: holding two multi-MB
@@ -318,9 +350,9 @@ def main(argv=None) -> int:
         _use_wire_module(a.wire)
     if a.encryption == "curve":
         global CURVE_KEYS
-        from tianji.runtime.security import new_keys
+        from tianji.runtime.security import issue
 
-        CURVE_KEYS = new_keys()
+        CURVE_KEYS = issue(["actor-0-0", "buffer-0-0"])
     if a.experiment == "collection":
         import collection_time
 

@@ -70,13 +70,29 @@ def worker_pids(run_dir: Path) -> list[int]:
     return out
 
 
-def as_job_client(sock, run_dir: Path):
-    """Give a test's socket the job's CurveZMQ keys (`<run dir>/curve.json`), as a job process has:
-    what it then sends is judged by the receiver's own validation, not refused by ZAP."""
-    from tianji.runtime.security import Curve, read_keys
+def pid_of(run_dir, role: str, index: int) -> int:
+    """The pid of a run's live worker `role` (group 0) with this index."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if str(run_dir).encode() in b" ".join(cmd) and b"worker" in cmd and b"--role" in cmd \
+                    and cmd[cmd.index(b"--role") + 1] == role.encode() and cmd[cmd.index(b"--index") + 1] == str(index).encode():
+                return int(d)
+    raise AssertionError(f"no {role}-{index}")
 
-    wait_for(lambda: (Path(run_dir) / "curve.json").exists(), 60, "the job's keys")
-    Curve(None, read_keys(Path(run_dir) / "curve.json")).client(sock)
+
+def as_job_client(sock, run_dir: Path, identity: str = "actor-0-0", peer: str = "buffer-0-0"):
+    """Give a test's socket the CurveZMQ keyring of one of the job's processes (`<run dir>/keys/
+    IDENTITY.json`), talking to PEER (its key pinned): what it then sends is judged as that
+    process's messages, by the receiver's identity checks and validation, not refused by ZAP."""
+    from tianji.runtime.security import Curve, read_keyring
+
+    path = Path(run_dir) / "keys" / f"{identity}.json"
+    wait_for(path.exists, 60, f"{identity}'s keys")
+    Curve(None, read_keyring(path)).client(sock, peer)
     return sock
 
 

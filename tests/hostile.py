@@ -113,11 +113,13 @@ def classes() -> list[tuple[str, str, list, str]]:
 
 def sockets(ctx: zmq.Context, run_dir) -> dict[str, zmq.Socket]:
     out = {}
-    for name, path in (("fragments", "buffer-0-0-fragments"), ("credits", "buffer-0-0-credits"),
-                       ("batches", "learner-0-0-batches")):
+    for name, path, identity in (("fragments", "buffer-0-0-fragments", "actor-0-0"),
+                                 ("credits", "buffer-0-0-credits", "learner-0-0"),
+                                 ("batches", "learner-0-0-batches", "buffer-0-0")):
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 2000)
-        as_job_client(s, run_dir)  # an insider: validation, not ZAP, must stop these
+        # an insider holding the key of the role that may send there: validation, not ZAP, must stop these
+        as_job_client(s, run_dir, identity, path.rsplit("-", 1)[0])
         s.connect(ipc(run_dir, path))
         out[name] = s
     return out

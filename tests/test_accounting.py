@@ -157,7 +157,12 @@ def test_the_stop_rule():
     assert rule.check(acc, 1.0) is None  # 99 episodes: the mean needs 100
     acc.take(parse_report(worker_report("j", "actor", 0, 0, seq=2, episodes=[500.0] * 100,
                                         env_frames_total=200), "j"))
+    assert rule.check(acc, 1.0) is None  # no learner has trained: returns of an untrained policy
+    acc.take(parse_report(worker_report("j", "learner", 0, 0, version=0), "j"))
+    assert rule.check(acc, 1.0) is None  # still version 0
+    acc.take(parse_report(worker_report("j", "learner", 0, 0, seq=2, version=3), "j"))
     assert rule.check(acc, 1.0) == "target" and "500 >= stop.meanReturn 475" in rule.message("target", acc, 1.0)
+    assert "(policy version 3, checkpoint none yet)" in rule.message("target", acc, 1.0)  # the status names them
     assert StopRule(StopConfig(env_frames=150)).check(acc, 0.0) == "frames"
     assert StopRule(StopConfig(seconds=60), max_seconds=5).check(acc, 5.0) == "seconds"
 

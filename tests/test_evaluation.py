@@ -155,10 +155,11 @@ def test_evaluator_refuses_hostile_parameters_and_evaluates_the_good_ones(tmp_pa
         nan = {k: v.copy() for k, v in good.items()}
         next(iter(nan.values())).flat[0] = np.nan
         shape = {k: (v[:1].copy() if v.ndim else v) for k, v in good.items()}
-        hostile = [encode("params", job.name, "actor-0-1", 0, 7, good, {"frames": 10}),  # sender
-                   encode("params", job.name, "learner-0-0", 0, 7, nan, {"frames": 10}),  # non-finite
-                   encode("params", job.name, "learner-0-0", 0, 7, shape, {"frames": 10}),  # shapes
-                   encode("params", job.name, "learner-0-0", 0, 7, good, {"frames": -3}),  # frames
+        # numbered as the learner numbers its messages (a number it used is a replay: test_trust.py)
+        hostile = [encode("params", job.name, "actor-0-1", 1, 7, good, {"frames": 10}),  # role
+                   encode("params", job.name, "learner-0-0", 2, 7, nan, {"frames": 10}),  # non-finite
+                   encode("params", job.name, "learner-0-0", 3, 7, shape, {"frames": 10}),  # shapes
+                   encode("params", job.name, "learner-0-0", 4, 7, good, {"frames": -3}),  # frames
                    [b"\x93not-msgpack\xc1"]]
         for frames in hostile:
             pub.send_multipart(frames)
@@ -166,7 +167,7 @@ def test_evaluator_refuses_hostile_parameters_and_evaluates_the_good_ones(tmp_pa
         rejected = ev.metrics.reasons["messages_rejected_total"]
         assert sum(rejected.values()) == len(hostile), rejected
         assert ev.version == 0  # nothing was loaded
-        pub.send_multipart(encode("params", job.name, "learner-0-0", 0, 9, good, {"frames": 4096}))
+        pub.send_multipart(encode("params", job.name, "learner-0-0", 5, 9, good, {"frames": 4096}))
         assert _drain(ev, lambda: ev.version == 9)
         ev.next_at = 0.0
         ev.step()  # due: one evaluation of version 9

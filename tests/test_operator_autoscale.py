@@ -88,21 +88,29 @@ def test_promql_selects_the_job_role_and_window():
     assert '{exported_job="cp",role="actor"}' in q["produced"]
 
 
-def _pod(name, role, group, ip):
-    return {"metadata": {"name": name, "labels": {"tianji.dev/role": role, "tianji.dev/group": str(group)}},
+def _pod(role, group, index, ip):
+    """A running pod as the operator makes it: a learner's index is a label, an actor's its ordinal."""
+    labels = {"tianji.dev/role": role, "tianji.dev/group": str(group)}
+    if role != "actor":
+        labels["tianji.dev/index"] = str(index)
+    return {"metadata": {"name": f"cp-{role}-{group}-{index}", "labels": labels},
             "status": {"phase": "Running", "podIP": ip}}
 
 
 async def test_reports_are_read_from_running_pods_and_validated():
-    ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
     async with FakePodMetrics(ips) as pods, aiohttp.ClientSession() as http:
-        listing = [_pod("a0", "actor", 0, ips[0]), _pod("l0", "learner", 0, ips[1]), _pod("x0", "actor", 0, ips[2])]
+        listing = [_pod("actor", 0, 0, ips[0]), _pod("learner", 0, 0, ips[1]), _pod("actor", 0, 1, ips[2]),
+                   _pod("actor", 0, 2, ips[3])]
         pods.reports = {ips[0]: worker_report("cp", "actor", 0, 0, env_frames_total=1000, episodes=[10.0, 12.0]),
                         ips[1]: worker_report("cp", "learner", 0, 0, samples_consumed_total=500, version=3),
-                        ips[2]: {**worker_report("cp", "actor", 0, 1), "counts": {"env_frames_total": float("nan")}}}
+                        ips[2]: {**worker_report("cp", "actor", 0, 1), "counts": {"env_frames_total": float("nan")}},
+                        # an actor pod reporting as the learner (mean 500, version 10^6): not counted
+                        ips[3]: worker_report("cp", "learner", 0, 0, seq=9, version=10 ** 6, episodes=[500.0] * 100)}
         reports, errors = await scrape_reports(http, listing, pods.port, "cp")
         assert sorted(r.name for r in reports) == ["actor-0-0", "learner-0-0"]
-        assert len(errors) == 1 and errors[0].startswith("x0: bad report") and "env_frames_total" in errors[0]
+        assert len(errors) == 2 and errors[0].startswith("cp-actor-0-1: bad report") and "env_frames_total" in errors[0]
+        assert "a report as learner-0-0 from actor-0-2" in errors[1], errors
         # A report of another job is refused, not counted.
         _, errors = await scrape_reports(http, listing[:1], pods.port, "other-job")
         assert "not 'other-job'" in errors[0]
@@ -130,18 +138,20 @@ def test_rates_from_reports_need_a_window_newer_than_the_last_evaluation():
 
 async def test_an_unreachable_pod_is_an_error_not_a_zero():
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as http:
-        reports, errors = await scrape_reports(http, [_pod("a0", "actor", 0, "127.0.0.9")], 1, "cp")
-    assert reports == [] and errors and errors[0].startswith("a0:")
+        reports, errors = await scrape_reports(http, [_pod("actor", 0, 0, "127.0.0.9")], 1, "cp")
+    assert reports == [] and errors and errors[0].startswith("cp-actor-0-0:")
 
 
 def test_a_termination_message_is_a_final_report():
     rep = worker_report("cp", "actor", 0, 0, env_frames_total=77, final=True)
-    pod = {"metadata": {"name": "a0"}, "status": {"containerStatuses": [
+    pod = {**_pod("actor", 0, 0, "127.0.0.2"), "status": {"containerStatuses": [
         {"state": {"terminated": {"exitCode": 0, "message": json.dumps(rep)}}},
         {"lastState": {"terminated": {"exitCode": 137, "message": "not json"}}}]}}
     got = list(terminated_reports(pod, "cp"))
     assert got[0].final and got[0].counts["env_frames_total"] == 77
     assert isinstance(got[1], ReportError) and "termination message" in str(got[1])
+    pod["metadata"]["name"] = "cp-actor-0-1"  # another actor's final report: not this pod's
+    assert isinstance(next(terminated_reports(pod, "cp")), ReportError)
 
 
 # ----------------------------------------------------------------- the operator's timer

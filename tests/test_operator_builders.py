@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import copy
+import tempfile
+from pathlib import Path
 
 import kopf
 import kubernetes_validate
@@ -56,7 +58,8 @@ def test_every_child_validates_strictly(variant):
 def test_names_kinds_and_owner_references():
     _, _, _, objs = _children(VARIANTS["groups"])
     assert set(objs) == {
-        ("ConfigMap", "cp-job"), ("Service", "cp"), ("NetworkPolicy", "cp"), ("Secret", "cp-curve"),
+        ("ConfigMap", "cp-job"), ("Service", "cp"), ("NetworkPolicy", "cp"),
+        *(("Secret", f"cp-curve-{r}") for r in ("learner", "buffer", "actor", "evaluator")),
         ("Pod", "cp-learner-0-0"), ("Pod", "cp-buffer-0-0"), ("Pod", "cp-buffer-0-1"), ("StatefulSet", "cp-actor-0"),
         ("Pod", "cp-learner-1-0"), ("Pod", "cp-buffer-1-0"), ("Pod", "cp-buffer-1-1"), ("StatefulSet", "cp-actor-1"),
     }
@@ -445,21 +448,39 @@ def test_checkpoint_volume_settings_are_checked(ckpt, where):
         _job({"checkpoint": ckpt})
 
 
-def test_the_curve_secret_is_mounted_only_into_the_jobs_pods_and_holds_a_working_key_pair():
+def test_each_role_gets_its_own_curve_secret_mounted_only_into_that_roles_pods():
+    """An actor pod never holds the learner's (or a buffer's) secret key: one keyring per role, each
+    a working key pair that names every role's public key, each mounted only into its role's pods."""
     import json
 
     import zmq
 
+    from tianji.runtime.security import read_keyring
+
     _, _, _, objs = _children(VARIANTS["groups"])
-    secret = objs[("Secret", "cp-curve")]
-    keys = json.loads(secret["stringData"]["curve.json"])
-    assert zmq.curve_public(keys["secret"].encode()) == keys["public"].encode()
+    rings = {}
+    for role in ("learner", "buffer", "actor", "evaluator"):
+        keys = json.loads(objs[("Secret", f"cp-curve-{role}")]["stringData"]["curve.json"])
+        assert keys["identity"] == role and zmq.curve_public(keys["secret"].encode()) == keys["public"].encode()
+        rings[role] = keys
+    assert len({k["secret"] for k in rings.values()}) == 4  # four different secret keys
+    assert all(k["peers"] == {r: x["public"] for r, x in rings.items()} for k in rings.values())
+    mounted = set()
     for (kind, _), obj in objs.items():
         if kind not in ("Pod", "StatefulSet"):
             continue
         pod = obj["spec"] if kind == "Pod" else obj["spec"]["template"]["spec"]
+        role = (obj["metadata"]["labels"])["tianji.dev/role"]
         vols = {v["name"]: v for v in pod["volumes"]}
-        assert vols["curve"]["secret"]["secretName"] == "cp-curve" and vols["curve"]["secret"]["defaultMode"] == 0o400
+        assert vols["curve"]["secret"]["secretName"] == f"cp-curve-{role}"
+        assert vols["curve"]["secret"]["defaultMode"] == 0o400
+        assert [v for v in pod["volumes"] if "secret" in v] == [vols["curve"]]  # no other role's Secret
+        mounted.add(role)
         c = pod["containers"][0]
         assert {"name": "curve", "mountPath": "/etc/tianji-curve", "readOnly": True} in c["volumeMounts"]
         assert {"name": "TIANJI_CURVE_KEYS", "value": "/etc/tianji-curve/curve.json"} in c["env"]
+    assert mounted == {"learner", "buffer", "actor"}
+    path = Path(tempfile.mkdtemp()) / "curve.json"  # the worker reads the operator's format
+    path.write_text(objs[("Secret", "cp-curve-actor")]["stringData"]["curve.json"])
+    ring = read_keyring(path)
+    assert ring.identity == "actor" and ring.public_of("learner-1-0") == rings["learner"]["public"].encode()

@@ -80,14 +80,15 @@ def test_dqn_update_on_non_finite_returns_changes_nothing():
 
 def test_learner_never_publishes_or_checkpoints_non_finite_weights_and_restores_the_last_good(tmp_path, monkeypatch):
     job = load_job(EXAMPLES / "cartpole-ppo.yaml")
-    keys = security.write_keys(tmp_path / "curve.json")
-    monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / "curve.json"))
+    rings = security.issue(["learner-0-0", "buffer-0-0", "actor-0-0"])
+    security.write_keyring(tmp_path / "learner.json", rings["learner-0-0"])
+    monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / "learner.json"))
     learner = Learner(job, 0, 0, Addresses(job.name, run_dir=tmp_path), run_dir=str(tmp_path))
     sub = learner.ctx.socket(zmq.SUB)
     try:
         learner.setup()
         sub.setsockopt(zmq.SUBSCRIBE, b"")
-        security.Curve(None, keys).client(sub)
+        security.Curve(None, rings["actor-0-0"]).client(sub, "learner-0-0")
         sub.connect(learner.addrs.connect("params", 0, 0))
         good = snapshot(learner.model)
         learner.save_checkpoint()

@@ -200,8 +200,9 @@ def make_buffer(monkeypatch):
     from tianji.runtime.roles.buffer import Buffer
 
     def make(tmp_path):
-        security.write_keys(tmp_path / "curve.json")
-        monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / "curve.json"))
+        rings = security.issue(["buffer-0-0", "learner-0-0"])
+        security.write_keyring(tmp_path / "buffer.json", rings["buffer-0-0"])
+        monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / "buffer.json"))
         j = parse_job(job(replaySnapshot=True))
         b = Buffer(j, 0, 0, Addresses(j.name, run_dir=tmp_path), run_dir=str(tmp_path))
         b.setup()

@@ -24,8 +24,8 @@ import yaml
 
 from tianji.control.addressing import PORTS, actor_set_name, data_port, metrics_port, pod_name, service_name
 from tianji.control.curvekeys import keypair
-from tianji.control.launch import (CONFIG_DIR, CURVE_FILE, JOB_FILE, SCRATCH_DIR, STATE_DIR, TERMINATION_LOG,
-                                   curve_secret_name, worker_launch)
+from tianji.control.launch import (CONFIG_DIR, CURVE_FILE, JOB_FILE, KEYED_ROLES, SCRATCH_DIR, STATE_DIR,
+                                   TERMINATION_LOG, curve_secret_name, worker_launch)
 from tianji.control.spec import JobSpec, PodOverlay, TianJiJob
 
 LABEL_JOB = "tianji.dev/job"
@@ -386,16 +386,20 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
     return spec
 
 
-def curve_secret(job: TianJiJob) -> list[dict]:
-    """The job's CurveZMQ key pair as a Secret (a fresh pair each call: `ensure` creates it once,
-    and an existing one is never replaced), mounted only into this job's pods (worker_launch);
-    none with `network.encryption: none`."""
+def curve_secrets(job: TianJiJob) -> list[dict]:
+    """One CurveZMQ identity per role, each as its own Secret (fresh key pairs each call: `ensure`
+    creates them once, and an existing one is never replaced), mounted only into that role's pods
+    (worker_launch): an actor pod never holds the learner's secret key. Each keyring names every
+    role's public key (runtime/security.py's format). None with `network.encryption: none`."""
     if job.spec.network.encryption != "curve":
         return []
-    public, secret = keypair()
+    pairs = {role: keypair() for role in KEYED_ROLES}
+    peers = {role: public for role, (public, _) in pairs.items()}
     return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-             "metadata": _meta(job, curve_secret_name(job.name), labels(job.name)),
-             "stringData": {CURVE_FILE: json.dumps({"public": public, "secret": secret})}}]
+             "metadata": _meta(job, curve_secret_name(job.name, role), labels(job.name, role)),
+             "stringData": {CURVE_FILE: json.dumps({"identity": role, "public": public, "secret": secret,
+                                                    "peers": peers})}}
+            for role, (public, secret) in pairs.items()]
 
 
 def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str],
@@ -436,7 +440,7 @@ def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int],
     `defaults`: the cluster-wide pod overlay (chart values `workerDefaults`)."""
     t = resolved.spec.topology
     out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers),
-           *curve_secret(resolved)]
+           *curve_secrets(resolved)]
     pvc = checkpoint_pvc(resolved)
     if pvc is not None:
         out.append(pvc)

@@ -31,7 +31,7 @@ RULES: list[dict] = [
     # cluster-scoped, read only: whether the cluster has a default StorageClass (state.py: where
     # learner state lives by default)
     {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["list"]},
-    # secrets: the job's CurveZMQ key pair (builders.curve_secret), created once.
+    # secrets: one CurveZMQ keyring per role of a job (builders.curve_secrets), each created once.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # pods: watched for the final reports in their termination messages.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},

@@ -5,7 +5,9 @@ a container that ended left its final report as its termination message
 (`state.terminated.message`, or `lastState.terminated.message` once it restarted),
 so the counts it made after the last scrape are not lost. Both are validated by
 `parse_report` like the local launcher's pushed reports; what fails is counted,
-never trusted.
+never trusted. A report counts only as the pod it came from (`as_pod`): its
+(role, group, index) must be the pod's labels, so an actor pod cannot report as
+the learner or as another actor.
 """
 from __future__ import annotations
 
@@ -17,7 +19,22 @@ import aiohttp
 
 from tianji.control.report import Report, ReportError, parse_report
 
+from tianji.control.addressing import POD_INDEX_LABEL
+
 from . import status as st
+from .builders import LABEL_GROUP, LABEL_INDEX, LABEL_ROLE
+
+
+def as_pod(rep: Report, pod: dict) -> Report:
+    """`rep` if its (role, group, index) is the pod's own (labels; an actor's index is its ordinal),
+    else ReportError."""
+    meta = pod.get("metadata") or {}
+    lab = meta.get("labels") or {}
+    index = lab.get(LABEL_INDEX) or lab.get(POD_INDEX_LABEL) or str(meta.get("name", "")).rsplit("-", 1)[-1]
+    if (rep.role, str(rep.group), str(rep.index)) != (lab.get(LABEL_ROLE), lab.get(LABEL_GROUP), index):
+        raise ReportError(f"{meta.get('name')}: a report as {rep.role}-{rep.group}-{rep.index} from "
+                          f"{lab.get(LABEL_ROLE)}-{lab.get(LABEL_GROUP)}-{index}")
+    return rep
 
 
 def terminated_reports(pod: dict, job: str) -> Iterator[Report | ReportError]:
@@ -28,7 +45,7 @@ def terminated_reports(pod: dict, job: str) -> Iterator[Report | ReportError]:
             if not msg:
                 continue
             try:
-                yield parse_report(json.loads(msg), job)
+                yield as_pod(parse_report(json.loads(msg), job), pod)
             except (ValueError, ReportError) as e:  # JSONDecodeError is a ValueError
                 yield ReportError(f"{pod['metadata']['name']}: termination message: {e}")
 
@@ -56,7 +73,7 @@ async def scrape_reports(session: aiohttp.ClientSession, pods: list[dict], port:
             async with session.get(url) as resp:
                 if resp.status != 200:
                     return f"{name}: HTTP {resp.status} from {url}"
-                return parse_report(json.loads(await resp.read()), job)
+                return as_pod(parse_report(json.loads(await resp.read()), job), pod)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             return f"{name}: {type(e).__name__} from {url}: {e}"
         except (ValueError, ReportError) as e:

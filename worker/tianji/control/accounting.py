@@ -12,7 +12,10 @@ Counting rules (the same for processes and pods):
   snapshot is folded into `retired`; an incarnation's counters only grow (a report
   older than the one held, by its `seq`, is ignored);
 * mean return = mean of the last 100 *finished* episodes of the job, ordered by
-  finish time; the target needs 100 episodes;
+  finish time; the target needs 100 episodes and a trained policy (version > 0);
+* a learner that starts over (a new incarnation without a checkpoint to resume from)
+  starts the episode window over: episodes that finished before it started were
+  played by a policy it does not have (`window_since`);
 * evaluations (spec.evaluation): the evaluator's report carries its evaluations of this
   incarnation (`extra.eval`: count, the last one, the best mean); the job counts those it has
   not counted yet (a restarted evaluator starts its count again) and keeps the last and best;
@@ -72,6 +75,7 @@ class Accounting:
         self.retired_reasons: dict[str, dict[str, float]] = {}
         self.retired_lag: dict[str, Any] = {"count": 0, "sum": 0.0, "min": None, "max": None}
         self.window: list[tuple[float, float]] = []  # last WINDOW episodes (finish time, return), by time
+        self.window_since = 0.0  # episodes that finished before this (a learner's fresh start) do not count
         self.episodes_total = 0
         self.history: list[tuple[float, dict[str, float], dict[int, dict[str, float]]]] = []
         self.evals = 0  # evaluations counted, whole job
@@ -106,8 +110,16 @@ class Accounting:
         if cur is not None:
             self._retire(report.role, cur)
         self.procs[report.key] = p
+        if report.role == "learner" and not report.extra.get("checkpoint"):
+            self.restart_window(report.started)  # a learner from scratch: earlier episodes are not its
         self._count_episodes(report, report.episodes_total)
         return True
+
+    def restart_window(self, since: float) -> None:
+        """Count returns again from `since` (wall-clock seconds): a learner started over."""
+        if since > self.window_since:
+            self.window_since = since
+            self.window = [e for e in self.window if e[0] >= since]
 
     def _take_eval(self, report: Report) -> None:
         ev = report.extra["eval"]
@@ -169,8 +181,8 @@ class Accounting:
             self._add_episode(ep)
 
     def _add_episode(self, ep: tuple[float, float]) -> None:
-        if len(self.window) >= WINDOW and ep[0] < self.window[0][0]:
-            return  # older than all of the last 100
+        if ep[0] < self.window_since or len(self.window) >= WINDOW and ep[0] < self.window[0][0]:
+            return  # before the learner's fresh start, or older than all of the last 100
         bisect.insort(self.window, (float(ep[0]), float(ep[1])))
         del self.window[:-WINDOW]
 
@@ -294,6 +306,7 @@ class Accounting:
         restoring it validates it as any report is validated; a replaced incarnation's without
         gauges and extras, which nothing reads (the status must stay small)."""
         return {"v": STATE_VERSION, "episodesTotal": self.episodes_total, "window": [list(e) for e in self.window],
+                "windowSince": self.window_since,
                 "retired": [{"role": r, "group": g, "counts": c} for (r, g), c in sorted(self.retired.items())],
                 "retiredReasons": self.retired_reasons, "retiredLag": self.retired_lag, "rejected": self.rejected,
                 "eval": {"count": self.evals, "last": self.eval_last, "best": self.eval_best,
@@ -306,6 +319,7 @@ class Accounting:
         try:
             self.episodes_total = int(s.get("episodesTotal", 0))
             self.window = sorted((float(t), float(r)) for t, r in s.get("window", []))[-WINDOW:]
+            self.window_since = float(s.get("windowSince", 0.0))
             self.retired = {(x["role"], int(x["group"])): {k: float(v) for k, v in x["counts"].items()}
                             for x in s.get("retired", [])}
             self.retired_reasons = {k: {r: float(v) for r, v in by.items()}
@@ -387,7 +401,8 @@ def status_numbers(view: dict) -> dict:
 class StopRule:
     """spec.stop (plus a caller's own wall-clock cap), checked against the accounting.
 
-    target  mean of the last 100 finished episodes >= stop.meanReturn (needs 100 episodes)
+    target  mean of the last 100 finished episodes >= stop.meanReturn (needs 100 episodes, and a
+            learner past version 0: returns an untrained policy played back nothing)
     frames  env frames >= stop.envFrames
     seconds elapsed >= min(stop.seconds, max_seconds)
     """
@@ -400,7 +415,7 @@ class StopRule:
     def target_reached(self, acc: Accounting) -> bool:
         mean = acc.mean_return()
         return (self.stop.mean_return is not None and len(acc.window) >= WINDOW and mean is not None
-                and mean >= self.stop.mean_return)
+                and mean >= self.stop.mean_return and acc.policy_version() > 0)
 
     def check(self, acc: Accounting, elapsed: float) -> Optional[str]:
         """"target" | "frames" | "seconds", or None to go on."""
@@ -414,7 +429,8 @@ class StopRule:
 
     def message(self, reason: str, acc: Accounting, elapsed: float) -> str:
         if reason == "target":
-            return f"mean return {acc.mean_return():.4g} >= stop.meanReturn {self.stop.mean_return:g}"
+            return (f"mean return {acc.mean_return():.4g} >= stop.meanReturn {self.stop.mean_return:g} "
+                    f"(policy version {acc.policy_version()}, checkpoint {acc.checkpoint() or 'none yet'})")
         if reason == "frames":
             return f"{int(acc.totals()['env_frames'])} env frames >= stop.envFrames {self.stop.env_frames}"
         return f"ran {elapsed:.0f} s >= {self.seconds:g} s"

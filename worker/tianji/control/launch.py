@@ -65,9 +65,10 @@ ENV_SOCK_DIR = "TIANJI_SOCK_DIR"
 ENV_PARENT_PID = "TIANJI_PARENT_PID"
 ENV_DIST_INIT = "TIANJI_DIST_INIT"
 ENV_TERMINATION_LOG = "TIANJI_TERMINATION_LOG"
-ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # the job's CurveZMQ key pair (runtime/security.py)
-CURVE_DIR = "/etc/tianji-curve"  # pods: the job's key Secret is mounted here (see runtime/security.py)
+ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # this process's CurveZMQ keyring (runtime/security.py)
+CURVE_DIR = "/etc/tianji-curve"  # pods: the role's key Secret is mounted here (see runtime/security.py)
 CURVE_FILE = "curve.json"
+KEYED_ROLES = ("learner", "buffer", "actor", "evaluator")  # pods: one CURVE identity (Secret) per role
 
 
 def torch_threads(job, role: str) -> int:
@@ -128,9 +129,9 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
         if job.spec.network.interface:  # learners' torch.distributed traffic on the same fabric
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = job.spec.network.interface
-        if job.spec.network.encryption == "curve":  # the job's key Secret (operator: builders.curve_secret)
+        if job.spec.network.encryption == "curve":  # this role's key Secret (operator: builders.curve_secrets)
             env[ENV_CURVE_KEYS] = f"{CURVE_DIR}/{CURVE_FILE}"
-            volumes.append({"name": "curve", "secret": {"secretName": curve_secret_name(job.name),
+            volumes.append({"name": "curve", "secret": {"secretName": curve_secret_name(job.name, role),
                                                         "defaultMode": 0o400,
                                                         "items": [{"key": CURVE_FILE, "path": CURVE_FILE}]}})
             mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
@@ -143,6 +144,6 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
     return WorkerLaunch(list(command or WORKER_COMMAND), args, env, field_env, volumes, mounts)
 
 
-def curve_secret_name(job: str) -> str:
-    """The Secret holding a job's CurveZMQ key pair (mounted only into that job's pods)."""
-    return f"{job}-curve"
+def curve_secret_name(job: str, role: str) -> str:
+    """The Secret holding one role's CurveZMQ keyring (mounted only into that role's pods)."""
+    return f"{job}-curve-{role}"

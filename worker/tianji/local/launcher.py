@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,6 +48,8 @@ from tianji.observability.learnerstats import lag_histogram, learner_stats
 from tianji.observability.progress import Progress
 from tianji.observability.runlog import RunLog
 from tianji.runtime import atomicfile
+from tianji.runtime.security import covers, sender_identity
+from tianji.runtime.sequence import SeqGuard
 from tianji.runtime.wire import WireError, decode
 
 POLL_S = 0.1
@@ -114,19 +117,15 @@ class Launcher:
         self.job_file.write_text(dump_job(job))
         self.sock_dir, self.own_sock_dir = runfiles.socket_dir(run_dir)
         self.report_addr = f"ipc://{self.sock_dir}/launcher-report"
-        self.curve_file: Optional[Path] = None
-        if job.spec.network.encryption == "curve":  # the job's key pair, 0600, made once per run dir
-            from tianji.runtime import security
-
-            self.curve_file = run_dir / "curve.json"
-            if not self.curve_file.exists():
-                security.write_keys(self.curve_file)
-            self.curve_keys = security.read_keys(self.curve_file)
         t = job.spec.topology
         self.children = [Child(r, g, i) for r in ROLE_ORDER for g in range(t.groups)
                          for i in range(getattr(t, r + "s"))]
         if job.spec.evaluation.enabled:  # spec.evaluation: one evaluator, following learner-0-0
             self.children.append(Child("evaluator", 0, 0))
+        self.keys_dir: Optional[Path] = None
+        self.rings: dict = {}
+        if job.spec.network.encryption == "curve":
+            self._issue_keys()
         self._by_key = {c.key: c for c in self.children}
         self.dist_init = None
         if t.groups * t.learners > 1:  # data-parallel learners rendezvous on a free local port
@@ -134,19 +133,37 @@ class Launcher:
                 so.bind(("127.0.0.1", 0))
                 self.dist_init = f"tcp://127.0.0.1:{so.getsockname()[1]}"
         self.acc = Accounting()
+        self.report_seqs = SeqGuard()
         self.resumed_from: Optional[dict] = None
         self.t_offset = 0.0  # a resumed run's clock continues the previous launches'
         self.warnings: list[str] = []
         self.learner_reported = False
         if resume:
             self.acc, self.resumed_from, self.t_offset = resume_.previous_counts(run_dir)
-            self.warnings += resume_.missing_checkpoints(job, run_dir)
+            missing = resume_.missing_checkpoints(job, run_dir)
+            self.warnings += missing
+            if missing:  # a learner starts over: the previous launches' returns were not its policy's
+                self.acc.restart_window(time.time())
         self.started = time.monotonic()
         self.target_reached_at: Optional[float] = None
+        self.target_backing: Optional[dict] = None  # the checkpoint and version behind a reached target
         self.mean_at_target: Optional[float] = None  # the mean-100 that met the stop rule
         self.interrupted = False
         self.error: Optional[str] = None
         self.zygote: Optional[zygote.Zygote] = None
+
+    def _issue_keys(self) -> None:
+        """A CURVE key pair per process (and the launcher's), fresh for each launch: each worker's
+        keyring is its own 0600 file under <run dir>/keys (runtime/security.py)."""
+        from tianji.runtime import security
+
+        self.keys_dir = self.run_dir / "keys"
+        shutil.rmtree(self.keys_dir, ignore_errors=True)  # a previous launch's keys are void
+        (self.run_dir / "curve.json").unlink(missing_ok=True)  # so is an older version's job-wide key
+        self.keys_dir.mkdir(mode=0o700)
+        self.rings = security.issue([c.name for c in self.children] + [security.LAUNCHER])
+        for c in self.children:
+            security.write_keyring(self.keys_dir / f"{c.name}.json", self.rings[c.name])
 
     # ---------------------------------------------------------------- processes
     def _launch(self, c: Child, **kw):
@@ -155,7 +172,7 @@ class Launcher:
 
     def _spawn(self, c: Child) -> None:
         launch = self._launch(c, command=[*CLI, "worker"], report=self.report_addr, dist_init=self.dist_init,
-                              curve_keys=str(self.curve_file) if self.curve_file else None)
+                              curve_keys=str(self.keys_dir / f"{c.name}.json") if self.keys_dir else None)
         env = _worker_env(launch)
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
@@ -246,13 +263,8 @@ class Launcher:
             except zmq.Again:
                 return
             try:
-                msg = decode(frames, job=self.job.name)
-                if msg.kind != "report":
-                    raise WireError("report", f"{msg.kind!r} on the report socket")
-                rep = parse_report(msg.meta, job=self.job.name)
-                child = self._by_key.get(rep.key)
-                if child is None or rep.pid not in child.pids:  # only our own workers count
-                    raise WireError("report", f"report from pid {rep.pid} as {rep.key}")
+                rep = self._report(frames)
+                child = self._by_key[rep.key]
                 self.acc.take(rep)
                 if rep.key[0] == "learner":
                     self.learner_reported = True
@@ -265,7 +277,37 @@ class Launcher:
             if child.proc is not None and child.proc.pid == rep.pid:
                 child.last_report = time.monotonic()
 
+    def _report(self, frames: list):
+        """A worker's report, refused (WireError, ReportError) unless its sender is the process the
+        transport authenticated, the (role, group, index) inside is that process, its pid one of that
+        process's incarnations, and its sequence number new (a replayed report is refused)."""
+        msg = decode(frames, job=self.job.name)
+        if msg.kind != "report":
+            raise WireError("report", f"{msg.kind!r} on the report socket")
+        if self.rings and not covers(sender_identity(frames[0]), msg.sender):
+            raise WireError("sender", f"a report as {msg.sender!r} with another process's key")
+        rep = parse_report(msg.meta, job=self.job.name)
+        child = self._by_key.get(rep.key)
+        if child is None or child.name != msg.sender or rep.pid not in child.pids:  # only our own workers
+            raise WireError("report", f"report from pid {rep.pid} as {rep.key} sent by {msg.sender!r}")
+        self.report_seqs.accept(msg.sender, msg.seq)
+        return rep
+
     # ---------------------------------------------------------------- stop rule
+    def _verdict(self, reason: str) -> str:
+        """The one place a run's result is decided, once every process has stopped and sent its final
+        report: "target" stands only if the learners' final checkpoint, of a policy past version 0,
+        backs it (then `target_backing` names both); otherwise the run ends in "error", saying why."""
+        if reason != "target":
+            return reason
+        ckpt, version = self.acc.checkpoint(), self.acc.policy_version()
+        if ckpt is None or version <= 0:
+            self.error = self.error or ("the target was met but no checkpoint of a trained policy backs it "
+                                        f"(checkpoint {ckpt}, policy version {version})")
+            return "error"
+        self.target_backing = {"checkpoint": ckpt, "policy_version": version}
+        return reason
+
     def _exit_reason(self, now: float) -> Optional[str]:
         if self.error:
             return "error"
@@ -321,11 +363,14 @@ class Launcher:
                                       f"tianji-{self.job.name}-{os.getpid()}-summary.json", self.warn)
 
     def summary(self, reason: str, wall: float) -> dict:
-        reached = self.target_reached_at
+        """`reason` as `_verdict` decided it: a target is reached only with its backing."""
+        reached = reason == "target" and self.target_reached_at is not None and self.target_backing is not None
         return run_summary(self.job, self.acc, reason=reason, wall=self.t_offset + wall,
-                           seconds_to_target=None if reached is None else self.t_offset + reached,
-                           mean_at_target=self.mean_at_target, restarts=self._restarts(), run_dir=str(self.run_dir),
-                           resumed_from=self.resumed_from, error=self.error, warnings=self.warnings)
+                           seconds_to_target=self.t_offset + self.target_reached_at if reached else None,
+                           mean_at_target=self.mean_at_target if reached else None,
+                           target=self.target_backing if reached else None, restarts=self._restarts(),
+                           run_dir=str(self.run_dir), resumed_from=self.resumed_from, error=self.error,
+                           warnings=self.warnings)
 
     # ---------------------------------------------------------------- main loop
     def _on_signal(self, signum, frame) -> None:
@@ -355,6 +400,7 @@ class Launcher:
                 if reason:
                     break
             self._stop_children(sock)
+            reason = self._verdict(reason)
             now = time.monotonic()
             self.acc.sample(now)
             self._record(mf, now)
@@ -366,10 +412,10 @@ class Launcher:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, 4 << 20)
         curve = None
-        if self.curve_file is not None:  # reports, too, only from holders of the job's key
-            from tianji.runtime.security import Curve
+        if self.rings:  # reports, too, only from the job's processes, each as itself
+            from tianji.runtime.security import LAUNCHER, Curve
 
-            curve = Curve(ctx, self.curve_keys)
+            curve = Curve(ctx, self.rings[LAUNCHER])
             curve.server(sock)
         sock.bind(self.report_addr)
         return sock, curve

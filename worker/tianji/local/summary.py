@@ -12,8 +12,9 @@ DATA_ROLES = ("actor", "buffer", "learner")
 
 def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_target: Optional[float],
                 mean_at_target: Optional[float], restarts: dict, run_dir: str, resumed_from: Optional[dict],
-                error: Optional[str], warnings: list[str]) -> dict:
-    """`wall` and `seconds_to_target` count the whole run (a resumed run's earlier launches too)."""
+                error: Optional[str], warnings: list[str], target: Optional[dict] = None) -> dict:
+    """`wall` and `seconds_to_target` count the whole run (a resumed run's earlier launches too);
+    `target`: the checkpoint and policy version behind a reached target (docs/security.md)."""
     spec, t = job.spec, job.spec.topology
     v = acc.view(wall, spec.evaluation)
     frames = max(v["env_frames"], 1)
@@ -24,6 +25,8 @@ def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_ta
         "reached_target": seconds_to_target is not None,
         "seconds_to_target": round(seconds_to_target, 3) if seconds_to_target is not None else None,
         "mean_return_at_target": mean_at_target,
+        "target_checkpoint": target and target["checkpoint"],
+        "target_policy_version": target and target["policy_version"],
         "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
         "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
         "throughput": v["throughput"],

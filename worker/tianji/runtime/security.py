@@ -1,33 +1,59 @@
-"""CurveZMQ for every socket of a job: one key pair per job, ZAP refuses every other key.
+"""CurveZMQ identities: every process of a job proves which role it is, on every socket.
 
-`tianji run` generates the key pair into `<run dir>/curve.json` (mode 0600); on Kubernetes
-the operator creates it as a Secret mounted only into that job's pods. Every process of
-the job reads it from the file named by TIANJI_CURVE_KEYS (tianji.control.launch):
+A job's processes do not share one key. Each holds a *keyring* (the JSON file named by
+TIANJI_CURVE_KEYS, mode 0600 locally, a Secret mounted only into that role's pods):
 
-- a binding socket is a CURVE server with the job's key, and a ZAP handler in the same
-  process lets a client in only if it presents the job's public key;
-- a connecting socket is a CURVE client with the job's key pair and expects the job's
-  key from the server: a foreign publisher bound on the parameter path (or any endpoint)
-  fails the handshake, so actors never see its messages.
+    {"identity": "actor-0-1", "public": z85, "secret": z85, "peers": {"learner-0-0": z85, ...}}
 
-So only the job's own processes (holders of the secret key) can talk to it, and the
-traffic is encrypted. `spec.network.encryption: none` turns all of this off.
+- `identity` is a process ("role-group-index": `tianji run` issues one key pair per process,
+  and one for the launcher) or a role ("actor": the operator issues one per role, and every
+  pod of that role holds it). A key *covers* the senders it may speak as: its own name, or,
+  for a role key, every "role-G-I" (`covers`).
+- `peers` holds the public keys of every identity of the job (public keys are not secret).
+- A binding socket is a CURVE server; its ZAP handler lets a client in only with a key in
+  `peers` and gives each message the key's identity as its ZeroMQ "User-Id". Receivers
+  (roles/base.py) take the sender from there, never from the header: a header's "from"
+  that the key does not cover is refused (reason "sender"), and so is a role that may not
+  send on that socket (reason "role"). A refused handshake is counted and logged with the
+  key it presented (`refused`).
+- A connecting socket pins the key of the identity it means to reach (`client(sock, peer)`):
+  a process re-binding the parameter path (or any endpoint) without that identity's secret
+  key fails the handshake, so its messages never arrive.
+
+`spec.network.encryption: none` turns all of this off (headers are then trusted).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import zmq
 
 from tianji.control.launch import ENV_CURVE_KEYS
 
+log = logging.getLogger("tianji")
+LAUNCHER = "launcher"  # the local launcher's identity (it receives reports)
+USER_ID = "User-Id"  # ZeroMQ message property set by the ZAP handler
+
 
 class KeyError_(ValueError):
     pass
+
+
+def role_of(name: str) -> str:
+    return name.split("-", 1)[0]
+
+
+def covers(identity: Optional[str], sender: str) -> bool:
+    """May a holder of `identity`'s key speak as `sender`? Its own name, or any instance of its role."""
+    if not identity:
+        return False
+    return sender == identity or ("-" not in identity and sender.startswith(identity + "-"))
 
 
 @dataclass(frozen=True)
@@ -35,68 +61,138 @@ class Keys:
     public: bytes  # z85, 40 bytes
     secret: bytes
 
-    def to_json(self) -> str:
-        return json.dumps({"public": self.public.decode(), "secret": self.secret.decode()})
-
 
 def new_keys() -> Keys:
     public, secret = zmq.curve_keypair()
     return Keys(public, secret)
 
 
-def write_keys(path: str | Path, keys: Optional[Keys] = None) -> Keys:
-    """Write a key pair (new unless given) to `path`, mode 0600, refusing to overwrite."""
-    keys = keys or new_keys()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(keys.to_json())
-    return keys
+@dataclass(frozen=True)
+class Keyring:
+    identity: str
+    keys: Keys
+    peers: dict = field(default_factory=dict)  # identity -> public key (z85 bytes), its own included
+
+    def public_of(self, peer: str) -> bytes:
+        """The key a connection to `peer` must meet: the process's own, else its role's."""
+        key = self.peers.get(peer) or self.peers.get(role_of(peer))
+        if key is None:
+            raise KeyError_(f"no public key for {peer!r} in {self.identity}'s keyring")
+        return key
+
+    def to_json(self) -> str:
+        return json.dumps({"identity": self.identity, "public": self.keys.public.decode(),
+                           "secret": self.keys.secret.decode(),
+                           "peers": {k: v.decode() for k, v in sorted(self.peers.items())}})
 
 
-def read_keys(path: str | Path) -> Keys:
+def issue(names: Iterable[str]) -> dict[str, Keyring]:
+    """A fresh key pair for each identity, each keyring knowing every identity's public key."""
+    pairs = {n: new_keys() for n in names}
+    publics = {n: k.public for n, k in pairs.items()}
+    return {n: Keyring(n, k, dict(publics)) for n, k in pairs.items()}
+
+
+def write_keyring(path: str | Path, ring: Keyring) -> None:
+    """Write one keyring, mode 0600, replacing an older one atomically (never readable by others)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(ring.to_json())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _key(v) -> bytes:
+    k = v.encode("ascii")
+    if len(k) != 40:
+        raise ValueError("a key is 40 z85 characters")
+    return k
+
+
+def read_keyring(path: str | Path) -> Keyring:
     try:
         doc = json.loads(Path(path).read_text())
-        keys = Keys(doc["public"].encode("ascii"), doc["secret"].encode("ascii"))
-        if len(keys.public) != 40 or len(keys.secret) != 40 or zmq.curve_public(keys.secret) != keys.public:
+        keys = Keys(_key(doc["public"]), _key(doc["secret"]))
+        if zmq.curve_public(keys.secret) != keys.public:
             raise ValueError("not a matching CURVE key pair")
-        return keys
+        identity = doc["identity"]
+        if not isinstance(identity, str) or not identity:
+            raise ValueError("no identity")
+        peers = {str(n): _key(k) for n, k in doc["peers"].items()}
+        if peers.get(identity) != keys.public:
+            raise ValueError("its own public key is not among its peers")
+        return Keyring(identity, keys, peers)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise KeyError_(f"{path}: cannot read the job's CURVE keys ({e})") from None
+        raise KeyError_(f"{path}: cannot read this process's CURVE keyring ({e})") from None
 
 
-class _OnlyJobKey:
-    def __init__(self, public: bytes):
-        self.public = public
+class _Identities:
+    """ZAP credentials: a key of the job's keyring is let in (its identity becomes the User-Id);
+    any other is refused, counted and logged with the key it presented."""
+
+    def __init__(self, ring: Keyring):
+        self.by_key = {k: n for n, k in ring.peers.items()}
+        self.refused = 0
+        self._lock = threading.Lock()
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return key == self.public
+        if key in self.by_key:
+            return True
+        with self._lock:
+            self.refused += 1
+            n = self.refused
+        if n <= 3 or n % 100 == 0:
+            log.warning("refused a CURVE handshake from key %s (not this job's) [%d so far]",
+                        key.decode("ascii", "replace"), n)
+        return False
+
+
+def _authenticator(ctx: zmq.Context, ids: _Identities):
+    from zmq.auth.thread import ThreadAuthenticator
+
+    class _Auth(ThreadAuthenticator):
+        def curve_user_id(self, client_public_key: bytes) -> str:
+            return ids.by_key[zmq.utils.z85.encode(client_public_key)]
+
+    auth = _Auth(ctx)
+    auth.start()
+    auth.configure_curve_callback("*", credentials_provider=ids)
+    return auth
 
 
 class Curve:
-    """The job's keys applied to sockets of one zmq.Context (and its ZAP handler)."""
+    """One keyring applied to the sockets of one zmq.Context (and its ZAP handler)."""
 
-    def __init__(self, ctx: zmq.Context, keys: Keys):
-        self.ctx, self.keys = ctx, keys
+    def __init__(self, ctx: zmq.Context, ring: Keyring):
+        self.ctx, self.ring = ctx, ring
+        self.ids = _Identities(ring)
         self.auth = None
 
-    def _start_auth(self) -> None:
-        if self.auth is None:
-            from zmq.auth.thread import ThreadAuthenticator
+    @property
+    def identity(self) -> str:
+        return self.ring.identity
 
-            self.auth = ThreadAuthenticator(self.ctx)
-            self.auth.start()
-            self.auth.configure_curve_callback("*", credentials_provider=_OnlyJobKey(self.keys.public))
+    @property
+    def refused(self) -> int:
+        return self.ids.refused
 
     def server(self, sock: zmq.Socket) -> None:
-        self._start_auth()
-        sock.curve_secretkey = self.keys.secret
-        sock.curve_publickey = self.keys.public
+        if self.auth is None:
+            self.auth = _authenticator(self.ctx, self.ids)
+        sock.curve_secretkey = self.ring.keys.secret
+        sock.curve_publickey = self.ring.keys.public
         sock.curve_server = True
 
-    def client(self, sock: zmq.Socket) -> None:
-        sock.curve_secretkey = self.keys.secret
-        sock.curve_publickey = self.keys.public
-        sock.curve_serverkey = self.keys.public
+    def client(self, sock: zmq.Socket, peer: str) -> None:
+        """Connect only to `peer` (a process name, or a role on Kubernetes): its key is pinned."""
+        sock.curve_secretkey = self.ring.keys.secret
+        sock.curve_publickey = self.ring.keys.public
+        sock.curve_serverkey = self.ring.public_of(peer)
 
     def close(self) -> None:
         if self.auth is not None:
@@ -104,11 +200,19 @@ class Curve:
             self.auth = None
 
 
+def sender_identity(frame) -> Optional[str]:
+    """The identity ZAP authenticated for the connection a message came in on (None: none)."""
+    try:
+        return frame.get(USER_ID) or None
+    except (zmq.ZMQError, AttributeError, TypeError):  # not a received zmq.Frame, or no ZAP
+        return None
+
+
 def from_env(ctx: zmq.Context, required: bool) -> Optional[Curve]:
-    """The job's Curve from TIANJI_CURVE_KEYS; a job that asks for encryption without keys fails."""
+    """This process's Curve from TIANJI_CURVE_KEYS; a job that asks for encryption without keys fails."""
     path = os.environ.get(ENV_CURVE_KEYS)
     if not path:
         if required:
             raise KeyError_(f"spec.network.encryption is curve but {ENV_CURVE_KEYS} is not set")
         return None
-    return Curve(ctx, read_keys(path))
+    return Curve(ctx, read_keyring(path))

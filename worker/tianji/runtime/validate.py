@@ -133,6 +133,17 @@ def _versions(x, high: int) -> None:
         raise WireError("version", f"policy version {lo}..{hi} outside 0..{high}")
 
 
+# The most updates a learner can honestly have made: 3 years at 100 updates a second, 500x the updates
+# of a 200M-frame Atari run. A credit or a publish beyond it is refused, not believed.
+MAX_POLICY_VERSION = 10 ** 10
+
+
+def check_learner_version(v: int) -> None:
+    """A version a learner announces (credits, parameters) is within MAX_POLICY_VERSION."""
+    if not 0 <= v <= MAX_POLICY_VERSION:
+        raise WireError("version", f"learner version {v} outside 0..{MAX_POLICY_VERSION}")
+
+
 def check_policy_version(v: int, learner_high: int) -> None:
     """A behaviour version can't be negative or ahead of what the learner has announced (+ slack)."""
     _versions(np.asarray([v]), learner_high + VERSION_SLACK)

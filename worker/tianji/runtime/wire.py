@@ -8,8 +8,9 @@
 A receiver trusts nothing: `decode` checks the frame count, that the header is
 a msgpack map of the known schema (msgpack has no code-execution types; ext
 types are refused), the kind, the job, each dtype against an allow-list, and
-that prod(shape) * itemsize == len(frame) within size caps, and that seq and
-policy_version are non-negative integers below 2**62. Any failure raises
+that prod(shape) * itemsize == len(frame) within size caps, that seq and
+policy_version are non-negative integers below 2**62, that the header has no
+field beyond these, and that meta holds at most MAX_META_ITEMS keys and items. Any failure raises
 WireError(reason); callers drop the message and count the reason (and count any
 other exception as a reject too: see roles/base.py). What the arrays must hold
 for a given job is checked by runtime/validate.py.
@@ -31,6 +32,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_ARRAYS = 256
 MAX_NDIM = 8
 MAX_META_DEPTH = 4
+MAX_META_ITEMS = 2048  # keys and list items of a meta map, nested ones included (a report has ~420)
 MAX_INT = 1 << 62  # seq and policy_version: non-negative and far inside int64
 # numpy dtype objects by wire name and back: `ndarray.dtype.name` costs ~3 µs per call,
 # a dict lookup ~0.1 µs. Native byte order only (a '>f4' array is not 'float32' here).
@@ -95,21 +97,28 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise WireError("header", f"msgpack ext type {code} refused")
 
 
-def _check_meta(v: Any, depth: int = 0) -> None:
+def _check_meta(v: Any, depth: int = 0) -> int:
+    """Checks a nested meta value; returns its keys and list items (bounded by MAX_META_ITEMS)."""
     if depth > MAX_META_DEPTH:
         raise WireError("meta", "nested too deep")
     if v is None or isinstance(v, (bool, int, float, str)):
-        return
+        return 0
     if isinstance(v, list):
+        n = len(v)
         for x in v:
-            _check_meta(x, depth + 1)
-        return
+            n += _check_meta(x, depth + 1)
+            if n > MAX_META_ITEMS:
+                raise WireError("meta", f"more than {MAX_META_ITEMS} items")
+        return n
     if isinstance(v, dict):
+        n = len(v)
         for k, x in v.items():
             if not isinstance(k, str):
                 raise WireError("meta", "non-string key")
-            _check_meta(x, depth + 1)
-        return
+            n += _check_meta(x, depth + 1)
+            if n > MAX_META_ITEMS:
+                raise WireError("meta", f"more than {MAX_META_ITEMS} items")
+        return n
     raise WireError("meta", f"type {type(v).__name__} not allowed")
 
 
@@ -147,8 +156,8 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
         raise WireError("header", f"not a msgpack header ({type(e).__name__})") from None
     if type(h) is not dict:
         raise WireError("header", "header is not a map")
-    if not _HEADER_KEYS.issuperset(h) and any(type(k) is not str for k in h):
-        raise WireError("header", "non-string header key")
+    if not _HEADER_KEYS.issuperset(h):  # (also every non-string key)
+        raise WireError("header", f"unknown header fields {sorted(map(repr, set(h) - _HEADER_KEYS))[:4]}")
     v = h.get("v")
     if type(v) is not int or v != SCHEMA_VERSION:
         raise WireError("schema", f"schema version {v!r}, expected {SCHEMA_VERSION}")
@@ -167,11 +176,16 @@ def decode(frames: Sequence[Any], job: str | None = None, limits: Limits = Limit
     meta = h.get("meta", {})
     if type(meta) is not dict:
         raise WireError("meta", "meta is not a map")
+    items = len(meta)
+    if items > MAX_META_ITEMS:
+        raise WireError("meta", f"more than {MAX_META_ITEMS} items")
     for k, x in meta.items():  # flat scalars (the usual meta) need no recursion
         if type(k) is not str:
             raise WireError("meta", "non-string key")
         if type(x) not in _SCALARS:
-            _check_meta(x, 1)
+            items += _check_meta(x, 1)
+            if items > MAX_META_ITEMS:
+                raise WireError("meta", f"more than {MAX_META_ITEMS} items")
     specs = h.get("arr", [])
     if type(specs) is not list or len(specs) > MAX_ARRAYS:
         raise WireError("header", "bad array list")

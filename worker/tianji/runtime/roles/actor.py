@@ -37,7 +37,8 @@ from tianji.control.plan import pace_fps
 from tianji.runtime.pacing import startup_frames
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.roles.base import Role
-from tianji.runtime.validate import check_capacity, check_frames, check_headroom, check_params, limits_for
+from tianji.runtime.validate import (check_capacity, check_frames, check_headroom, check_learner_version,
+                                     check_params, limits_for)
 from tianji.runtime.wire import WireError
 
 log = logging.getLogger("tianji")
@@ -78,13 +79,13 @@ class ParamFollower:
         self.learner_name = f"learner-{group}-{learner}"
         self.param_limits = limits_for(sum(v.nbytes for v in state_arrays(self.model).values()))
         self.sub = self.socket(zmq.SUB, self.addrs.connect("params", group, learner), bind=False, hwm=2,
-                               max_msg=self.param_limits.max_total_bytes * 4)
+                               max_msg=self.param_limits.max_total_bytes * 4, peer=self.learner_name)
 
     def probe_params(self) -> None:
         """Take the newest parameters queued on the subscription (older ones are skipped)."""
         newest = None
         while True:
-            msg = self.receive(self.sub, ("params",), self.param_limits)
+            msg = self.receive(self.sub, ("params",), ("learner",), self.param_limits)
             if msg is None:
                 if not self.sub.poll(0):
                     break
@@ -103,6 +104,8 @@ class ParamFollower:
         headroom = check_headroom(msg.meta.get("headroom"))
         frames = check_frames(msg.meta.get("frames"))
         check_params(msg)
+        check_learner_version(msg.policy_version)
+        self.accept(msg)
         # Not "only newer versions": a learner restarted from its checkpoint restarts the numbering.
         try:
             load_arrays(self.model, msg.arrays)
@@ -127,7 +130,8 @@ class Actor(ParamFollower, Role):
         self.model, self.info = self.rollout.model, self.rollout.info
         b = buffer_for_actor(self.index, topo.buffers)
         l = learner_for_actor(self.index, topo.buffers, topo.learners)
-        self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4)
+        self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4,
+                                peer=f"buffer-{self.group}-{b}")
         self.follow_params(self.group, l)
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)

@@ -3,6 +3,12 @@
 A role is a loop (`step()`) that must never block on another role: every
 receive is a non-blocking poll with a short timeout, every send is
 NOBLOCK and a full peer queue is counted, not waited on.
+
+Who sent a message is what the transport proved (runtime/security.py): `receive` refuses a
+header whose "from" the sender's key does not cover (reason "sender") and a role that may not
+send on that socket (reason "role"); a connecting socket pins its peer's key. Handlers call
+`accept(msg)` once a message passed every check: a sequence number it has seen from that sender
+(a replay) is refused there (runtime/sequence.py).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from tianji.observability.metrics import RoleMetrics
 from tianji.control.spec import TianJiJob
 from tianji.runtime import security
 from tianji.runtime import wire
+from tianji.runtime.sequence import SeqGuard, next_seq
 from tianji.runtime.wire import Limits, Message, WireError, decode, encode
 
 log = logging.getLogger("tianji")
@@ -40,9 +47,9 @@ class Role:
         self.group, self.index, self.addrs, self.run_dir = group, index, addrs, run_dir
         self.sender = f"{self.name}-{group}-{index}"
         self.ctx = zmq.Context()
-        # CurveZMQ with the job's key pair (runtime/security.py). `tianji run` always provides the
-        # keys, so a local worker without them refuses to start; pods read the job's key Secret
-        # (operator: builders.curve_secret); a pod without it warns and relies on the NetworkPolicy.
+        # CurveZMQ with this process's keyring (runtime/security.py). `tianji run` always provides
+        # one, so a local worker without it refuses to start; pods read their role's key Secret
+        # (operator: builders.curve_secrets); a pod without it warns and relies on the NetworkPolicy.
         want = job.spec.network.encryption == "curve"
         self.curve = security.from_env(self.ctx, required=want and addrs.run_dir is not None)  # local: ipc
         if want and self.curve is None:
@@ -51,10 +58,14 @@ class Role:
         self.metrics = RoleMetrics(job.name, self.name, group, index)
         self.stopping = False
         self.seq = 0
+        self.seqs = SeqGuard()  # the last sequence number accepted from each sender
+        self._pinned: dict = {}  # connecting socket -> the peer whose key it pinned
+        self._covered: dict = {}  # (identity, sender) -> security.covers (a cache: it runs per message)
+        self._refused_seen = 0  # CURVE handshakes refused, already counted
         self.limits = Limits()
         self._report_sock = None
         if report:
-            self._report_sock = self.socket(zmq.PUSH, report, bind=False, hwm=16)
+            self._report_sock = self.socket(zmq.PUSH, report, bind=False, hwm=16, peer=security.LAUNCHER)
         self._last_report = 0.0
         self.incarnation = uuid.uuid4().hex[:12]  # this process; a restart is a new incarnation
         self.started_at = time.time()
@@ -66,15 +77,24 @@ class Role:
         self.exit_code = 0
 
     # ------------------------------------------------------------ sockets
-    def socket(self, kind: int, addr: str, bind: bool, hwm: int = 8, max_msg: Optional[int] = None) -> zmq.Socket:
+    def socket(self, kind: int, addr: str, bind: bool, hwm: int = 8, max_msg: Optional[int] = None,
+               peer: Optional[str] = None) -> zmq.Socket:
         """`max_msg`: ZeroMQ drops (and disconnects) a peer whose message part is larger, before
-        allocating it; what passes is still checked by decode's own (counted) size limits."""
+        allocating it; what passes is still checked by decode's own (counted) size limits.
+        `peer`: the identity a connecting socket talks to (its key is pinned: runtime/security.py)."""
         s = self.ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
         if max_msg is not None:
             s.setsockopt(zmq.MAXMSGSIZE, int(max_msg))
+        if not bind:
+            if peer is None:
+                raise ValueError(f"{self.sender}: a connecting socket names its peer")
+            self._pinned[s] = peer
         if self.curve is not None:
-            (self.curve.server if bind else self.curve.client)(s)
+            if bind:
+                self.curve.server(s)
+            else:
+                self.curve.client(s, peer)
         if kind in (zmq.PUSH, zmq.PUB):
             s.setsockopt(zmq.SNDHWM, hwm)
         else:
@@ -95,19 +115,21 @@ class Role:
     def send(self, sock: zmq.Socket, kind: str, arrays: Optional[dict] = None, meta: Optional[dict] = None,
              policy_version: int = 0) -> bool:
         """Non-blocking send; False (nothing sent) if the peer's queue is full."""
-        frames = encode(kind, self.job.name, self.sender, self.seq, policy_version, arrays, meta)
+        seq = next_seq(self.seq)
+        frames = encode(kind, self.job.name, self.sender, seq, policy_version, arrays, meta)
         try:
             wire.send(sock, frames, zmq.NOBLOCK)
         except zmq.Again:
             return False
-        self.seq += 1
+        self.seq = seq
         if kind != "report":
             self.metrics.inc("bytes_sent_total", sum(len(f) for f in frames))
         return True
 
-    def receive(self, sock: zmq.Socket, kinds: Iterable[str], limits: Optional[Limits] = None) -> Optional[Message]:
-        """One validated message, or None if nothing is queued or the message was rejected.
-        Any exception while decoding is a reject (reason "decode"), never a crash."""
+    def receive(self, sock: zmq.Socket, kinds: Iterable[str], senders: Iterable[str],
+                limits: Optional[Limits] = None) -> Optional[Message]:
+        """One validated message from one of the roles `senders`, or None if nothing is queued or
+        the message was rejected. Any exception while decoding is a reject (reason "decode")."""
         try:
             frames = wire.recv(sock, zmq.NOBLOCK)
         except zmq.Again:
@@ -116,6 +138,7 @@ class Role:
             msg = decode(frames, job=self.job.name, limits=limits or self.limits)
             if msg.kind not in kinds:
                 raise WireError("kind", f"{msg.kind!r} not expected here")
+            self._authenticate(msg, frames[0], sock, senders)
         except WireError as e:
             self.reject(e.reason, str(e))
             return None
@@ -124,6 +147,27 @@ class Role:
             return None
         self.metrics.inc("bytes_received_total", msg.nbytes)
         return msg
+
+    def _authenticate(self, msg: Message, head, sock: zmq.Socket, senders: Iterable[str]) -> None:
+        """The header's sender must be covered by the key the transport authenticated (a bound
+        socket: ZAP's User-Id; a connecting one: the peer it pinned), and be a role that may
+        send here. Without CURVE (encryption: none) only the role is checked."""
+        if self.curve is not None:
+            identity = self._pinned.get(sock) or security.sender_identity(head)
+            ok = self._covered.get((identity, msg.sender))
+            if ok is None:
+                ok = self._covered[(identity, msg.sender)] = security.covers(identity, msg.sender)
+                if len(self._covered) > 4096:  # bounded: senders are few, forged names many
+                    self._covered.clear()
+            if not ok:
+                raise WireError("sender", f"{msg.sender!r} sent with the key of {identity!r}")
+        if security.role_of(msg.sender) not in senders:
+            raise WireError("role", f"a {msg.kind} from {msg.sender!r}")
+
+    def accept(self, msg: Message) -> None:
+        """The last check before a message takes effect: raises WireError("replay") for a
+        sequence number already seen from its sender (runtime/sequence.py)."""
+        self.seqs.accept(msg.sender, msg.seq)
 
     def handle(self, handler, msg: Message) -> None:
         """Run a message handler: a WireError is a reject with its reason, any other exception a
@@ -168,12 +212,20 @@ class Role:
         if not force and now - self._last_report < REPORT_INTERVAL_S:
             return
         self._last_report = now
+        self._count_refused_handshakes()
         rep = self.report(final)
         self._report_json = json.dumps(rep, separators=(",", ":")).encode()
         if self._report_sock is not None:
             self.send(self._report_sock, "report", meta=rep, policy_version=int(self.metrics.gauges.get("policy_version", 0)))
         if final:
             self._write_termination_log(rep)
+
+    def _count_refused_handshakes(self) -> None:
+        """CURVE handshakes the ZAP handler refused (its thread counts them) as rejects."""
+        refused = self.curve.refused if self.curve is not None else 0
+        if refused > self._refused_seen:
+            self.metrics.inc("messages_rejected_total", refused - self._refused_seen, reason="handshake")
+            self._refused_seen = refused
 
     def _write_termination_log(self, rep: dict) -> None:
         """Pods: the final counts go where the kubelet copies them into the pod status."""

@@ -41,8 +41,8 @@ from tianji.envs import declared_info
 from tianji.control.spec import DQNConfig, PPOConfig
 from tianji.runtime import replay_snapshot
 from tianji.runtime.storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
-from tianji.runtime.validate import (check_fragment, check_policy_version, fragment_bytes, limits_for,
-                                     ppo_batch_fragments)
+from tianji.runtime.validate import (check_fragment, check_learner_version, check_policy_version, fragment_bytes,
+                                     limits_for, ppo_batch_fragments)
 from tianji.runtime.wire import Limits, Message, WireError
 from tianji.runtime.roles.base import Role
 
@@ -68,9 +68,10 @@ class Buffer(Role):
                                      max_msg=1 << 20)
         learner = learner_for_buffer(self.index, s.topology.learners)
         self.learner_name = f"learner-{self.group}-{learner}"
+        self.actor_prefix = f"actor-{self.group}-"  # fragments come from this group's actors only
         self.version_high = 0  # the highest version the owning learner has announced (trusted)
         self.out = self.socket(zmq.PUSH, self.addrs.connect("batches", self.group, learner), bind=False,
-                               hwm=self.window + 1)
+                               hwm=self.window + 1, peer=self.learner_name)
         self.poller = zmq.Poller()
         self.poller.register(self.frag_in, zmq.POLLIN)
         self.poller.register(self.credit_in, zmq.POLLIN)
@@ -123,8 +124,11 @@ class Buffer(Role):
     # ---------------------------------------------------------------- inputs
     def _take_fragment(self, msg: Message) -> None:
         """Raises WireError for anything not this job's (counted by Role.handle)."""
+        if not msg.sender.startswith(self.actor_prefix):  # (authenticated: roles/base.py)
+            raise WireError("sender", f"fragment from {msg.sender!r}, not an actor of group {self.group}")
         check_policy_version(msg.policy_version, self.version_high)
         frag = check_fragment(msg, self.spec, self.info)  # rebuilds stacked frames (framestack.py)
+        self.accept(msg)  # not a replay
         frag["version"] = msg.policy_version
         n = fragment_samples(frag)
         self.metrics.inc("samples_received_total", n)
@@ -151,12 +155,16 @@ class Buffer(Role):
             self.feedback["dropped"] += n
 
     def _take_credit(self, msg: Message) -> None:
-        if msg.sender != self.learner_name:
+        if msg.sender != self.learner_name:  # (authenticated: roles/base.py)
             raise WireError("sender", f"credit from {msg.sender!r}, expected {self.learner_name!r}")
         grant, reset = msg.meta.get("grant", 0), msg.meta.get("reset", False)
         if not isinstance(grant, int) or isinstance(grant, bool) or not 0 <= grant <= self.window \
                 or not isinstance(reset, bool) or set(msg.meta) - {"grant", "reset"}:
             raise WireError("meta", f"bad credit {msg.meta!r}")
+        check_learner_version(msg.policy_version)
+        if not reset and msg.policy_version < self.learner_version:  # a learner's versions only grow
+            raise WireError("version", f"stale credit at version {msg.policy_version} < {self.learner_version}")
+        self.accept(msg)
         # Never lowered: after a learner restart actors may still be on the old, higher numbering.
         self.version_high = max(self.version_high, msg.policy_version)
         self.credits = min(self.window, self.credits + grant)
@@ -192,10 +200,10 @@ class Buffer(Role):
             self.feedback = dict.fromkeys(self.feedback, 0)
             self.metrics.inc("samples_sent_total", n)
 
-    def _drain(self, sock: zmq.Socket, kind: str, handle, limits: Limits) -> None:
-        """Up to MAX_DRAIN queued messages of `kind` (rejected ones are counted by receive())."""
+    def _drain(self, sock: zmq.Socket, kind: str, sender: str, handle, limits: Limits) -> None:
+        """Up to MAX_DRAIN queued messages of `kind` from `sender` roles (rejects are counted by receive())."""
         for _ in range(MAX_DRAIN):
-            msg = self.receive(sock, (kind,), limits)
+            msg = self.receive(sock, (kind,), (sender,), limits)
             if msg is not None:
                 self.handle(handle, msg)
             elif not sock.poll(0):
@@ -204,9 +212,9 @@ class Buffer(Role):
     def step(self) -> None:
         events = dict(self.poller.poll(timeout=50))
         if self.credit_in in events:
-            self._drain(self.credit_in, "credit", self._take_credit, self.credit_limits)
+            self._drain(self.credit_in, "credit", "learner", self._take_credit, self.credit_limits)
         if self.frag_in in events:
-            self._drain(self.frag_in, "fragment", self._take_fragment, self.frag_limits)
+            self._drain(self.frag_in, "fragment", "actor", self._take_fragment, self.frag_limits)
         self._dispatch()
         self.metrics.set("queue_depth", self.queue.samples() if isinstance(self.algo, PPOConfig) else len(self.replay))
         self.metrics.set("policy_version", self.learner_version)

@@ -104,7 +104,7 @@ class Learner(Role):
         for b in range(s.topology.buffers):
             if learner_for_buffer(b, s.topology.learners) == self.index:
                 self.credit_out[b] = self.socket(zmq.PUSH, self.addrs.connect("credits", self.group, b),
-                                                 bind=False, hwm=16)
+                                                 bind=False, hwm=16, peer=f"buffer-{self.group}-{b}")
         self.last_batch_from = {b: 0.0 for b in self.credit_out}
         self.last_refresh = time.monotonic()
         self.pending: deque = deque()  # validated batches, at most creditWindow + 1
@@ -196,10 +196,11 @@ class Learner(Role):
         buffer = msg.meta.get("buffer")
         if type(buffer) is not int or buffer not in self.credit_out:
             raise WireError("meta", f"batch from unknown buffer {buffer!r}")
-        if msg.sender != f"buffer-{self.group}-{buffer}":
+        if msg.sender != f"buffer-{self.group}-{buffer}":  # (authenticated: roles/base.py)
             raise WireError("sender", f"batch from {msg.sender!r} claims buffer {buffer}")
         check_batch(msg, self.spec, self.info)
         check_feedback(msg.meta)
+        self.accept(msg)
         self.pending.append(msg)
 
     def _drop_stale(self, arrays: dict, n_valid: int) -> tuple[dict, int]:
@@ -321,7 +322,7 @@ class Learner(Role):
             for _ in range(MAX_DRAIN):
                 if len(self.pending) > self.spec.staleness.credit_window or not self.batch_in.poll(0):
                     break
-                msg = self.receive(self.batch_in, ("batch",), self.batch_limits)
+                msg = self.receive(self.batch_in, ("batch",), ("buffer",), self.batch_limits)
                 if msg is not None:
                     self.handle(self._accept, msg)
             if self.pending:
