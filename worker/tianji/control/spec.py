@@ -779,6 +779,12 @@ class JobSpec(_Model):
     model: ModelConfig = Field(default_factory=ModelConfig)
     topology: Topology = Field(default_factory=Topology)
     staleness: Staleness = Field(default_factory=Staleness)
+    dependencies: Literal["relaxed", "strict"] = Field(
+        "relaxed", description="relaxed (default): actors, buffers and learners never wait for one another (the "
+        "paper's design). strict: the classic synchronous loop on the same processes and wire, the paper's "
+        "baseline (bench/ablation.py): each actor sends one rollout (batchSize / actors per buffer samples) and "
+        "waits for the policy trained on it; the learner trains on exactly the last rollout of every actor "
+        "(policy lag 0). PPO only")
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
@@ -834,6 +840,34 @@ class JobSpec(_Model):
                                               self.staleness.replay_error_buffer)
 
     @model_validator(mode="after")
+    def _strict_fits(self) -> "JobSpec":
+        """dependencies: strict needs a topology whose rounds close: every learner fed by one buffer, and
+        the actors of a buffer filling one batch with one rollout each (runtime/roles/actor.py)."""
+        if self.dependencies != "strict":
+            return self
+        t, st = self.topology, self.staleness
+        if self.algorithm.name != "ppo":
+            raise ValueError("dependencies: strict is implemented for ppo (a DQN learner trains on replay, "
+                             "whose rounds the sample-to-insert limiter sets, not the actors)")
+        if t.auto or self.autoscale.effective_mode != "off":
+            raise ValueError("dependencies: strict runs the topology it is given: not with topology: auto or "
+                             "autoscale")
+        if st.publish_every != 1:  # (maxPolicyLag is moot: strict drops any sample with lag > 0)
+            raise ValueError("dependencies: strict: actors wait for every new version, so "
+                             "staleness.publishEvery must be 1")
+        if t.buffers != t.learners or t.actors % t.buffers:
+            raise ValueError(f"dependencies: strict needs buffers == learners and actors a multiple of buffers "
+                             f"(got actors {t.actors}, buffers {t.buffers}, learners {t.learners})")
+        if t.groups > 1 and t.group_sync.mode != "allreduce":
+            raise ValueError("dependencies: strict with several groups needs topology.groupSync.mode: allreduce")
+        frags = self.algorithm.batch_size // (self.env.num_envs * self.env.fragment_length)
+        if frags % (t.actors // t.buffers):
+            raise ValueError(f"dependencies: strict: a batch of {frags} fragment(s) cannot be split evenly over "
+                             f"the {t.actors // t.buffers} actor(s) of a buffer; make algorithm.batchSize a "
+                             "multiple of actors per buffer x env.numEnvs x env.fragmentLength")
+        return self
+
+    @model_validator(mode="after")
     def _model_import_gate(self) -> "JobSpec":
         """A model class is an import on every worker: only from a module the job lists."""
         ep = self.model.entry_point
@@ -865,6 +899,8 @@ class JobSpec(_Model):
     # Derived defaults that depend on the algorithm.
     @property
     def max_policy_lag(self) -> Optional[int]:
+        if self.dependencies == "strict":
+            return 0
         if self.staleness.max_policy_lag is not None:
             return self.staleness.max_policy_lag
         return 4 if self.algorithm.name == "ppo" else None
