@@ -247,7 +247,9 @@ class Learner(Role):
             self.algo.frames = self.frames
         t0 = time.perf_counter()
         try:
-            stats = self.algo.update(arrays)
+            # Reports go on during the update: a Pong update on a loaded 2-core box outlasted the
+            # launcher's 30 s heartbeat timeout, and the learner was killed before its first version.
+            stats = self.algo.update(arrays, tick=self.maybe_report)
         except RuntimeError as e:
             if self.averager is None:
                 raise
