@@ -416,7 +416,7 @@ def _predict(job: TianJiJob, p: Profile, g: int, na: int, nb: int, nl: int,
         produced = tr_a
     u = 1.0 / t
     lag = u * F / (produced / (g * na)) + (s.staleness.publish_every - 1) / 2
-    lag += s.staleness.credit_window if kind == TRAINING_BOUND else 0.5
+    lag += s.credit_window if kind == TRAINING_BOUND else 0.5
     if s.algorithm.name == "dqn":
         lag += u * s.algorithm.replay_capacity / (2 * produced / (g * nb))
     eff = 1.0 / (costmodel.batch_factor(batch_ranks) * costmodel.lag_factor(job, lag))
