@@ -152,7 +152,8 @@ class Actor(ParamFollower, Role):
         self.nonfinite_fragments = 0
 
     def _rest(self, seconds: float) -> None:
-        """Sleep while pacing, but keep probing parameters."""
+        """Sleep while pacing, but keep probing parameters and reporting: paced to a slow learner (Pong
+        on a loaded 2-core box) one fragment's rest outlasted the 30 s heartbeat timeout."""
         end = time.monotonic() + seconds
         while not self.stopping:
             left = end - time.monotonic()
@@ -160,6 +161,7 @@ class Actor(ParamFollower, Role):
                 break
             if self.sub.poll(timeout=min(left, 0.05) * 1000):
                 self.probe_params()
+            self.maybe_report()
 
     def step(self) -> None:
         if self.strict:

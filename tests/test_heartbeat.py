@@ -1,7 +1,7 @@
-"""A learner keeps reporting while it trains: a long update must not read as a hung process.
-
-On a loaded 2-core box a Pong PPO update (4 epochs of a Nature CNN) outlasted the launcher's 30 s
-heartbeat timeout; the learner was killed before its first version, again and again."""
+"""Roles keep reporting through long waits of their own: a long update or a long pacing rest must
+not read as a hung process. On a loaded 2-core box a Pong PPO update (4 epochs of a Nature CNN)
+outlasted the launcher's 30 s heartbeat timeout, so the learner was killed before its first
+version, again and again; once it trained, actors paced to it were killed while resting."""
 import time
 
 import numpy as np
@@ -83,4 +83,35 @@ def test_a_learner_reports_during_a_long_update(tmp_path, monkeypatch):
     finally:
         learner.teardown()
         learner.ctx.destroy(linger=0)
+        ctx.destroy(linger=0)
+
+
+def test_an_actor_resting_for_pacing_keeps_reporting(tmp_path, monkeypatch):
+    """Paced to a slow learner, an actor's rest after one fragment can be longer than the heartbeat
+    timeout (Pong at load 10: actors were restarted as hung)."""
+    from tianji.runtime.roles.actor import Actor
+
+    job = load_job(EXAMPLES / "cartpole-ppo.yaml")
+    security.write_keys(tmp_path / "curve.json")
+    monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / "curve.json"))
+    ctx = zmq.Context()
+    reports = ctx.socket(zmq.PULL)
+    addr = f"ipc://{tmp_path}/reports"
+    reports.bind(addr)
+    actor = Actor(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
+    actor._report_sock = actor.ctx.socket(zmq.PUSH)
+    actor._report_sock.connect(addr)
+    try:
+        actor.setup()
+        actor._last_report = time.monotonic()
+        actor.pacer.set_rate(1.0)  # one frame a second: a fragment of 128 frames is owed for 128 s
+        actor.pacer.add(128)
+        actor._rest(min(actor.pacer.wait_time(), 1.6))
+        seen = []
+        while reports.poll(200):
+            seen.append(parse_report(decode(reports.recv_multipart(), job=job.name).meta, job.name))
+        assert len(seen) >= 2, seen
+    finally:
+        actor.teardown()
+        actor.ctx.destroy(linger=0)
         ctx.destroy(linger=0)
