@@ -51,7 +51,7 @@ from tianji.runtime.wire import WireError
 log = logging.getLogger("tianji")
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
 STARTUP_TRICKLE_S = 1.0  # once its start-up share is sent, an actor sends it again every this many seconds
-STRICT_RESEND_S = 30.0  # dependencies: strict: a round this much older than its rollout was lost on the way
+STRICT_RESEND_S = 60.0  # dependencies: strict: a round open this long (and 4x the longest so far) was lost
 
 
 class Pacer:
@@ -144,6 +144,7 @@ class Actor(ParamFollower, Role):
         self.rollout_fragments = ppo_batch_fragments(s) // (topo.actors // topo.buffers) if self.strict else 0
         self.rolled_out: Optional[int] = None  # the version of the last strict rollout
         self.fresh_policy = False  # parameters arrived that this actor has not rolled out with
+        self.longest_wait = 0.0  # the longest a round took to close, so far
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors and not self.strict else None)
         self.learner_paced = False  # a capacity advert has arrived
         self.startup_frames = startup_frames(s, self.peers)
@@ -193,18 +194,23 @@ class Actor(ParamFollower, Role):
     def _await_new_policy(self) -> bool:
         """Block (reporting, stoppable) until new parameters arrive. A republish of the version already
         rolled out is not new. A round whose rollout was lost (a restart) never closes: after
-        STRICT_RESEND_S the actor rolls out again with what it has (counted, strict_resends_total)."""
+        STRICT_RESEND_S, or 4x the longest round so far if longer (a Pong update at load 10 took 40 s),
+        the actor rolls out again with what it has (counted, strict_resends_total)."""
         t0 = time.monotonic()
+        patience = max(STRICT_RESEND_S, 4 * self.longest_wait)  # a slow learner's round is not a lost one
         while not self.fresh_policy and not self.stopping:
             if self.sub.poll(timeout=50):
                 self.probe_params()
             self.maybe_report()
-            if time.monotonic() - t0 > STRICT_RESEND_S and self.rolled_out is not None:
+            if time.monotonic() - t0 > patience and self.rolled_out is not None:
                 self.metrics.inc("strict_resends_total")
                 log.warning("%s: no new policy %.0f s after the rollout of version %d; rolling out again",
-                            self.sender, STRICT_RESEND_S, self.rolled_out)
+                            self.sender, patience, self.rolled_out)
                 break
-        self.metrics.inc("policy_wait_seconds_total", time.monotonic() - t0)
+        waited = time.monotonic() - t0
+        self.metrics.inc("policy_wait_seconds_total", waited)
+        if self.fresh_policy and self.rolled_out is not None:
+            self.longest_wait = max(self.longest_wait, waited)
         return not self.stopping
 
     # ------------------------------------------------------------ fragments
