@@ -6,8 +6,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOB    ?= examples/cartpole-ppo.yaml
 PYTEST_ARGS ?=
+# The Go toolchain builds the local cluster (cluster/build.sh); machines keep it in /usr/local/go.
+export PATH := $(PATH):/usr/local/go/bin
+CLUSTER := PYTHONPATH=cluster $(PY) -m localcluster
 
-.PHONY: install prometheus train test test-fast bench crd lint e2e images clean
+.PHONY: install prometheus cluster cluster-up cluster-down train test test-fast test-cluster bench crd lint e2e images clean
 
 install: $(STAMP)
 
@@ -27,15 +30,33 @@ prometheus:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
 	    >/dev/null 2>&1 || echo "make: could not install prometheus with apt-get; its test will skip"; }
 
+# A real Kubernetes control plane built from the Kubernetes Go modules (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl, CoreDNS, helm) into ~/.cache/tianji/;
+# cold: many minutes on 2 cores; warm: seconds.
+cluster:
+	@command -v go >/dev/null 2>&1 || { echo "make cluster: needs Go >= 1.26 (go not found on PATH)"; exit 2; }
+	bash cluster/build.sh
+
+# A local cluster (2 nodes as network namespaces, pods as processes) for people; see docs/local-cluster.md.
+cluster-up: install cluster
+	$(CLUSTER) up
+
+cluster-down:
+	$(CLUSTER) down
+
 train: install
 	$(VENV)/bin/tianji run $(JOB)
 
-test: install prometheus
+test: install prometheus cluster
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# The real-control-plane tier alone (also part of `make test`).
+test-cluster: install prometheus cluster
+	$(PY) -m pytest -q -ra tests/cluster $(PYTEST_ARGS)
 
 # Everything but the agents-that-learn tests (seconds instead of minutes).
 test-fast: install prometheus
-	$(PY) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -m "not slow and not cluster" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/converge.py

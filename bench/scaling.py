@@ -16,7 +16,7 @@ and a bottleneck read from the same rates:
   sample         consumed ≥ 90 % of r·produced (the learner is held by the replay ratio);
   training       otherwise (the learner is the limit; paced actors wait for it).
 
-Predicted per point: `tianji.control.plan.predict_on_host` (the planner's cost model for
+Predicted per point: `tianji.control.onhost.predict_on_host` (the planner's cost model for
 one shared machine, where actors and learners take turns: costmodel.host_turns) from a profile (`tianji profile`, measured at the start unless
 --profile) and the CPU this host has free: `cores` = os.cpu_count(), `background` = busy
 processes of other work, from a probe just before each run (cores spinning processes
@@ -190,7 +190,7 @@ def summary(rows: list, pred_key: str = "predicted", err_key: str = "rel_error")
 
 def rescore(recorded: dict, prof, job_path: str, extra_sets: list, cores: float) -> dict:
     """Re-predict recorded points with the current model (no runs): the same error summary."""
-    from tianji.control.plan import predict_on_host
+    from tianji.control.onhost import predict_on_host
     from tianji.control.spec import load_job
 
     base = recorded.get("base_set") or base_sets(recorded.get("seconds_per_point", 40.0), extra_sets)
@@ -210,7 +210,7 @@ def rescore(recorded: dict, prof, job_path: str, extra_sets: list, cores: float)
 
 def point(sweep: str, label: str, job_path: str, base_sets: list, sets: list, prof, seconds: float,
           threads: int) -> dict:
-    from tianji.control.plan import predict_on_host, predict_with_shares
+    from tianji.control.onhost import predict_on_host, predict_with_shares
     from tianji.control.spec import load_job
 
     allsets = base_sets + sets

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))  # localcluster
 
 from helpers import TianjiRun  # noqa: E402  (needs the path above)
 

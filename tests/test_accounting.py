@@ -109,6 +109,47 @@ def test_state_round_trips_exactly():
         Accounting({"procs": [{"role": "actor"}]})
 
 
+def test_a_restored_accounting_keeps_each_process_gauges_and_extras():
+    """A resumed run (or a restarted operator) shows the learners' statistics, queue depths and
+    versions it had before the first new report arrives: gauges are not dropped on restore."""
+    from tianji.observability.learnerstats import learner_stats
+
+    acc = Accounting()
+    d = worker_report("j", "learner", 0, 0, version=7, samples_consumed_total=64)
+    d["gauges"].update({"learner_clip_fraction": 0.125, "queue_depth": 3.0})
+    d["extra"].update({"capacity_sps": 900.0, "checkpoint": "ckpt-7.pt"})
+    acc.take(parse_report(d, "j"))
+    again = Accounting(json.loads(json.dumps(acc.state())))
+    assert again.procs == acc.procs
+    assert learner_stats(again) == {"clip_fraction": 0.125}
+    assert again.processes() == acc.processes() and again.processes()["learner-0-0"]["queue_depth"] == 3.0
+    assert again.policy_version() == 7 and again.checkpoint() == "ckpt-7.pt"
+
+
+def test_a_version_1_state_still_loads():
+    v1 = {"v": 1, "episodesTotal": 2, "window": [[1.0, 3.0], [2.0, 4.0]],
+          "retired": [{"role": "actor", "group": 0, "counts": {"env_frames_total": 10.0}}],
+          "procs": [{"index": 0, "role": "learner", "group": 0, "incarnation": "l", "started": 1.0, "seq": 3,
+                     "counts": {"samples_consumed_total": 64.0}, "reasons": {}, "lag": {}, "episodesTotal": 0,
+                     "version": 5, "final": False}],
+          "gone": [{"role": "actor", "group": 0, "incarnation": "a", "started": 1.0, "seq": 2,
+                    "counts": {"env_frames_total": 10.0}, "reasons": {}, "lag": {}, "episodesTotal": 2,
+                    "version": 0, "final": True}]}
+    acc = Accounting(v1)
+    assert acc.policy_version() == 5 and acc.totals()["consumed"] == 64 and acc.totals()["env_frames"] == 10
+    assert acc.gone["a"].final and acc.state()["v"] == 2
+    assert Accounting(json.loads(json.dumps(acc.state()))).view(5.0) == acc.view(5.0)
+
+
+def test_a_tampered_state_is_refused_like_a_bad_report():
+    acc = Accounting()
+    acc.take(rep("learner", inc="l", seq=1, samples_consumed_total=64))
+    state = acc.state()
+    state["procs"][0]["counts"]["samples_consumed_total"] = float("inf")
+    with pytest.raises(ReportError, match="samples_consumed_total"):
+        Accounting(state)
+
+
 def test_the_stop_rule():
     acc = Accounting()
     rule = StopRule(StopConfig(mean_return=475, env_frames=10_000, seconds=60))

@@ -14,7 +14,8 @@ pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
 
 from chart_support import NAMESPACE, OPERATOR_SRC, ROOT, VARIANTS, by_kind, merged_values, one, render  # noqa: E402
 
-CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces"),
+                  ("storage.k8s.io", "storageclasses")}
 
 
 def triples(rules: list[dict]) -> set[tuple[str, str, str]]:

@@ -9,6 +9,7 @@ from helpers import EXAMPLES
 from tianji.control.report import build_report, parse_report
 from tianji.control.spec import load_job
 from tianji.local import launcher as L
+from tianji.local import supervisor
 from tianji.runtime.wire import encode
 
 
@@ -36,19 +37,37 @@ def test_a_slow_trickle_of_faults_never_exhausts_the_restart_budget(launcher):
     c = launcher.children[0]
     launcher.children = [c]
     now = time.monotonic()
-    for i in range(3 * L.MAX_RESTARTS):  # each failure after a healthy interval
-        fail_once(launcher, c, now + i * 1000, L.HEALTHY_S + 1)
+    for i in range(3 * supervisor.MAX_RESTARTS):  # each failure after a healthy interval
+        fail_once(launcher, c, now + i * 1000, supervisor.HEALTHY_S + 1)
         assert launcher.error is None, launcher.error
-    assert c.restarts == 3 * L.MAX_RESTARTS and c.failures == 1
+    assert c.restarts == 3 * supervisor.MAX_RESTARTS and c.failures == 1
 
 
-def test_fast_consecutive_failures_still_end_the_run(launcher):
+def test_the_run_ends_at_the_max_restarts_th_failure_in_a_row(launcher):
+    """README: "a run ends after 10 failures of one worker in a row": 9 restarts, then the end."""
     c = launcher.children[0]
     launcher.children = [c]
     now = time.monotonic()
-    for i in range(L.MAX_RESTARTS + 1):
+    for i in range(supervisor.MAX_RESTARTS - 1):
         fail_once(launcher, c, now + i, 0.1)
-    assert launcher.error and "in a row" in launcher.error
+        assert launcher.error is None, (i, launcher.error)
+    assert c.restarts == supervisor.MAX_RESTARTS - 1 and c.restart_at is not None
+    fail_once(launcher, c, now + supervisor.MAX_RESTARTS, 0.1)
+    assert launcher.error and f"failed {supervisor.MAX_RESTARTS} times in a row" in launcher.error
+    assert c.restarts == supervisor.MAX_RESTARTS - 1 and c.restart_at is None and len(c.exits) == supervisor.MAX_RESTARTS
+    assert launcher._exit_reason(now + supervisor.MAX_RESTARTS) == "error"
+
+
+def test_an_evaluator_that_keeps_failing_is_given_up_and_training_goes_on(tmp_path):
+    job = load_job(EXAMPLES / "cartpole-ppo.yaml", ["spec.evaluation.intervalSeconds=5"])
+    lt = L.Launcher(job, tmp_path / "run", progress=False)
+    (c,) = [x for x in lt.children if x.role == "evaluator"]
+    lt.children = [c]
+    now = time.monotonic()
+    for i in range(supervisor.MAX_RESTARTS):
+        fail_once(lt, c, now + i, 0.1)
+    assert lt.error is None and c.restart_at == float("inf") and c.restarts == supervisor.MAX_RESTARTS - 1
+    assert lt.warnings == [f"evaluator-0-0 gave up after {supervisor.MAX_RESTARTS} failures"]
 
 
 def report(job, pid, episodes=100, ret=500.0):

@@ -10,6 +10,8 @@ import torch
 from helpers import EXAMPLES, read_summary, run_tianji, wait_for, worker_pids
 from tianji.control.spec import load_job
 from tianji.local import launcher as L
+from tianji.local import runfiles
+from tianji.runtime import atomicfile
 from tianji.runtime import checkpoint
 
 PPO = str(EXAMPLES / "cartpole-ppo.yaml")
@@ -21,7 +23,7 @@ def enospc(*a, **k):
 
 def test_metrics_survive_a_full_disk_in_order_and_without_half_lines(tmp_path, monkeypatch):
     path = tmp_path / "metrics.jsonl"
-    ap = L._Appender(path)
+    ap = runfiles.MetricsLog(path)
     ap.append('{"t": 1}\n')
     real_write = os.write
     calls = {"n": 0}
@@ -32,27 +34,27 @@ def test_metrics_survive_a_full_disk_in_order_and_without_half_lines(tmp_path, m
             return real_write(fd, bytes(data[:3]))
         enospc()
 
-    monkeypatch.setattr(L.os, "write", half_then_full)
+    monkeypatch.setattr(runfiles.os, "write", half_then_full)
     ap.append('{"t": 2}\n')
     ap.append('{"t": 3}\n')
     assert path.read_text() == '{"t": 1}\n' and len(ap.pending) == 2  # the half line was cut off again
-    monkeypatch.setattr(L.os, "write", real_write)
+    monkeypatch.setattr(runfiles.os, "write", real_write)
     ap.append('{"t": 4}\n')
     assert [json.loads(x)["t"] for x in path.read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_summary_goes_to_a_fallback_when_the_run_dir_stays_full(tmp_path, monkeypatch, capsys):
     lt = L.Launcher(load_job(PPO), tmp_path / "run", progress=False)
-    real = L._write_json
+    real = atomicfile.atomic_write_json
 
     def full_run_dir(path, doc):
         if str(path).startswith(str(tmp_path / "run")):
             enospc()
-        real(path, doc)
+        return real(path, doc)
 
-    monkeypatch.setattr(L, "_write_json", full_run_dir)
-    monkeypatch.setattr(L, "SUMMARY_RETRY_S", 0.2)
-    monkeypatch.setattr(L.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(atomicfile, "atomic_write_json", full_run_dir)
+    monkeypatch.setattr(runfiles, "SUMMARY_RETRY_S", 0.2)
+    monkeypatch.setattr(runfiles.tempfile, "gettempdir", lambda: str(tmp_path))
     lt._export()  # accounting.json: a warning, not a crash
     where = lt._write_summary(lt.summary("seconds", 1.0))
     assert where.parent == tmp_path and json.loads(where.read_text())["exit_reason"] == "seconds"

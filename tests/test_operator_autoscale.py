@@ -463,9 +463,13 @@ async def test_the_scale_subresource_drives_actors_per_group(env):
     await run_pods(kube, "cartpole")
     await eventually(lambda: _status(kube).get("actorReplicas") == 2, what="status.actorReplicas")
     assert _status(kube)["actorSelector"] == "tianji.dev/job=cartpole,tianji.dev/role=actor"
+    code, out = await kube.api("GET", f"/apis/tianji.dev/v1alpha1/namespaces/{NAMESPACE}/tianjijobs/cartpole/scale")
+    assert code == 200 and (out["apiVersion"], out["kind"]) == ("autoscaling/v1", "Scale"), out
+    assert out["spec"] == {"replicas": 2} and out["status"] == {
+        "replicas": 2, "selector": "tianji.dev/job=cartpole,tianji.dev/role=actor"}, out
     code, out = await kube.api("PATCH", f"/apis/tianji.dev/v1alpha1/namespaces/{NAMESPACE}/tianjijobs/cartpole/scale",
                                {"spec": {"replicas": 5}})
-    assert code == 200, out
+    assert code == 200 and out["kind"] == "Scale" and out["spec"] == {"replicas": 5}, out
     assert kube.obj(JOBS, NAMESPACE, "cartpole")["spec"]["topology"]["actors"] == 5
     await eventually(lambda: _replicas(kube, 0) == 5 and _replicas(kube, 1) == 5, what="5 actors in each group")
     await eventually(lambda: _status(kube).get("actorReplicas") == 5, what="status.actorReplicas 5")

@@ -405,7 +405,37 @@ def test_learners_checkpoint_onto_a_named_claim():
     assert {"name": "state", "emptyDir": {}} in plain["Pod", "cp-learner-0-0"]["spec"]["volumes"]
 
 
+def test_by_default_each_learner_pod_gets_its_own_claim():
+    """The plan's stateVolume "claims" (operator state.py: the cluster has a default StorageClass):
+    one ReadWriteOnce claim per learner pod (learners on different nodes never share one), and per
+    buffer pod with replaySnapshot, sized like its memory; a claim in the spec wins."""
+    spec = {"algorithm": {"name": "dqn"}, "topology": {"groups": 2, "buffers": 2},
+            "checkpoint": {"replaySnapshot": True}, "resources": {"buffer": {"memory": "3Gi"}}}
+    job = _job(spec)
+    resolved, _ = resolve(job)
+    plan = {"stateVolume": {"mode": "claims", "storageClass": "standard"}}
+    objs = {(o["kind"], o["metadata"]["name"]): o
+            for o in b.children(resolved, job.spec, {}, scrapers=DEFAULT_SCRAPERS, command=CMD, plan=plan)}
+    claims = {n: o for (k, n), o in objs.items() if k == "PersistentVolumeClaim"}
+    pods = [n for (k, n) in objs if k == "Pod"]
+    assert set(claims) == {f"{p}-state" for p in pods}  # 2 learners, 4 buffers
+    for name, pvc in claims.items():
+        kubernetes_validate.validate(pvc, "1.33.0", strict=True)
+        size = "1Gi" if "learner" in name else "3Gi"
+        assert pvc["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    for name, spec_ in _pod_specs(objs).items():
+        state = next(v for v in spec_["volumes"] if v["name"] == "state")
+        want = {"persistentVolumeClaim": {"claimName": f"{name}-state"}} if name in pods else {"emptyDir": {}}
+        assert state == {"name": "state", **want}, name
+    for override in ({"persistentVolumeClaim": "team"}, {"ephemeral": True}):
+        job = _job({"checkpoint": override})
+        resolved, _ = resolve(job)
+        objs = b.children(resolved, job.spec, {}, scrapers=DEFAULT_SCRAPERS, command=CMD, plan=plan)
+        assert not [o for o in objs if o["kind"] == "PersistentVolumeClaim"], override
+
+
 @pytest.mark.parametrize("ckpt, where", [
+    ({"ephemeral": True, "size": "1Gi"}, "set one or the other"),
     ({"persistentVolumeClaim": "a", "size": "1Gi"}, "set one or the other"),
     ({"storageClassName": "fast"}, "storageClassName needs size"),
     ({"size": "0"}, "positive size"),

@@ -149,10 +149,11 @@ async def test_the_example_trains_to_its_target_in_pods(tmp_path):
         await wait_pods_gone(c)
         assert all(i.exit_code == 0 and "SIGKILL" not in i.signals for i in incs), \
             [(i.pod, i.exit_code, i.signals) for i in incs]
-        # The learner checkpointed into its state volume (an emptyDir mounted at /var/lib/tianji), at
-        # the latest as it stopped (the run may end before checkpoint.intervalSeconds).
-        (learner,) = [i for i in incs if i.labels["tianji.dev/role"] == "learner"]
-        assert list((learner.pod_dir / "volumes" / "empty-dir" / "state").rglob("ckpt-*.pt"))
+        # The learner checkpointed into its state volume (its own claim of the default StorageClass,
+        # mounted at /var/lib/tianji), at the latest as it stopped (the run may end before
+        # checkpoint.intervalSeconds).
+        (state,) = c.kubelet.claim_dirs(NAMESPACE, f"{JOB}-learner-0-0-state")
+        assert list(state.rglob("ckpt-*.pt"))
         final = await assert_counted_as_the_workers_did(c)
         # (episodes that ended while the pods stopped count too: the final mean may dip a little)
         assert final["meanReturn"] >= 450 and final["envFrames"] >= st["envFrames"]

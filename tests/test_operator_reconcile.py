@@ -6,8 +6,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kube.operator_harness import (JOBS, NAMESPACE, RunningOperator, children, cond, eventually, job, job_manifest,
-                                   run_pods, status)
+from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, children, cond, eventually, job,
+                                   job_manifest, run_pods, status)
 from tianji.control.spec import parse_job
 from tianji_operator import builders as b
 from tianji_operator import rbac
@@ -241,23 +241,54 @@ async def test_an_invalid_edit_of_a_created_job_keeps_it_running(kube, operator)
 
 # ----------------------------------------------------------------- completion
 @pytest.mark.parametrize("policy, left", [
-    ("Running", {"cartpole-learner-0-0"}),
+    ("Running", set()),
     ("All", set()),
     ("None", {"cartpole-learner-0-0", "cartpole-buffer-0-0"}),
 ])
-async def test_completed_learners_end_the_job_per_clean_pod_policy(kube, operator, policy, left):
-    await kube.create_job(job_manifest("cartpole", {"runPolicy": {"cleanPodPolicy": policy}}))
+async def test_the_stop_rule_ends_the_job_per_clean_pod_policy(kube, policy, left):
+    clock = FakeClock()
+    async with RunningOperator(kube, clock=clock):
+        await kube.create_job(job_manifest("cartpole", {"runPolicy": {"cleanPodPolicy": policy},
+                                                        "stop": {"seconds": 60}}))
+        await created(kube)
+        await run_pods(kube, "cartpole")
+        await eventually(lambda: status(kube).get("phase") == "Running")
+        clock.advance(61)
+        await eventually(lambda: status(kube).get("phase") == "Succeeded", what="phase Succeeded")
+        assert cond(kube, "Progressing")["reason"] == "JobSucceeded" and status(kube)["completionTime"]
+        assert "ran 61 s >= 60 s" in cond(kube, "Succeeded")["message"]
+        await eventually(lambda: events(kube, "Succeeded"), what="a Succeeded event")  # posted after the clean-up
+        pods = {n for (k, n) in children(kube) if k == "Pod"}
+        assert pods == left
+        replicas = children(kube)["StatefulSet", "cartpole-actor-0"]["spec"]["replicas"]
+        assert replicas == (2 if policy == "None" else 0)
+        # groups and actors as they are after the end: no actors left (cleanPodPolicy Running/All)
+        if policy != "None":
+            await kube.set_status("apps/v1/statefulsets", NAMESPACE, "cartpole-actor-0",
+                                  {"replicas": 0, "readyReplicas": 0})
+            await eventually(lambda: status(kube).get("actors") == "0/0", what="actors 0/0 after the end")
+            g = status(kube)["groups"][0]
+            assert g["learners"] == {"desired": 0, "ready": 0} and g["buffers"] == {"desired": 0, "ready": 0}, g
+            assert status(kube)["actorReplicas"] == 0
+    assert_rbac_covers(kube)
+
+
+async def test_a_learner_pod_that_exited_0_is_no_completion(kube, operator):
+    """A worker exits 0 on SIGTERM (a deletion, an eviction, a kill in the container): its pod's
+    phase Succeeded is never "training completed". The pod is made again; the job goes on."""
+    await kube.create_job(job_manifest("cartpole"))
     await created(kube)
     await run_pods(kube, "cartpole")
     await eventually(lambda: status(kube).get("phase") == "Running")
+    old = children(kube)["Pod", "cartpole-learner-0-0"]["metadata"]["uid"]
     await kube.set_status("v1/pods", NAMESPACE, "cartpole-learner-0-0", {"phase": "Succeeded"})
-    await eventually(lambda: status(kube).get("phase") == "Succeeded", what="phase Succeeded")
-    assert cond(kube, "Progressing")["reason"] == "JobSucceeded" and status(kube)["completionTime"]
-    await eventually(lambda: events(kube, "Succeeded"), what="a Succeeded event")  # posted after the clean-up
-    pods = {n for (k, n) in children(kube) if k == "Pod"}
-    assert pods == left
-    replicas = children(kube)["StatefulSet", "cartpole-actor-0"]["spec"]["replicas"]
-    assert replicas == (2 if policy == "None" else 0)
+    new = await eventually(lambda: (p := children(kube).get(("Pod", "cartpole-learner-0-0")))
+                           and p["metadata"]["uid"] != old and p, what="the learner pod made again")
+    assert status(kube)["phase"] in ("Pending", "Running") and cond(kube, "Succeeded") is None
+    await eventually(lambda: status(kube).get("restartsByRole", {}).get("learner", {}).get("pods") == 1,
+                     what="the re-creation counted")
+    assert status(kube)["podsSeen"]["cartpole-learner-0-0"]["uid"] == new["metadata"]["uid"]
+    assert status(kube)["restarts"] == 0  # a re-creation is no container restart (backoffLimit)
 
 
 async def test_a_failed_pod_fails_the_job(kube, operator):

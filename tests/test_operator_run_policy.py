@@ -88,8 +88,8 @@ def st_iso(t):
 # ----------------------------------------------------------------- ttlSecondsAfterFinished
 async def test_a_finished_job_is_deleted_after_its_ttl(env):
     kube, clock, op = env
-    await running(kube, {"runPolicy": {"ttlSecondsAfterFinished": 300}})
-    await kube.set_status("v1/pods", NAMESPACE, "cartpole-learner-0-0", {"phase": "Succeeded"})
+    await running(kube, {"runPolicy": {"ttlSecondsAfterFinished": 300}, "stop": {"seconds": 10}})
+    clock.advance(11)
     await eventually(lambda: status(kube).get("phase") == "Succeeded", what="phase Succeeded")
     clock.advance(299)
     await asyncio.sleep(0.5)  # several monitor ticks (an ended job's status is not rewritten each tick)
@@ -132,12 +132,13 @@ async def test_suspend_deletes_the_pods_and_resume_brings_them_back(env):
 async def test_the_deprecated_top_level_clean_pod_policy_is_honoured_with_a_warning():
     async with contextlib.AsyncExitStack() as stack:
         kube = await start_cluster(stack, validate_crd=False)  # an older CRD still declaring it
-        async with RunningOperator(kube):
-            await running(kube, {"cleanPodPolicy": "None"})
+        clock = FakeClock()
+        async with RunningOperator(kube, clock=clock):
+            await running(kube, {"cleanPodPolicy": "None", "stop": {"seconds": 10}})
             await eventually(lambda: [e for e in events(kube, "DeprecatedField")
                                       if "spec.runPolicy.cleanPodPolicy" in e["message"]],
                              what="a DeprecatedField event")
-            await kube.set_status("v1/pods", NAMESPACE, "cartpole-learner-0-0", {"phase": "Succeeded"})
+            clock.advance(11)
             await eventually(lambda: status(kube).get("phase") == "Succeeded")
             await eventually(lambda: events(kube, "Succeeded"))
             assert pods(kube) == {"cartpole-learner-0-0", "cartpole-buffer-0-0"}  # None: nothing deleted

@@ -17,13 +17,13 @@ from tianji.control.plan import (
     PlanError,
     Profile,
     RebalancePolicy,
-    _pack,
     default_profile,
     pace_fps,
     plan,
     plan_for_job,
     rebalance,
 )
+from tianji.control.placement import pack as _pack
 from tianji.control.spec import parse_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,8 +66,10 @@ def check_sums(p: Plan, cpus: float) -> None:
 # Synchronised groups (the all-reduce tests; the default, average, has none across groups).
 ALLREDUCE = {"auto": True, "groupSync": {"mode": "allreduce"}}
 
-# DQN keeps maxPolicyLag off by default, so these exercise the pure throughput balance.
-DQN = {"algorithm": {"name": "dqn"}, "staleness": {"replayRatio": 1.0, "paceActors": False}}
+# DQN keeps maxPolicyLag off by default, and minMarginalGain 0 takes the most progress the budget
+# buys (no budget rule), so these exercise the pure throughput balance.
+DQN = {"algorithm": {"name": "dqn"}, "staleness": {"replayRatio": 1.0, "paceActors": False},
+       "plan": {"minMarginalGain": 0}}
 
 
 # ----------------------------------------------------------------- plan()
@@ -393,7 +395,9 @@ def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_
     assert out["learner_threads_measured"] == 2 and out["learner"]["cpu"] <= 2
     assert out["profile"]["learner_thread_scaling"] == {"1": 1.0, "2": pytest.approx(13.5 / 16.2)} or \
         out["profile"]["learner_thread_scaling"] == {"2": pytest.approx(13.5 / 16.2)}
-    assert main(["plan", str(job_yaml), "--cpus", "128", "--gpus", "8", "--json"]) == 0  # built-in profile
+    # Built-in profile, no budget rule (the most progress): its GPU learner is an assumed speed-up.
+    assert main(["plan", str(job_yaml), "--cpus", "128", "--gpus", "8", "--json",
+                 "--set", "spec.plan.minMarginalGain=0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["learner"]["gpu"] == 1 and any("GPU learner throughput assumed" in x for x in out["extrapolated"])
     assert main(["plan", str(job_yaml), "--cpus", "128"]) == 0
@@ -403,7 +407,8 @@ def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_
 
 # ----------------------------------------------------------------- cost model (issue 13)
 from tianji.control import costmodel  # noqa: E402
-from tianji.control.plan import actors_for, load_profile, observed_bottleneck, predict_on_host  # noqa: E402
+from tianji.control.onhost import predict_on_host  # noqa: E402
+from tianji.control.plan import actors_for, load_profile, observed_bottleneck  # noqa: E402
 
 # Measured here (issue 13): a CartPole PPO learner at 2 torch threads is slower than at 1.
 SLOWER_AT_2 = {2: 13.5 / 16.2}
@@ -477,10 +482,15 @@ def test_link_is_a_preset_or_bandwidth_and_latency(link):
 def test_planned_topology_beats_a_hand_picked_one_on_predicted_time_to_target():
     pr = prof(actor=12_000, learner=16_200, curve=SLOWER_AT_2, allreduce={2: 8e-4}, param_bytes=2.7e5)
     j = job()  # CartPole PPO
-    best = plan(j, cpus=16, profile=pr)
     hand = plan_for_job(job(topology={"groups": 7, "actors": 1, "buffers": 1, "learners": 1},
                             resources={"actor": {"cpu": 1}, "buffer": {"cpu": 0.25}, "learner": {"cpu": 1}}), pr)
-    assert best.effective_sps > hand.effective_sps
+    most = plan(j, cpus=16, profile=pr, min_marginal_gain=0)  # the most progress 16 cores buy
+    assert most.effective_sps > hand.effective_sps
+    # Under the default budget rule the plan is smaller, and scores better than the hand-picked one.
+    best = plan(j, cpus=16, profile=pr)
+    x = best.min_marginal_gain
+    assert x == 0.5 and best.cpus_used < hand.cpus_used
+    assert best.effective_sps / best.cpus_used ** x > hand.effective_sps / hand.cpus_used ** x
 
 
 def test_max_min_shares():

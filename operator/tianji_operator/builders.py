@@ -5,6 +5,8 @@ Names are fixed (idempotent creation, no duplicates after a restart), from
 
     ConfigMap      <job>-job            job.yaml: the job as planned (resolved topology and requests)
     PersistentVolumeClaim <job>-checkpoints  learners' checkpoints, when spec.checkpoint.size is set
+    PersistentVolumeClaim <pod>-state   otherwise one per learner pod (and per buffer pod with
+                                        replaySnapshot), when the plan's stateVolume is "claims" (state.py)
     Service        <job>                headless; gives learner/buffer pods DNS names
     Pod            <job>-learner-<g>-<i>, <job>-buffer-<g>-<i>   hostname = pod name, subdomain = <job>
     StatefulSet    <job>-actor-<g>      one per group, podManagementPolicy Parallel
@@ -182,13 +184,58 @@ def checkpoint_pvc(job: TianJiJob) -> Optional[dict]:
             "metadata": _meta(job, checkpoint_claim_name(job.name), labels(job.name, "learner")), "spec": spec}
 
 
-def state_volume(job: TianJiJob, role: str) -> dict:
+# The claim each learner pod gets by default (state.py decides; a checkpoint is the model, the
+# optimizer state and counters: tens of MB for an Atari network, times checkpoint.keep).
+AUTO_CLAIM_SIZE = "1Gi"
+
+
+def keeps_state(job: TianJiJob, role: str) -> bool:
+    """Roles whose TIANJI_STATE_DIR is worth keeping: learners (checkpoints), and buffers with
+    checkpoint.replaySnapshot (their replay)."""
+    return role == "learner" or (role == "buffer" and job.spec.checkpoint.replay_snapshot)
+
+
+def state_claim_name(pod: str) -> str:
+    return f"{pod}-state"
+
+
+def per_pod_claims(job: TianJiJob, plan: Optional[dict]) -> bool:
+    """The plan chose one claim per stateful pod (state.py: the cluster's default StorageClass),
+    and the spec names no claim of its own."""
+    c = job.spec.checkpoint
+    mode = ((plan or {}).get("stateVolume") or {}).get("mode")
+    return mode == "claims" and not (c.persistent_volume_claim or c.size or c.ephemeral)
+
+
+def state_pvcs(job: TianJiJob, plan: Optional[dict]) -> list[dict]:
+    """The per-pod claims (ReadWriteOnce: each is mounted by one pod, wherever it runs). A buffer's
+    holds its replay snapshot, at most its ring: the buffer's memory request."""
+    if not per_pod_claims(job, plan):
+        return []
+    t, out = job.spec.topology, []
+    for g in range(t.groups):
+        for role, n in (("learner", t.learners), ("buffer", t.buffers)):
+            if not keeps_state(job, role):
+                continue
+            size = AUTO_CLAIM_SIZE if role == "learner" else job.spec.resources.buffer.memory
+            for i in range(n):
+                out.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                            "metadata": _meta(job, state_claim_name(pod_name(job.name, role, g, i)),
+                                              labels(job.name, role, g, i)),
+                            "spec": {"accessModes": ["ReadWriteOnce"],
+                                     "resources": {"requests": {"storage": size}}}})
+    return out
+
+
+def state_volume(job: TianJiJob, role: str, pod: Optional[str] = None, plan: Optional[dict] = None) -> dict:
     """TIANJI_STATE_DIR: the checkpoint claim for learners (a re-created learner resumes from
-    it) and, with checkpoint.replaySnapshot, for buffers (their replay snapshots); an emptyDir
-    otherwise."""
+    it) and, with checkpoint.replaySnapshot, for buffers (their replay snapshots): the spec's
+    claim, else the pod's own claim when the plan chose them; an emptyDir otherwise."""
     claim = checkpoint_claim(job)
-    if claim and (role == "learner" or (role == "buffer" and job.spec.checkpoint.replay_snapshot)):
+    if claim and keeps_state(job, role):
         return {"name": "state", "persistentVolumeClaim": {"claimName": claim}}
+    if pod and keeps_state(job, role) and per_pod_claims(job, plan):
+        return {"name": "state", "persistentVolumeClaim": {"claimName": state_claim_name(pod)}}
     return {"name": "state", "emptyDir": {}}
 
 
@@ -281,7 +328,8 @@ def container_ports(job: TianJiJob, role: str, group: int, index: str) -> list[d
 
 
 def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
-             hostname: Optional[str] = None, defaults: Optional[PodOverlay] = None) -> dict:
+             hostname: Optional[str] = None, defaults: Optional[PodOverlay] = None,
+             plan: Optional[dict] = None) -> dict:
     net = job.spec.network
     launch = worker_launch(job, role, group, index, engine="pod", job_file=f"{CONFIG_DIR}/{JOB_FILE}",
                            command=command, metrics_port=pod_metrics_port(job, role, group, index))
@@ -322,7 +370,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
         "volumes": [
             {"name": "job", "configMap": {"name": configmap_name(job.name),
                                           "items": [{"key": JOB_FILE, "path": JOB_FILE}]}},
-            state_volume(job, role),
+            state_volume(job, role, hostname, plan),
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             {"name": "scratch", "emptyDir": {}},
             *launch.volumes,
@@ -351,14 +399,14 @@ def curve_secret(job: TianJiJob) -> list[dict]:
 
 
 def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str],
-             defaults: Optional[PodOverlay] = None) -> dict:
+             defaults: Optional[PodOverlay] = None, plan: Optional[dict] = None) -> dict:
     """A learner, buffer or evaluator pod: stable name = hostname, under the headless Service's subdomain."""
     name = pod_name(job.name, role, group, index)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(job, name, labels(job.name, role, group, index)),
-        "spec": pod_spec(job, role, group, str(index), command, hostname=name, defaults=defaults),
+        "spec": pod_spec(job, role, group, str(index), command, hostname=name, defaults=defaults, plan=plan),
     }
 
 
@@ -392,9 +440,10 @@ def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int],
     pvc = checkpoint_pvc(resolved)
     if pvc is not None:
         out.append(pvc)
+    out += state_pvcs(resolved, plan)
     for g in range(t.groups):
-        out += [role_pod(resolved, "learner", g, i, command, defaults) for i in range(t.learners)]
-        out += [role_pod(resolved, "buffer", g, i, command, defaults) for i in range(t.buffers)]
+        out += [role_pod(resolved, "learner", g, i, command, defaults, plan) for i in range(t.learners)]
+        out += [role_pod(resolved, "buffer", g, i, command, defaults, plan) for i in range(t.buffers)]
         out.append(actor_statefulset(resolved, g, actors.get(g, t.actors), command, defaults))
     if resolved.spec.evaluation.enabled:  # spec.evaluation: one evaluator pod per job
         out.append(role_pod(resolved, "evaluator", 0, 0, command, defaults))

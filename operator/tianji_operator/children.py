@@ -45,7 +45,9 @@ def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
     builds it), for a ConfigMap that was deleted."""
     try:
         doc = parse_job(manifest_of(body)).to_manifest()
-        doc["spec"]["topology"] = {"auto": False, **{k: int(v) for k, v in plan["topology"].items()}}
+        # The spec's groupSync stays: status.plan carries only the counts.
+        doc["spec"]["topology"] = {**doc["spec"]["topology"], "auto": False,
+                                   **{k: int(v) for k, v in plan["topology"].items()}}
         for role in ("actor", "buffer", "learner"):
             rp = plan[role]
             doc["spec"]["resources"][role] = {"cpu": rp["cpu"], "memory": rp["memory"], "gpu": rp["gpu"],
@@ -139,11 +141,41 @@ async def delete_role_pods(op: Operator, ns: Optional[str], name: str) -> list[s
     return gone
 
 
+async def clean_up(op: Operator, ns: Optional[str], name: str, resolved: TianJiJob, pods: list[dict], policy: str,
+                   sets: Optional[dict] = None) -> tuple[list[str], bool]:
+    """cleanPodPolicy: Running deletes learner/buffer/evaluator pods not yet finished, All every
+    one; both scale the actors to 0. Idempotent (pods being deleted and sets at 0, as read in
+    `sets`, are left alone): the monitor repeats it after the end, so an operator stopped
+    between the end's status write and the clean-up still cleans up. (pods deleted, scaled?)"""
+    cleaned: list[str] = []
+    if policy not in ("Running", "All"):
+        return cleaned, False
+    for p in pods:
+        if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) not in b.POD_ROLES or p["metadata"].get(
+                "deletionTimestamp"):
+            continue
+        if policy == "All" or st.pod_phase(p) in ("Pending", "Running", "Unknown"):
+            if await op.kube.delete("Pod", ns, p["metadata"]["name"]):
+                cleaned.append(p["metadata"]["name"])
+    scaled = False
+    for g in range(resolved.spec.topology.groups):
+        if sets is not None and not int(((sets.get(g) or {}).get("spec") or {}).get("replicas") or 0):
+            continue
+        try:
+            await op.kube.patch("StatefulSet", ns, actor_set_name(name, g), {"spec": {"replicas": 0}})
+            scaled = True
+        except ApiError as e:
+            if e.status != 404:
+                raise
+    return cleaned, scaled
+
+
 async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict], acc: Accounting,
-                  phase: str, reason: str, message: str, now: float) -> None:
+                  phase: str, reason: str, message: str, now: float, extra: Optional[dict] = None) -> None:
     """Record the end (status first, from a fresh read: if another tick ended the job
     already, nothing changes), then clean up. The pods' final reports arrive afterwards
-    (termination messages) and are counted by the monitor and the pod event handler."""
+    (termination messages) and are counted by the monitor and the pod event handler.
+    `extra`: status fields written with the end (the restart counts its message names)."""
     ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     policy = run_policy_of(body, resolved).clean_pod_policy
     ended = phase == st.SUCCEEDED
@@ -163,27 +195,13 @@ async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict],
             won = False
             return None
         won = True
-        return {"phase": phase, "completionTime": st.iso(now),
+        return {**(extra or {}), "phase": phase, "completionTime": st.iso(now),
                 "conditions": st.set_conditions(cur.get("conditions"), *conds), **counted_fields(acc, cur, now)}
 
     await update_status(op, ns, name, compute)
     if not won:
         return
-    cleaned = []
-    if policy in ("Running", "All"):
-        for p in pods:
-            role = p["metadata"].get("labels", {}).get(b.LABEL_ROLE)
-            if role not in b.POD_ROLES:
-                continue
-            if policy == "All" or st.pod_phase(p) in ("Pending", "Running", "Unknown"):
-                if await op.kube.delete("Pod", ns, p["metadata"]["name"]):
-                    cleaned.append(p["metadata"]["name"])
-        for g in range(resolved.spec.topology.groups):
-            try:
-                await op.kube.patch("StatefulSet", ns, actor_set_name(name, g), {"spec": {"replicas": 0}})
-            except ApiError as e:
-                if e.status != 404:
-                    raise
+    cleaned, _ = await clean_up(op, ns, name, resolved, pods, policy)
     msg = f"{reason}: {message}; cleanPodPolicy {policy}" + (f": deleted {len(cleaned)} pod(s), actors scaled to 0"
                                                    if policy != "None" else "")
     if ended:

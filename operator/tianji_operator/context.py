@@ -48,8 +48,9 @@ class JobMemory:
     acc: Optional[Accounting] = None  # loaded from status.accounting on first use
     last_sample: Optional[float] = None  # autoscaler: last evaluation
     report_errors: list[str] = field(default_factory=list)
-    restarts: dict[str, int] = field(default_factory=dict)  # pod uid -> container restarts seen
     warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
+    ended: bool = False  # the job ended: only processes counted before the end may still add to it
+    node_lost: str = ""  # pods force-deleted off a lost node, until the job is Ready again (nodelost.py)
 
     def accounting(self, status: dict) -> Accounting:
         if self.acc is None:
@@ -65,10 +66,17 @@ class JobMemory:
         if isinstance(rep, ReportError):
             self.refuse([str(rep)])
             return
+        if self.ended and not self.known(rep.incarnation):
+            return  # started after the end (a pod made again by someone): not part of this job's result
         try:
             acc.take(rep)
         except ReportError as e:
             self.refuse([str(e)])
+
+    def known(self, incarnation: str) -> bool:
+        acc = self.acc
+        return acc is not None and (incarnation in acc.gone or any(p.incarnation == incarnation
+                                                                   for p in acc.procs.values()))
 
     def refuse(self, why: list[str], counted: bool = True) -> None:
         """Reports that were not counted: rejected (when `counted`), the last few reasons kept."""

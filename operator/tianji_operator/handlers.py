@@ -27,7 +27,7 @@ from .hostports import release as release_host_ports
 from .monitor import monitor
 from .reconcile import reconcile
 from .scaling import autoscale
-from .kube import ApiError
+from .kube import ApiError, in_cluster_login
 from .metrics import OperatorMetrics
 
 
@@ -48,7 +48,7 @@ def login(op: Operator, settings: kopf.OperatorSettings) -> Any:
     if op.config.connection is not None:
         op.connection = op.config.connection
         return op.connection
-    info = kopf.login_with_service_account(settings=settings)
+    info = in_cluster_login(settings)
     if info is None:
         try:
             info = kopf.login_via_client(settings=settings, logger=logging.getLogger("tianji.operator"))

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
+import os
 import ssl
 import tempfile
 from typing import Any, Callable, Optional
@@ -27,6 +29,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "ConfigMap": ("", "v1", "configmaps"),
     "Event": ("", "v1", "events"),  # read only: the StatefulSet controller's FailedCreate
     "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
+    "StorageClass": ("storage.k8s.io", "v1", "storageclasses"),  # read only: is there a default class
     "Secret": ("", "v1", "secrets"),
     "Service": ("", "v1", "services"),
     "Pod": ("", "v1", "pods"),
@@ -217,13 +220,34 @@ class KubeClient:
                 return False
             raise
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+    async def delete(self, kind: str, namespace: str, name: str, *, grace_seconds: Optional[int] = None,
+                     uid: Optional[str] = None) -> bool:
+        """DELETE (background propagation); `grace_seconds=0` with `uid` is a forced delete of exactly
+        that object (`kubectl delete --force --grace-period=0`)."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
-            await self.request("DELETE", path_of(kind, namespace, name),
-                               body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
-                               verb="delete", kind=kind)
+            await self.request("DELETE", path_of(kind, namespace, name), body=body, verb="delete", kind=kind)
             return True
         except ApiError as e:
             if e.status == 404:
                 return False
             raise
+
+
+def in_cluster_login(settings: Any) -> Any:
+    """The pod's service account, at the API server address the kubelet puts in the pod's env
+    (KUBERNETES_SERVICE_HOST/PORT), as client-go's in-cluster config does. Kopf's own helper
+    always dials https://kubernetes.default.svc, which needs cluster DNS and a routed Service IP;
+    the env address needs neither. None outside a pod."""
+    import kopf
+
+    info = kopf.login_with_service_account(settings=settings)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is not None and host and port:
+        host = f"[{host}]" if ":" in host else host
+        info = dataclasses.replace(info, server=f"https://{host}:{port}")
+    return info

@@ -14,33 +14,18 @@ from typing import Any, Optional
 import kopf
 
 from tianji.control.accounting import StopRule
-
 from tianji.control.addressing import actor_set_name
 from tianji.control.spec import SpecError, parse_job
 
 from . import builders as b
 from . import status as st
-from .children import KEPT_WHOLE, PRIVILEGED_HINT, child_exists, finish, reconcile_manual_scaling, recreate_configmap
-from .context import JobMemory, Operator, actor_sets, adopt, current_spec, manifest_of, read_applied, run_policy_of, update_status
-from .counting import count_reports, counted_fields, elapsed_since_start, final_counted_fields
+from .children import (KEPT_WHOLE, PRIVILEGED_HINT, child_exists, clean_up, finish, reconcile_manual_scaling,
+                       recreate_configmap)
+from .context import Operator, actor_sets, adopt, current_spec, manifest_of, read_applied, run_policy_of, update_status
+from .counting import count_reports, counted_fields, elapsed_since_start, final_counted_fields, learners_behind
 from .kube import ApiError
-
-
-def _count_restarts(mem: JobMemory, pods: list[dict]) -> tuple[int, str]:
-    """Container restarts of the job's pods, also of pods since gone (by uid); and the last one."""
-    last, last_n = "", -1
-    for p in pods:
-        uid = p["metadata"].get("uid") or p["metadata"]["name"]
-        for c in (p.get("status") or {}).get("containerStatuses") or []:
-            n = int(c.get("restartCount") or 0)
-            mem.restarts[uid] = max(mem.restarts.get(uid, 0), n)
-            if n > last_n and n:
-                term = (c.get("lastState") or {}).get("terminated") or {}
-                detail = ", ".join(x for x in (term.get("reason"), f"exit code {term['exitCode']}"
-                                               if "exitCode" in term else None) if x)
-                last, last_n = f"pod {p['metadata']['name']} restarted {n} time(s)" + (
-                    f" ({detail})" if detail else ""), n
-    return sum(mem.restarts.values()), last
+from .nodelost import release as release_lost_pods
+from .restarts import Ledger, expected_pods
 
 
 async def _failed_creates(op: Operator, body: Any, groups: list[dict]) -> list[str]:
@@ -99,8 +84,12 @@ async def _expire(op: Operator, body: Any, status: dict, now: float, logger: log
 # ----------------------------------------------------------------- monitor
 async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, pods: list[dict]) -> None:
     """One tick for one job; `pods`: the job's pods as the watch last saw them (an index)."""
-    meta = body["metadata"]
-    name, ns = meta["name"], meta.get("namespace")
+    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
+    # The live object, not the timer's copy: that may predate the end (or a suspension), and a
+    # tick acting on it would heal or scale the children of a job that is over.
+    body = await op.kube.get("TianJiJob", ns, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
     status = dict(body.get("status") or {})
     now = op.now()
     if await _expire(op, body, status, now, logger):
@@ -113,31 +102,58 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
     if cm is None:
         return
     _, resolved = read_applied(cm)
-    topo = resolved.spec.topology
     mem = op.memory(ns, name)
     mem.accounting(status)
-    acc = await count_reports(op, mem, name, pods, resolved.spec.network.metrics_port)
+    acc, live = await count_reports(op, mem, name, pods, resolved.spec.network.metrics_port,
+                                    ended=status.get("phase") in st.TERMINAL)
     acc.sample(now)
+    lost = await release_lost_pods(op, body, pods, now, logger)
+    if lost:  # their objects are gone: the self-healing below (or the StatefulSet) makes them again
+        gone = {ln.split()[1] for ln in lost}
+        pods = [p for p in pods if p["metadata"]["name"] not in gone]
+        mem.node_lost = "; ".join(lost)
     if status.get("phase") in st.TERMINAL:
-        # Ended: no more phase changes, only the final counts of the pods still stopping.
-        await update_status(op, ns, name, lambda fresh: final_counted_fields(acc, fresh.get("status") or {}, now))
-        return
+        return await _after_end(op, body, resolved, pods, acc, now)
     rp = run_policy_of(body, resolved)
     if rp.suspend or status.get("phase") == st.SUSPENDED:
         return  # reconcile deletes the pods on suspend and re-creates them on resume
-    gen = meta.get("generation")
-
+    topo = resolved.spec.topology
     sets = await actor_sets(op, ns, name, topo.groups)
-    by_name = {p["metadata"]["name"]: p for p in pods}
-    fixed_pods = [p for p in pods if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) in ("learner", "buffer")]
-    learners = [p for p in pods if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) == "learner"]
-    failed = [p for p in fixed_pods if st.pod_phase(p) == "Failed"]
+    expected = expected_pods(name, topo, sets, resolved.spec.evaluation.enabled)
+    ledger = Ledger(status)
+    ledger.observe(pods, expected)
+    actors_back = [p for p in ledger.recreated if p.startswith(f"{name}-actor-")]
+    if actors_back:  # learner/buffer pods: the operator's own re-creation posts the event
+        kopf.warn(body, reason="Recreated", message=("Pod/" + ", Pod/".join(actors_back) +
+                                                     " (re-created by its StatefulSet)")[:900])
+    ended, waiting = await _decide_end(op, body, resolved, pods, acc, live, ledger, rp, status, now)
+    if ended:
+        return
+    await _restart_stopped(op, body, pods, logger)
+    await _heal(op, body, resolved, pods, sets, status, logger)
+    await reconcile_manual_scaling(op, body, resolved, sets, logger)
+    await _write_running(op, body, resolved, pods, sets, acc, expected, now, waiting)
 
-    reason = None
-    if learners and len(learners) == topo.groups * topo.learners and all(
-            st.pod_phase(p) == "Succeeded" for p in learners):
-        reason = "all learner pods completed"
-    elif status.get("phase") == st.RUNNING:
+
+def _role_pods(pods: list[dict], *roles: str) -> list[dict]:
+    return [p for p in pods if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) in roles]
+
+
+def _deleting(pod: dict) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+async def _decide_end(op: Operator, body: Any, resolved: Any, pods: list[dict], acc: Any, live: list,
+                      ledger: Ledger, rp: Any, status: dict, now: float) -> tuple[bool, str]:
+    """End the job if it must: (ended, why the stop rule holds but the job goes on).
+
+    Success is the stop rule only (as `tianji run`), backed by the learners' own live reports
+    (counting.learners_behind). A learner or buffer pod that exited 0 or is being deleted is
+    never "completed" (a worker stops with exit 0 on SIGTERM: a deletion, an eviction, a node
+    shutdown) and a deleted pod that fails while it stops is no failure of the job."""
+    topo = resolved.spec.topology
+    waiting = ""
+    if status.get("startTime"):  # started (a pod being replaced makes it Pending again, not unstarted)
         try:
             live_spec = parse_job(manifest_of(body)).spec
         except SpecError:
@@ -145,29 +161,56 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
         rule = StopRule(live_spec.stop)
         elapsed = elapsed_since_start(status, now)
         why = rule.check(acc, elapsed)
-        reason = rule.message(why, acc, elapsed) if why else None
-    if reason is not None:
-        return await finish(op, body, resolved, pods, acc, st.SUCCEEDED, "StopConditionReached", reason, now)
+        if why:
+            # stop.seconds is a budget: it ends the job whatever the learners hold
+            behind = [] if why == "seconds" else learners_behind(acc, live, topo, trained=why == "target")
+            reason = rule.message(why, acc, elapsed)
+            if not behind:
+                await finish(op, body, resolved, pods, acc, st.SUCCEEDED, "StopConditionReached", reason, now,
+                             extra=ledger.fields())
+                return True, ""
+            waiting = f"{reason}, but {'; '.join(behind)}"
+    failed = [p for p in _role_pods(pods, "learner", "buffer") if st.pod_phase(p) == "Failed" and not _deleting(p)]
     if failed:
         p = failed[0]
         why = (p.get("status") or {}).get("reason") or (p.get("status") or {}).get("message") or "Failed"
-        return await finish(op, body, resolved, pods, acc, st.FAILED, "PodFailed",
-                             f"pod {p['metadata']['name']} failed: {why}", now)
-    restarts, last_restart = _count_restarts(mem, pods)
-    if restarts > rp.backoff_limit:
-        return await finish(op, body, resolved, pods, acc, st.FAILED, "BackoffLimitExceeded",
-                             f"{restarts} container restarts exceed runPolicy.backoffLimit ({rp.backoff_limit}); "
-                             f"last: {last_restart}", now)
+        await finish(op, body, resolved, pods, acc, st.FAILED, "PodFailed",
+                     f"pod {p['metadata']['name']} failed: {why}", now, extra=ledger.fields())
+        return True, waiting
+    if ledger.total > rp.backoff_limit:
+        await finish(op, body, resolved, pods, acc, st.FAILED, "BackoffLimitExceeded",
+                     f"{ledger.total} container restarts exceed runPolicy.backoffLimit ({rp.backoff_limit}); "
+                     f"last: {ledger.last or 'counted before'}", now, extra=ledger.fields())
+        return True, waiting
     since = st.parse_iso(status.get("activeSince"))
     if rp.active_deadline_seconds is not None and since is not None and now - since >= rp.active_deadline_seconds:
-        return await finish(op, body, resolved, pods, acc, st.FAILED, "DeadlineExceeded",
-                             f"active for {now - since:.0f} s: runPolicy.activeDeadlineSeconds is "
-                             f"{rp.active_deadline_seconds}", now)
+        await finish(op, body, resolved, pods, acc, st.FAILED, "DeadlineExceeded",
+                     f"active for {now - since:.0f} s: runPolicy.activeDeadlineSeconds is "
+                     f"{rp.active_deadline_seconds}", now, extra=ledger.fields())
+        return True, waiting
+    return False, waiting
 
-    # Self-healing: a learner/buffer pod or a StatefulSet that is gone comes back.
+
+async def _restart_stopped(op: Operator, body: Any, pods: list[dict], logger: logging.Logger) -> None:
+    """A learner, buffer or evaluator pod that exited 0 while the job runs (its worker was
+    stopped by a signal: restartPolicy OnFailure leaves it stopped) is deleted; the next tick
+    makes it again, and the learner resumes from its checkpoint."""
+    ns = body["metadata"].get("namespace")
+    for p in _role_pods(pods, *b.POD_ROLES):
+        if st.pod_phase(p) == "Succeeded" and not _deleting(p):
+            logger.info("pod %s stopped while the job runs: deleting it to start it again", p["metadata"]["name"])
+            await op.kube.delete("Pod", ns, p["metadata"]["name"])
+
+
+async def _heal(op: Operator, body: Any, resolved: Any, pods: list[dict], sets: dict, status: dict,
+                logger: logging.Logger) -> None:
+    """Self-healing: a learner/buffer pod, a StatefulSet or a kept child that is gone comes back."""
+    ns = body["metadata"].get("namespace")
+    topo = resolved.spec.topology
+    by_name = {p["metadata"]["name"]: p for p in pods}
     expected = b.children(resolved, resolved.spec, {g: topo.actors for g in range(topo.groups)},
                           scrapers=op.config.metrics_scrapers, command=op.config.worker_command,
-                          defaults=op.config.worker_defaults)
+                          defaults=op.config.worker_defaults, plan=status.get("plan"))
     recreated = []
     try:
         for obj in expected:
@@ -189,11 +232,19 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
         logger.warning("monitor: %s", e)
     if recreated:
         kopf.warn(body, reason="Recreated", message=", ".join(recreated)[:900])
-    await reconcile_manual_scaling(op, body, resolved, sets, logger)
 
+
+async def _write_running(op: Operator, body: Any, resolved: Any, pods: list[dict], sets: dict, acc: Any,
+                         expected: set[str], now: float, waiting: str) -> None:
+    """Phase, readiness, groups, restarts and the counts of a job that goes on."""
+    name, ns, gen = body["metadata"]["name"], body["metadata"].get("namespace"), body["metadata"].get("generation")
+    topo = resolved.spec.topology
+    mem = op.memory(ns, name)
+    fixed_pods = _role_pods(pods, "learner", "buffer")
     groups, actors = st.summarize(topo, pods, sets, b.LABEL_ROLE, b.LABEL_GROUP)
     want_fixed = topo.groups * (topo.learners + topo.buffers)
-    running = len(fixed_pods) == want_fixed and all(st.pod_phase(p) == "Running" for p in fixed_pods)
+    running = len(fixed_pods) == want_fixed and all(st.pod_phase(p) == "Running" and not _deleting(p)
+                                                    for p in fixed_pods)
     ready = st.all_ready(groups) and running
     stuck = _unschedulable(pods)
     for pod_name, why in stuck:
@@ -202,15 +253,20 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
             kopf.warn(body, reason="Unschedulable", message=f"pod {pod_name}: {why}"[:900])
     refused = [] if ready else await _failed_creates(op, body, groups)
     if ready:
+        mem.node_lost = ""
         conds = [st.condition("Ready", True, "AllPodsReady", f"actors {actors} ready", now=now, generation=gen)]
     elif refused:
         conds = [st.condition("Ready", False, "FailedCreate", "; ".join(refused)[:1000], now=now, generation=gen)]
+    elif mem.node_lost:
+        conds = [st.condition("Ready", False, "NodeLost", mem.node_lost[:1000], now=now, generation=gen)]
     elif stuck:
         conds = [st.condition("Ready", False, "Unschedulable", "; ".join(f"pod {p}: {w}" for p, w in stuck)[:1000],
                               now=now, generation=gen)]
     else:
         conds = [st.condition("Ready", False, "PodsNotReady", _not_ready(groups), now=now, generation=gen)]
-    if running:
+    if waiting:
+        conds.append(st.condition("Progressing", True, "CatchingUp", waiting[:1000], now=now, generation=gen))
+    elif running:
         conds.append(st.condition("Progressing", True, "Training", "learners and buffers are running", now=now,
                                   generation=gen))
     else:
@@ -223,9 +279,11 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
             return None  # ended meanwhile (another tick): the next tick counts the final reports
         if cur.get("phase") == st.SUSPENDED:
             return None  # suspended meanwhile
+        ledger = Ledger(cur)  # from the status this write is computed from: nothing counted twice
+        ledger.observe(pods, expected)
         fields: dict[str, Any] = {"groups": groups, "actors": actors, "phase": st.RUNNING if running else st.PENDING,
                                   "conditions": st.set_conditions(cur.get("conditions"), *conds),
-                                  "restarts": restarts, **_scale_status(name, groups)}
+                                  **ledger.fields(), **_scale_status(name, groups)}
         if not cur.get("activeSince"):  # a job created by an older operator
             fields["activeSince"] = st.iso(now)
         if running and not cur.get("startTime"):
@@ -233,6 +291,33 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, p
         if cur.get("startTime") or running:
             fields.update(counted_fields(acc, {**cur, **fields}, now))
         return fields
+
+    await update_status(op, ns, name, compute)
+
+
+async def _after_end(op: Operator, body: Any, resolved: Any, pods: list[dict], acc: Any, now: float) -> None:
+    """An ended job: no phase or condition changes, nothing healed or scaled up; cleanPodPolicy
+    holds (again: the operator may have stopped between the end and its clean-up); only the
+    final counts of the pods still stopping, and groups/actors as they really are (0 actors
+    once they are scaled away)."""
+    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
+    topo = resolved.spec.topology
+    sets = await actor_sets(op, ns, name, topo.groups)
+    _, scaled = await clean_up(op, ns, name, resolved, pods, run_policy_of(body, resolved).clean_pod_policy, sets)
+    if scaled:
+        sets = await actor_sets(op, ns, name, topo.groups)
+    groups, actors = st.summarize(topo, pods, sets, b.LABEL_ROLE, b.LABEL_GROUP)
+    for e in groups:  # desired after the end: the pods that are left
+        for role in ("learners", "buffers"):
+            e[role]["desired"] = sum(1 for p in _role_pods(pods, role[:-1]) if not _deleting(p) and
+                                     p["metadata"]["labels"].get(b.LABEL_GROUP) == str(e["group"]))
+
+    def compute(fresh: dict) -> Optional[dict]:
+        cur = fresh.get("status") or {}
+        if cur.get("phase") not in st.TERMINAL:
+            return None
+        return {**(final_counted_fields(acc, cur, now) or {}), "groups": groups, "actors": actors,
+                **_scale_status(name, groups)}
 
     await update_status(op, ns, name, compute)
 

@@ -28,6 +28,9 @@ RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
     # learners' checkpoints (spec.checkpoint.size)
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
+    # cluster-scoped, read only: whether the cluster has a default StorageClass (state.py: where
+    # learner state lives by default)
+    {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["list"]},
     # secrets: the job's CurveZMQ key pair (builders.curve_secret), created once.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # pods: watched for the final reports in their termination messages.

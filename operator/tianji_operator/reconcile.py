@@ -19,6 +19,7 @@ from tianji.control.userenv import missing_spaces
 
 from . import builders as b
 from . import hostports as hp
+from . import state
 from . import status as st
 from .children import creation_refused, delete_role_pods, refused_for_good
 from .context import Operator, actor_sets, adopt, is_mutable, manifest_of, read_applied, spec_error_message, update_status
@@ -29,7 +30,12 @@ from .kube import ApiError
 async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger, handler: str) -> None:
     meta = body["metadata"]
     name, ns, gen = meta["name"], meta.get("namespace"), meta.get("generation")
-    status = dict(body.get("status") or {})
+    # The live status, not the handler's copy: a resume or update handler may carry a body from
+    # before the job ended, and acting on it would bring an ended job's actors back.
+    fresh = await op.kube.get("TianJiJob", ns, name)
+    if fresh is None:
+        return
+    status = dict(fresh.get("status") or {})
     now = op.now()
     cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
 
@@ -99,6 +105,7 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         except (PlanError, SpecError, ValueError) as e:
             return await refuse("PlanFailed", str(e))
         plan_json = plan_record = st.camel_keys(plan.to_json())
+        plan_json["stateVolume"] = await state.decide(op, resolved)  # where learner state lives, for good
 
     host_block: Optional[PortBlock] = None  # hostNetwork: the job's node ports (tianji.control.ports)
     if resolved.spec.network.host_network:
@@ -170,12 +177,14 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         kopf.warn(body, reason="ApiError", message=str(e)[:500])
         raise kopf.TemporaryError(str(e), delay=op.config.handler_backoff)
 
-    planned = [st.condition("Planned", True, "Planned", _plan_summary_from(plan_record), now=now, generation=gen),
+    planned = [st.condition("Planned", True, "Planned", _plan_summary_from(plan_record, desired), now=now,
+                            generation=gen),
                st.condition("Failed", False, "SpecValid", "the spec is valid and planned", now=now,
-                            generation=gen)]
+                            generation=gen),
+               state.condition(resolved, plan_record, now, gen)]
     starting = [st.condition("Ready", False, "PodsStarting", "waiting for the pods", now=now, generation=gen),
                 st.condition("Progressing", True, "Starting", "creating pods", now=now, generation=gen)]
-    why = "runPolicy.suspend is true: pods deleted, checkpoints and counts kept"
+    why = state.suspend_message(resolved, plan_record)
     suspended_conds = [st.condition("Suspended", True, "Suspended", why, now=now, generation=gen),
                        st.condition("Ready", False, "Suspended", why, now=now, generation=gen),
                        st.condition("Progressing", False, "Suspended", why, now=now, generation=gen)]
@@ -191,6 +200,8 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
             return fields  # a job that ran and ended keeps its final phase and conditions
         fields["observedGeneration"] = gen
         conds = list(planned)
+        if suspended != (cur.get("phase") == st.SUSPENDED):
+            fields["podsSeen"] = {}  # pods the operator deletes or re-creates itself are no disruption
         if suspended:
             fields["phase"] = st.SUSPENDED
             conds += suspended_conds
@@ -219,10 +230,14 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         kopf.info(body, reason="Updated", message="applied the changed mutable fields")
 
 
-def _plan_summary_from(plan_json: Optional[dict]) -> str:
+def _plan_summary_from(plan_json: Optional[dict], desired: Optional[dict[int, int]] = None) -> str:
+    """The plan in words, with the actors the groups have now (a /scale or spec edit changes them)."""
     if not plan_json:
         return "planned"
     p = plan_json
-    return (f"{p['groups']} group(s) x ({p['actors']} actors, {p['buffers']} buffers, {p['learners']} learners); "
+    now = sorted(set((desired or {}).values()))
+    actors = f"{p['actors']} actors" if not now or now == [p["actors"]] else (
+        f"{'/'.join(map(str, now))} actors (planned {p['actors']})")
+    return (f"{p['groups']} group(s) x ({actors}, {p['buffers']} buffers, {p['learners']} learners); "
             f"{p['cpusUsed']:g} cores, {p['gpusUsed']} GPUs; predicted {p['producedFps']:.0f} frames/s produced, "
             f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")

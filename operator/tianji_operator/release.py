@@ -20,7 +20,7 @@ import time
 from typing import Callable, Optional
 
 from .context import FINALIZER, RELEASED
-from .kube import ApiError, KubeClient
+from .kube import ApiError, KubeClient, in_cluster_login
 
 log = logging.getLogger("tianji.operator.release")
 
@@ -88,7 +88,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     def login():
         settings = kopf.OperatorSettings()
-        return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+        return in_cluster_login(settings) or kopf.login_with_kubeconfig(settings=settings)
 
     async def run() -> dict:
         kube = KubeClient(login)

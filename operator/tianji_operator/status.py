@@ -1,7 +1,7 @@
 """TianJiJob `.status`: phase, conditions, replicas per group — pure functions.
 
     phase               Pending | Running | Suspended | Succeeded | Failed
-    conditions[]        type (Planned, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed), status, reason,
+    conditions[]        type (Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed), status, reason,
                         message, lastTransitionTime (changes only when status flips), observedGeneration
     observedGeneration  the metadata.generation the operator last reconciled
     plan                the planner's output (topology, per-role requests, predictions)
@@ -12,7 +12,9 @@
                         tianji.control.accounting's view (summary.json's numbers, camelCase)
     accounting          the accounting's state (an operator restart continues from it)
     autoscale           lastRescaleTime, lastDecision, lastEvaluation
-    restarts            container restarts of the job's pods (runPolicy.backoffLimit)
+    restarts            container restarts of the job's pods (runPolicy.backoffLimit); restarts.py
+    restartsByRole, podsSeen  restarts and pod re-creations by role, and what was counted of each pod
+    model[]             each learner's newest checkpoint (after the end: the one written as it stopped)
     activeSince         creation or last resume (runPolicy.activeDeadlineSeconds counts from it)
     startTime, completionTime
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Iterable, Optional
 
-CONDITION_TYPES = ("Planned", "Ready", "Progressing", "Rescaled", "Suspended", "Succeeded", "Failed")
+CONDITION_TYPES = ("Planned", "Durable", "Ready", "Progressing", "Rescaled", "Suspended", "Succeeded", "Failed")
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 SUSPENDED = "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)

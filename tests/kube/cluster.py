@@ -24,6 +24,9 @@ from .operator_harness import JOBS, NAMESPACE, RunningOperator, start_cluster
 from .prometheus import PrometheusServer
 from .statefulset import StatefulSetController
 
+DEFAULT_STORAGE_CLASS = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "tianji.test/local",
+                         "metadata": {"name": "standard", "annotations": {
+                             "storageclass.kubernetes.io/is-default-class": "true"}}}
 # How the operator starts workers here: this interpreter, with the test's PYTHONPATH (the image's).
 WORKER_COMMAND = [sys.executable, "-m", "tianji.cli", "worker"]
 
@@ -32,9 +35,10 @@ class PodCluster:
     """The emulator + `Kubelet` + `StatefulSetController` (+ `PrometheusServer`) + `RunningOperator`."""
 
     def __init__(self, root: Path, *, prometheus: bool = False, operator: Optional[dict] = None,
-                 kubelet: Optional[dict] = None):
+                 kubelet: Optional[dict] = None, default_storage_class: bool = True):
         self.root = Path(root)
         self.want_prometheus = prometheus
+        self.default_storage_class = default_storage_class  # as kind, minikube and cloud clusters have
         self.operator_config = {"worker_command": WORKER_COMMAND, "monitor_interval": 0.5, "autoscale_tick": 0.5,
                                 "handler_backoff": 0.5, "http_timeout": 3.0, **(operator or {})}
         self.kubelet_config = {"backoff_base": 1.0, "backoff_max": 10.0, "probe_period_cap": 1.0, **(kubelet or {})}
@@ -49,6 +53,8 @@ class PodCluster:
     async def __aenter__(self) -> "PodCluster":
         try:
             self.kube = await start_cluster(self._stack)
+            if self.default_storage_class:
+                await self.kube.put_object("storage.k8s.io/v1/storageclasses", DEFAULT_STORAGE_CLASS)
             self.kubelet = await self._stack.enter_async_context(
                 Kubelet(self.kube, self.root / "node", **self.kubelet_config))
             self.statefulsets = await self._stack.enter_async_context(StatefulSetController(self.kube))

@@ -60,6 +60,8 @@ is what a cluster would store:
 * watch: events after `?resourceVersion` from the event log, then live;
   without one, synthetic ADDED for what exists; `timeoutSeconds` honoured;
   a watch whose client went away ends (no lingering handler task);
+* `/scale` (StatefulSets, CRDs that declare it) answers an autoscaling/v1 `Scale`, as the
+  API server does, not the object;
 * `/api/v1/namespaces[/NAME]` addresses Namespaces (kmock 0.8 parses
   "namespaces" there as a namespace prefix and answers 500).
 
@@ -104,6 +106,7 @@ CORE = {
     "v1/services": ("Service", True, {"status"}),
     "v1/configmaps": ("ConfigMap", True, set()),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, {"status"}),
+    "storage.k8s.io/v1/storageclasses": ("StorageClass", False, set()),
     "v1/secrets": ("Secret", True, set()),
     "v1/events": ("Event", True, set()),
     "apps/v1/statefulsets": ("StatefulSet", True, {"status", "scale"}),
@@ -486,6 +489,31 @@ class KubeEmulator(kmock.KubernetesEmulator):
         node[leaf] = (new.get("spec") or {}).get("replicas")
         return merged
 
+    def _scale_of(self, res, obj: dict) -> dict:
+        """The autoscaling/v1 Scale the API server serves at /scale: replicas from the object's
+        spec/status paths (a CRD's scale subresource, else spec.replicas/status.replicas) and
+        the label selector as a string."""
+        paths = self._scale_paths.get(res) or {"specReplicasPath": ".spec.replicas",
+                                               "statusReplicasPath": ".status.replicas"}
+
+        def at(path: Optional[str]) -> Any:
+            node: Any = obj
+            for part in (path or "").lstrip(".").split(".") if path else []:
+                node = node.get(part) if isinstance(node, dict) else None
+            return node if path else None
+
+        selector = at(paths.get("labelSelectorPath"))
+        if res not in self._scale_paths:  # built-in kinds: spec.selector.matchLabels
+            labels = ((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+            selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or None
+        meta = obj.get("metadata") or {}
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                             if k in meta},
+                "spec": {"replicas": int(at(paths["specReplicasPath"]) or 0)},
+                "status": {"replicas": int(at(paths["statusReplicasPath"]) or 0),
+                           **({"selector": selector} if isinstance(selector, str) else {})}}
+
     def _decode(self, res, obj: dict, namespace: Optional[str], w: Write) -> None:
         """Decoding the body: a custom resource loses what its schema does not declare; a
         built-in object fails on a quantity that does not parse."""
@@ -703,6 +731,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         method = request.method
         mutating = request.action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE) or (
             method == enums.method.PUT and request.name)
+        if not mutating and request.subresource == "scale" and request.name and res in self.resources:
+            obj = self.obj(res, request.namespace, request.name)
+            if obj is None:
+                raise kmock.KubernetesObjectNotFoundError()
+            return aiohttp.web.json_response(self._scale_of(res, obj))
         if not mutating:
             return await super()._handle(request)
         if res not in self.resources:
@@ -718,6 +751,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             status, out = self._write(request, w)
             for text in w.warnings:
                 self.warnings.append(Warned(resource_key(res), request.namespace, _name_of(out), text, w.agent))
+            if request.subresource == "scale":  # the API server answers /scale with a Scale, not the object
+                out = self._scale_of(res, out)
             headers = multidict.CIMultiDict(("Warning", f"299 - {json.dumps(text)}") for text in w.warnings)
             return aiohttp.web.json_response(out, status=status, headers=headers)
 

@@ -8,6 +8,13 @@ from typing import Any, Optional
 import aiohttp.web
 
 
+# metric in a query -> (FakePrometheus.values key, "one" value or "vec"tor by group)
+QUERIED = {"tianji_policy_lag_sum": ("policy_lag", "one"), "tianji_episode_return_mean": ("mean_return", "one"),
+           "tianji_policy_version": ("policy_version", "one"), "tianji_env_frames_total": ("produced", "vec"),
+           "tianji_samples_received_total": ("received", "vec"), "tianji_samples_consumed_total": ("consumed", "vec"),
+           "tianji_learner_capacity_sps": ("capacity", "vec")}
+
+
 class FakePrometheus:
     """Answers instant PromQL queries (`/api/v1/query`) from per-group numbers set by the test.
 
@@ -31,20 +38,11 @@ class FakePrometheus:
         def one(v):
             return [] if v is None else [{"metric": {}, "value": [0, str(v)]}]
 
-        if "tianji_policy_lag_sum" in q:
-            return one(self.values["policy_lag"])
-        if "tianji_episode_return_mean" in q:
-            return one(self.values["mean_return"])
-        if "tianji_policy_version" in q:
-            return one(self.values["policy_version"])
-        if "tianji_env_frames_total" in q:
-            return vec(self.values["produced"]) if "rate(" in q else one(self.values["frames_total"])
-        if "tianji_samples_received_total" in q:
-            return vec(self.values["received"])
-        if "tianji_samples_consumed_total" in q:
-            return vec(self.values["consumed"])
-        if "tianji_learner_capacity_sps" in q:
-            return vec(self.values["capacity"])
+        if "tianji_env_frames_total" in q and "rate(" not in q:
+            return one(self.values["frames_total"])
+        for metric, (key, shape) in QUERIED.items():
+            if metric in q:
+                return (vec if shape == "vec" else one)(self.values[key])
         return []
 
     async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:

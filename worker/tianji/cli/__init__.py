@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tianji.control.addressing import ROLES
 from tianji.control.plan import PlanError
 from tianji.control.spec import SpecError
+from tianji.runtime.worker import add_arguments as worker_arguments
 
 
 def _run(a: argparse.Namespace) -> int:
@@ -109,13 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=_run)
 
     w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")
-    w.add_argument("--role", required=True, choices=list(ROLES))
-    w.add_argument("--group", type=int, default=0)
-    w.add_argument("--index", default="0", help="index in the group, or 'auto' (from the StatefulSet hostname)")
-    w.add_argument("--job", required=True, help="TianJiJob manifest (YAML)")
-    w.add_argument("--run-dir", help="local engine: ipc sockets live here; absent: Kubernetes DNS + tcp")
-    w.add_argument("--report", help="endpoint for heartbeats and metric reports (local launcher)")
-    w.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    worker_arguments(w)
     w.set_defaults(fn=_worker)
 
     pl = sub.add_parser("plan", help="size a job with the balance planner")

@@ -1,8 +1,9 @@
 """`tianji plan JOB.yaml --cpus M [--gpus G] [--nodes K --cpus-per-node C] [--profile FILE] [--json]`.
 
 Loads the job and an optional profile (from `tianji profile`; otherwise the
-built-in estimates), runs the balance planner and prints a table, or the plan
-as JSON. Infeasible inputs print the planner's message on stderr and exit 2.
+built-in estimates), runs the balance planner and prints a table, the runners-up
+(plans it considered and why they lost), or the plan as JSON. Infeasible inputs
+print the planner's message on stderr and exit 2.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import argparse
 import json
 import sys
 
-from tianji.control.plan import Plan, PlanError, default_profile, load_profile, plan, plan_on_host
+from tianji.control.onhost import plan_on_host
+from tianji.control.plan import Plan, PlanError, default_profile, load_profile, plan
 from tianji.control.spec import load_job
 
 
@@ -18,26 +20,29 @@ def _fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.2f}"
 
 
-def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int, host: dict | None = None) -> None:
-    from rich.console import Console
+def _fmt_times(x) -> str:
+    return "never" if x is None else f"x{x:.2f}"
+
+
+def _roles_table(name: str, p: Plan):
     from rich.table import Table
 
     t = Table(title=f"tianji plan: {name}")
     t.add_column("", style="bold")
-    t.add_column("actor", justify="right")
-    t.add_column("buffer", justify="right")
-    t.add_column("learner", justify="right")
+    for role in ("actor", "buffer", "learner"):
+        t.add_column(role, justify="right")
     t.add_row("processes per group", str(p.actors), str(p.buffers), str(p.learners))
     t.add_row("cores per process", f"{p.actor.cpu:g}", f"{p.buffer.cpu:g}", f"{p.learner.cpu:g}")
     t.add_row("GPUs per process", str(p.actor.gpu), str(p.buffer.gpu), str(p.learner.gpu))
     t.add_row("memory per process", p.actor.memory, p.buffer.memory, p.learner.memory)
     t.add_row("torch threads", str(p.actor.threads), str(p.buffer.threads), str(p.learner.threads))
-    s = Table(show_header=False, box=None)
-    s.add_column(style="bold")
-    s.add_column()
-    for k, v in [
+    return t
+
+
+def _summary_rows(p: Plan, source: str, cpus: float, gpus: int, host: dict | None) -> list[tuple[str, str]]:
+    rows = [
         ("given", f"{cpus:g} cores, {gpus} GPUs; profile: {source}"),
-        ("groups", str(p.groups)),
+        ("groups", f"{p.groups} (links: within a group {p.group_link}, between groups {p.sync_link})"),
         ("cores / GPUs used", f"{p.cpus_used:g} / {p.gpus_used}"),
         ("batch size", str(p.batch_size)),
         ("produced (frames/s)", _fmt_rate(p.produced_fps)),
@@ -50,16 +55,51 @@ def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int, host: 
         ("efficiency", f"{p.efficiency:.2f} (batch growth x{(1 + p.groups * p.learners) / 2:g}, lag); "
                        f"effective {_fmt_rate(p.effective_sps)} samples/s"),
         ("learner curve", f"measured at 1..{p.learner_threads_measured} threads; this learner: "
-                          f"{p.learner.cpu:g} cores"
-                          + (" (GPU)" if p.learner.gpu else "")),
+                          f"{p.learner.cpu:g} cores" + (" (GPU)" if p.learner.gpu else "")),
         ("extrapolated", "; ".join(p.extrapolated) or "nothing: every term within the measured range"),
-    ] + ([("on one shared host", f"(tianji run: roles take turns) produced {_fmt_rate(host['produced_fps'])} "
-                                 f"frames/s, consumed {_fmt_rate(host['consumed_sps'])} samples/s, "
-                                 f"{host['bottleneck']}")] if host else []):
+    ]
+    if p.min_marginal_gain is not None:
+        x = p.min_marginal_gain
+        rows.append(("budget rule", f"minMarginalGain {x:g}: k x the resources must buy >= k^{x:g} x the "
+                                    f"effective progress (2x: {2 ** x - 1:+.0%})"))
+    if host:
+        rows.append(("on one shared host", f"(tianji run: roles take turns, groupSync {host['group_sync']}) "
+                                           f"produced {_fmt_rate(host['produced_fps'])} frames/s, consumed "
+                                           f"{_fmt_rate(host['consumed_sps'])} samples/s, {host['bottleneck']}"))
+    return rows
+
+
+def _runners_up_table(p: Plan):
+    from rich.table import Table
+
+    t = Table(title="runners-up: plans considered and why they lost (time to target relative to the plan)")
+    for col, just in (("groups x (actors, buffers, learners)", "left"), ("cores / GPUs", "right"),
+                      ("effective /s", "right"), ("efficiency", "right"),
+                      ("time to target", "right"), ("why it lost", "left")):
+        t.add_column(col, justify=just, no_wrap=True)
+    for r in p.runners_up:
+        topo = r["topology"]
+        t.add_row(f"{topo['groups']} x ({topo['actors']}, {topo['buffers']}, {topo['learners']}), "
+                  f"{r['learner_cpu']:g}-core learner" + (" + GPU" if r["learner_gpu"] else ""),
+                  f"{r['cpus_used']:g} / {r['gpus_used']}", _fmt_rate(r["effective_sps"]),
+                  f"{r['efficiency']:.2f}", _fmt_times(r["time_to_target_vs_plan"]), r["lost"])
+    return t
+
+
+def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int, host: dict | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = Table(show_header=False, box=None)
+    s.add_column(style="bold")
+    s.add_column()
+    for k, v in _summary_rows(p, source, cpus, gpus, host):
         s.add_row(k, v)
-    c = Console()
-    c.print(t)
+    c = Console(width=max(Console().width, 200))
+    c.print(_roles_table(name, p))
     c.print(s)
+    if p.runners_up:
+        c.print(_runners_up_table(p))
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -83,7 +123,8 @@ def plan_command(args: argparse.Namespace) -> int:
     host = None
     if (args.nodes or 1) == 1 and not result.learner.gpu:
         h = plan_on_host(job, result, profile, float(args.cpus))
-        host = {k: h[k] for k in ("produced_fps", "consumed_sps", "bottleneck", "actor_share", "learner_share")}
+        host = {k: h[k] for k in ("produced_fps", "consumed_sps", "bottleneck", "actor_share", "learner_share",
+                                  "group_sync")}
     if args.json:
         out = result.to_json()
         out["profile"] = profile.to_json()

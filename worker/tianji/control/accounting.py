@@ -24,10 +24,10 @@ Torch-free and numpy-free: the operator image imports it.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+import dataclasses
 from typing import Any, Optional
 
-from tianji.control.report import ROLES, WINDOW, Report, ReportError
+from tianji.control.report import REPORT_VERSION, ROLES, WINDOW, Report, ReportError, parse_report, report_doc
 
 # job total -> (role whose counter it is, counter); bytes_sent sums every role.
 TOTALS = {
@@ -41,6 +41,7 @@ RATE_KEYS = {"env_frames": "produced_fps", "received": "received_fps", "consumed
 
 RATE_WINDOW_S = 5.0
 MAX_GONE = 1024  # replaced incarnations remembered (to recognise their late reports)
+STATE_VERSION = 2
 
 
 # ----------------------------------------------------------------- accounting
@@ -58,31 +59,15 @@ def _merge_lag(parts: list[dict]) -> dict[str, Optional[float]]:
             "max": float(max(x["max"] for x in parts))}
 
 
-@dataclass
-class Proc:
-    """The newest report of one live (or last seen) incarnation of a role process."""
-
-    incarnation: str
-    started: float
-    seq: int
-    group: int
-    counts: dict[str, float]
-    reasons: dict[str, dict[str, float]]
-    gauges: dict[str, float]
-    lag: dict[str, Any]
-    episodes_total: int
-    extra: dict[str, Any]
-    final: bool = False
-    role: str = ""
-
-
 class Accounting:
     """Reports in, job numbers out. `state()` / `Accounting(state)` persist it (the operator
     keeps it in the TianJiJob status, so an operator restart loses nothing)."""
 
     def __init__(self, state: Optional[dict] = None):
-        self.procs: dict[tuple[str, int, int], Proc] = {}  # the current incarnation of each process
-        self.gone: dict[str, Proc] = {}  # incarnations replaced (their counts are in `retired`)
+        # The newest report held of each process's current incarnation, and of the incarnations
+        # replaced (their counts are in `retired`); held without their episodes (counted on intake).
+        self.procs: dict[tuple[str, int, int], Report] = {}
+        self.gone: dict[str, Report] = {}
         self.retired: dict[tuple[str, int], dict[str, float]] = {}  # (role, group) -> counts
         self.retired_reasons: dict[str, dict[str, float]] = {}
         self.retired_lag: dict[str, Any] = {"count": 0, "sum": 0.0, "min": None, "max": None}
@@ -147,12 +132,11 @@ class Accounting:
         return {"interval_seconds": spec and spec.interval_seconds, "episodes_per_eval": spec and spec.episodes,
                 "count": self.evals, "last": self.eval_last, "best_return_mean": self.eval_best}
 
-    def _proc(self, r: Report) -> "Proc":
-        return Proc(r.incarnation, r.started, r.seq, r.group, dict(r.counts),
-                    {k: dict(v) for k, v in r.reasons.items()}, dict(r.gauges), dict(r.lag), r.episodes_total,
-                    dict(r.extra), r.final, r.role)
+    @staticmethod
+    def _proc(r: Report) -> Report:
+        return dataclasses.replace(r, recent=[])
 
-    def _advance(self, held: "Proc", report: Report, retired: bool) -> bool:
+    def _advance(self, held: Report, report: Report, retired: bool) -> bool:
         if report.seq <= held.seq:
             return False
         new_eps = report.episodes_total - held.episodes_total
@@ -190,7 +174,7 @@ class Accounting:
         bisect.insort(self.window, (float(ep[0]), float(ep[1])))
         del self.window[:-WINDOW]
 
-    def _retire(self, role: str, p: "Proc") -> None:
+    def _retire(self, role: str, p: Report) -> None:
         """Fold an incarnation that is gone into the retired totals (and remember it)."""
         _add(self.retired.setdefault((role, p.group), {}), p.counts)
         for name, by in p.reasons.items():
@@ -305,14 +289,18 @@ class Accounting:
 
     # -------------------------------------------------------------- persistence
     def state(self) -> dict:
-        """JSON-able; restores counts, episodes and lag exactly (not the rate history)."""
-        return {"v": 1, "episodesTotal": self.episodes_total, "window": [list(e) for e in self.window],
+        """JSON-able; restores counts, episodes, lag and each process's gauges exactly (not the
+        rate history). A held report is kept as the report itself (report.report_doc), so that
+        restoring it validates it as any report is validated; a replaced incarnation's without
+        gauges and extras, which nothing reads (the status must stay small)."""
+        return {"v": STATE_VERSION, "episodesTotal": self.episodes_total, "window": [list(e) for e in self.window],
                 "retired": [{"role": r, "group": g, "counts": c} for (r, g), c in sorted(self.retired.items())],
                 "retiredReasons": self.retired_reasons, "retiredLag": self.retired_lag, "rejected": self.rejected,
                 "eval": {"count": self.evals, "last": self.eval_last, "best": self.eval_best,
                          "seen": dict(self._eval_seen)},
-                "procs": [{"index": i, **_proc_state(p)} for (r, g, i), p in sorted(self.procs.items())],
-                "gone": [_proc_state(p) for p in sorted(self.gone.values(), key=lambda p: p.started)]}
+                "procs": [report_doc(p) for _, p in sorted(self.procs.items())],
+                "gone": [report_doc(dataclasses.replace(p, gauges={}, extra={}))
+                         for p in sorted(self.gone.values(), key=lambda p: p.started)]}
 
     def _load(self, s: dict) -> None:
         try:
@@ -329,26 +317,24 @@ class Accounting:
             self.eval_last = dict(ev["last"]) if ev.get("last") else None
             self.eval_best = None if ev.get("best") is None else float(ev["best"])
             self._eval_seen = {str(k): int(v) for k, v in (ev.get("seen") or {}).items()}
-            for p in s.get("procs", []):
-                self.procs[(p["role"], int(p["group"]), int(p["index"]))] = _proc_from_state(p)
-            for p in s.get("gone", []):
-                self.gone[p["incarnation"]] = _proc_from_state(p)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            held = parse_report if s.get("v") == STATE_VERSION else _from_v1
+            for doc in s.get("procs", []):
+                p = held(doc)
+                self.procs[p.key] = p
+            for doc in s.get("gone", []):
+                p = held(doc)
+                self.gone[p.incarnation] = p
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # ReportError is a ValueError
             raise ReportError(f"accounting state unreadable: {type(e).__name__}: {e}") from None
 
 
-def _proc_state(p: Proc) -> dict:
-    return {"role": p.role, "group": p.group, "incarnation": p.incarnation, "started": p.started, "seq": p.seq,
-            "counts": p.counts, "reasons": p.reasons, "lag": p.lag, "episodesTotal": p.episodes_total,
-            "version": int(p.extra.get("version", 0) or 0), "final": p.final}
-
-
-def _proc_from_state(p: dict) -> Proc:
-    return Proc(p["incarnation"], float(p.get("started", 0.0)), int(p["seq"]), int(p["group"]),
-                {k: float(v) for k, v in p["counts"].items()},
-                {k: {r: float(v) for r, v in by.items()} for k, by in p.get("reasons", {}).items()}, {},
-                dict(p.get("lag", {})), int(p.get("episodesTotal", 0)), {"version": int(p.get("version", 0))},
-                bool(p.get("final")), p["role"])
+def _from_v1(p: dict) -> Report:
+    """A held process as state version 1 kept it (written before v2: no gauges, the version only)."""
+    return parse_report({"v": REPORT_VERSION, "role": p["role"], "group": p["group"], "index": p.get("index", 0),
+                         "incarnation": p["incarnation"], "started": p.get("started", 0.0), "seq": p["seq"],
+                         "final": bool(p.get("final")), "counts": p["counts"], "reasons": p.get("reasons", {}),
+                         "lag": p.get("lag", {}), "episodes_total": p.get("episodesTotal", 0),
+                         "extra": {"version": int(p.get("version", 0))}})
 
 
 def _merge_lag_raw(a: dict, b: dict) -> dict:

@@ -1,6 +1,6 @@
 """The planner's cost terms (paper §3.3): learner curve, all-reduce, links, time to target.
 
-Pure functions over a `plan.Profile`; `plan._predict` combines them into one
+Pure functions over a `profile.Profile`; `prediction.predict` combines them into one
 learner update's critical path. Notation as in plan.py, plus
 
     P        parameter bytes per publish (PUB sends one copy per subscribed actor)
@@ -39,7 +39,7 @@ Link time of one update (the busiest process's link; latency once):
     buffer:   (B/r·b_s + B·b_batch)·n_l/n_b                     bytes
     T_net   = max(learner, buffer)/bw + λ
 
-Roles sharing one host (`tianji run`; plan.predict_on_host): actors and learners take
+Roles sharing one host (`tianji run`; onhost.predict_on_host): actors and learners take
 turns, and so do synchronised groups (host_turns below, a measured rule): per batch
 
     T = max(g·(T_A(a) + T_learn(l)), T_C)
@@ -54,13 +54,12 @@ effective batch and, for on-policy learning, with policy lag. Stated rule:
             E = E_min·(1 + B/B_noise); we take the spec's batch as tuned near B_noise,
             and the learning rate is not scaled with W)
     lag:    PPO: 1 + LAG_COST·max(0, lag − 1);  DQN: 1 (off-policy by design)
-    time to target ∝ batch·lag / consumed   ⇒   maximise efficiency·consumed,
+    time to target ∝ batch·lag / consumed = 1/E,  E = efficiency·consumed (effective progress),
             efficiency = 1 / (batch·lag).
 
 With B_c = B, W synchronised learners buy at most 2× in time to target, and
-only while A(W)·k is small beside the update's compute: the planner therefore
-proposes several synchronised groups only when a single learner is capped (the
-thread curve is flat) and the all-reduce is cheap.
+only while A(W)·k is small beside the update's compute; what a plan may spend for
+it is the budget rule's call (objective.py, spec.plan.minMarginalGain).
 
 Group sync (spec.topology.groupSync, `group_sync_terms`). In `allreduce` mode all
 g·n_l learners share each gradient step: W = g·n_l in A(W). In `average` mode a
@@ -229,7 +228,7 @@ def host_turns(cores: float, actors: int, buffers: int, learners: int, learner_t
     processes): every gradient step ends in an all-reduce that waits for all ranks, and the
     groups' turns were measured to add up, not overlap (2 groups of 1 actor, 1 buffer and 1
     learner on 2 cores consumed 14,972 samples/s, one group 21,702), so g groups take
-    T = g·(T_A + T_learn) per batch of each (plan._predict with turns=g). Averaging groups
+    T = g·(T_A + T_learn) per batch of each (prediction.predict with turns=g). Averaging groups
     (groupSync average) never wait for each other: the arguments are then all groups'
     processes, which share each phase, and each group takes T = T_A + T_learn.
     """

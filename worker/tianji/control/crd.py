@@ -281,7 +281,8 @@ def status_schema() -> dict:
         "type": "object",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string", "description": "Planned, Ready, Progressing, Rescaled, Suspended, Succeeded or Failed"},
+            "type": {"type": "string", "description": "Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded "
+                                                               "or Failed"},
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string"},
             "message": {"type": "string"},
@@ -330,7 +331,21 @@ def status_schema() -> dict:
                                          "slots": {"type": "integer", "description": "groups x buffers"},
                                          "dataPorts": {"type": "string"}, "metricsPorts": {"type": "string"},
                                          "pinned": {"type": "boolean"}}},
-            "restarts": {**count, "description": "container restarts of the job's pods (runPolicy.backoffLimit)"},
+            "restarts": {**count, "description": "container restarts of the job's pods (runPolicy.backoffLimit); "
+                                                 "kept across operator restarts"},
+            "restartsByRole": {"type": "object", "description": "by role: container restarts and pods re-created "
+                               "(deleted, evicted or stopped while the job ran)",
+                               "additionalProperties": {"type": "object", "properties": {
+                                   "containers": count, "pods": count}}},
+            "podsSeen": {"type": "object", "description": "what restarts counted of each pod (uid, restarts), so "
+                         "that the next tick, or the next operator, adds only what is new",
+                         "additionalProperties": {"type": "object", "properties": {
+                             "uid": {"type": "string"}, "restarts": count}}},
+            "model": {"type": "array", "description": "each learner's newest checkpoint as it named it; after the "
+                      "end, the one it wrote as it stopped (final: true): the job's trained model",
+                      "items": {"type": "object", "properties": {
+                          "learner": {"type": "string"}, "checkpoint": {"type": "string"},
+                          "policyVersion": count, "final": {"type": "boolean"}}}},
             "activeSince": {"type": "string", "format": "date-time",
                             "description": "creation or last resume: runPolicy.activeDeadlineSeconds counts from here"},
             "startTime": {"type": "string", "format": "date-time"},

@@ -128,6 +128,14 @@ def build_report(*, job: str, role: str, group: int, index: int, incarnation: st
             "recent": [episode(t, r) for t, r in recent[-MAX_EPISODES_PER_REPORT:]], "extra": extra}
 
 
+def report_doc(r: Report, job: str = "") -> dict:
+    """A parsed report as the dict it came from: `parse_report(report_doc(r)) == r` (with `job`)."""
+    snapshot = {"counts": r.counts, "reasons": r.reasons, "gauges": r.gauges, "lag": r.lag}
+    return build_report(job=job, role=r.role, group=r.group, index=r.index, incarnation=r.incarnation, pid=r.pid,
+                        started=r.started, seq=r.seq, time=r.time, final=r.final, snapshot=snapshot,
+                        episodes_total=r.episodes_total, recent=r.recent, extra=r.extra)
+
+
 def episode(t: float, r: float) -> list[float]:
     """One recent episode as every report carries it: finish time to 0.01 s, return to 6
     significant digits. Rounded at the source, so that a scraped report and the compact

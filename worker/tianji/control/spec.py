@@ -321,9 +321,9 @@ class ModelConfig(_Model):
     encoder: Literal["auto", "mlp", "nature_cnn"] = "auto"
     actor_precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="actors' inference precision. bfloat16 (opt-in) runs the policy from a bf16 copy "
-                               "of the parameters, ~1.5-2x faster on CPUs with bf16 dot products; the stored "
+                               "of the parameters (faster where the CPU has bf16 dot products); the stored "
                                "behaviour log-probs are those of that bf16 policy, so the learner sees slightly "
-                               "off-policy data (README: Pong actor)")
+                               "off-policy data")
     entry_point: Optional[str] = Field(
         None, max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
         description="a user's torch module, module.path:Class, built as Class(observation_space, action_space, "
@@ -357,9 +357,7 @@ class GroupSync(_Model):
                     "updates (a non-blocking all-reduce, applied when it has completed, never waited on), so a "
                     "fast group never waits on a slow one. allreduce: every learner of every group in one "
                     "synchronous gradient all-reduce per step (one model, but every step waits for the slowest "
-                    "learner). Measured on CartPole PPO with 2 groups (README, bench/groupsync.py): average "
-                    "consumed 1.6-2.4x the samples/s of allreduce and reached the target on 4 of 4 seeds "
-                    "(allreduce 3 of 4), though on more frames. With one group both are the same")
+                    "learner). With one group both are the same")
     interval_updates: int = Field(20, ge=1, le=1_000_000,
                                   description="average mode: learner updates between cross-group averagings")
 
@@ -434,9 +432,17 @@ class StopConfig(_Model):
 
 
 class CheckpointConfig(_Model):
+    """Learner checkpoints (model, optimizer, policy version, counters), written every
+    intervalSeconds and as a learner stops. On Kubernetes they outlive the pod when they are on
+    a claim: persistentVolumeClaim, size, or by default one claim per learner pod from the
+    cluster's default StorageClass; with `ephemeral` (or no default class: status condition
+    Durable says so) they are in an emptyDir and a replaced learner starts over."""
+
     interval_seconds: float = Field(60.0, gt=0)
     keep: int = Field(3, ge=1, le=100)
-    # Kubernetes only: where learners keep checkpoints (default: an emptyDir, lost with the pod).
+    # Kubernetes only: where learners keep checkpoints. Default: one claim per learner pod from the
+    # cluster's default StorageClass (status condition Durable); an emptyDir only when asked
+    # (`ephemeral`) or when the cluster has no default class (then Durable is False and says so).
     persistent_volume_claim: Optional[str] = Field(
         None, min_length=1, max_length=253, json_schema_extra={"pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
         description="an existing PersistentVolumeClaim for the learners' checkpoints")
@@ -446,10 +452,14 @@ class CheckpointConfig(_Model):
                                                                               "cluster's default class)")
     access_mode: Literal["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"] = Field(
         "ReadWriteOnce", description="ReadWriteMany when learners may run on several nodes")
+    ephemeral: bool = Field(
+        False, description="Kubernetes: keep learner state in an emptyDir, lost with its pod (a replaced or "
+                           "resumed learner starts again from policy version 0). Default false: each learner "
+                           "pod gets a claim <job>-state-<pod> from the cluster's default StorageClass")
     replay_snapshot: bool = Field(
         False, description="DQN: each buffer also writes its replay (every intervalSeconds and on exit) and a "
                            "resumed buffer loads it, so training goes on without a new warm-up. Off by default: "
-                           "a snapshot is the whole ring (CartPole 1M transitions: 56 MB; Atari: GBs) and "
+                           "a snapshot is the whole ring (GBs for Atari) and "
                            "briefly doubles the buffer's memory while it is written")
 
     @field_validator("size")
@@ -464,6 +474,9 @@ class CheckpointConfig(_Model):
         if self.persistent_volume_claim and (self.size or self.storage_class_name):
             raise ValueError("persistentVolumeClaim names an existing claim: size and storageClassName are for "
                              "the claim the operator creates; set one or the other")
+        if self.ephemeral and (self.persistent_volume_claim or self.size):
+            raise ValueError("ephemeral keeps learner state in an emptyDir: persistentVolumeClaim and size "
+                             "name a claim; set one or the other")
         if self.storage_class_name and not self.size:
             raise ValueError("storageClassName needs size (the claim the operator creates)")
         if self.replay_snapshot and self.size and self.access_mode == "ReadWriteOncePod":
@@ -517,6 +530,18 @@ class Resources(_Model):
     learner: RoleResources = Field(default_factory=_learner_resources)
     evaluator: RoleResources = Field(default_factory=lambda: RoleResources(cpu=0.5, memory="1Gi"),
                                      description="the evaluator process (only with spec.evaluation)")
+
+
+class PlanConfig(_Model):
+    """The planner's budget rule (tianji.control.objective)."""
+
+    min_marginal_gain: float = Field(
+        0.5, ge=0, le=1,
+        description="topology: auto sizes the job no bigger than its predicted progress pays for: a plan using k "
+                    "times the resources (cores/M + GPUs/G) of a smaller one must predict at least k^x its "
+                    "effective progress (samples/s discounted by batch growth and policy lag; time to target is "
+                    "its inverse). 0.5 (default): doubling must buy at least 41 % more; 0: the most progress the "
+                    "budget buys; 1: the most per core")
 
 
 class Link(_Model):
@@ -722,8 +747,10 @@ class RunPolicy(_Model):
         "Running", description="at the end: Running deletes learner/buffer pods still running and scales "
                                "actors to 0; All deletes finished ones too; None keeps them")
     suspend: bool = Field(
-        False, description="true deletes the pods (checkpoints and counts are kept); false again resumes "
-                           "(Kubernetes Job / Kueue semantics)")
+        False, description="true deletes the pods; false again resumes (Kubernetes Job / Kueue semantics). "
+                           "Kept: the counts (in status) and the learners' checkpoints when they are on a claim "
+                           "(the default, see status condition Durable); with an emptyDir "
+                           "(checkpoint.ephemeral, or no default StorageClass) the learners start over")
 
 
 # Fields that moved: old name -> (new section, new name). Accepted on read (older manifests,
@@ -791,6 +818,7 @@ class JobSpec(_Model):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     resources: Resources = Field(default_factory=Resources)
+    plan: PlanConfig = Field(default_factory=PlanConfig, description="the planner's budget rule (topology: auto)")
     network: Network = Field(default_factory=Network)
     autoscale: Autoscale = Field(default_factory=Autoscale)
     image: str = Field("tianji-worker:0.1.0", min_length=1,

@@ -6,79 +6,55 @@ gives a run its meaning is tianji.control's, shared with the operator: the plan
 (`Accounting`) and the stop rule (`StopRule`). What is left here: write the
 resolved job to the run dir, start the workers (ipc:// sockets), feed their
 pushed reports to the accounting, restart a worker that died or went silent
-(exponential back-off, capped), show progress, stop everyone at the stop rule
-or on Ctrl-C/SIGTERM, and write `summary.json`, `metrics.jsonl` (with the learners'
-statistics and the lag histogram), TensorBoard event files (and W&B, if `spec.wandb`),
-all from the same records, and `accounting.json` (what `--resume` continues counting from). Workers ask the
-kernel to kill them if the launcher dies (PR_SET_PDEATHSIG), so no process
-outlives a run. `--metrics-port` serves every role's metrics for Prometheus.
+(local/supervisor.py), show progress, stop everyone at the stop rule or on
+Ctrl-C/SIGTERM, and write `metrics.jsonl` (with the learners' statistics and the lag
+histogram), TensorBoard event files (and W&B, if `spec.wandb`), all from the same
+records, `accounting.json` (what `--resume` continues counting from, local/resume.py)
+and `summary.json` (local/summary.py), so that a full disk loses nothing
+(local/runfiles.py). Workers ask the kernel to kill them if the launcher dies
+(PR_SET_PDEATHSIG), so no process outlives a run. `--metrics-port` serves every
+role's metrics for Prometheus.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Optional
+from typing import Optional
 
 import zmq
 
 from tianji.control.accounting import Accounting, StopRule
-from tianji.control.report import parse_report
 from tianji.control.launch import worker_launch
 from tianji.control.plan import Profile, resolve
+from tianji.control.report import parse_report
 from tianji.control.spec import TianJiJob, dump_job, load_job
 from tianji.envs import check_env_spec, spaces_of
-from tianji.local import zygote
+from tianji.local import resume as resume_
+from tianji.local import runfiles, zygote
+from tianji.local.runfiles import MetricsLog, Warner
+from tianji.local.summary import run_summary
+from tianji.local.supervisor import NO_HEARTBEAT, Child, count_failure, failed
 from tianji.local.worker_logs import last_exception
 from tianji.observability.exporter import JobExporter
 from tianji.observability.learnerstats import lag_histogram, learner_stats
-from tianji.observability.runlog import RunLog
 from tianji.observability.progress import Progress
+from tianji.observability.runlog import RunLog
+from tianji.runtime import atomicfile
 from tianji.runtime.wire import WireError, decode
 
 POLL_S = 0.1
 SAMPLE_EVERY_S = 1.0
 RECORD_EVERY_S = 1.0
-STARTUP_TIMEOUT_S = 120.0  # first report (torch import on a loaded 2-core box can be slow)
-HEARTBEAT_TIMEOUT_S = 30.0
 STOP_GRACE_S = 15.0
-BACKOFF_BASE_S = 0.5
-BACKOFF_CAP_S = 30.0
-SUMMARY_RETRY_S = 10.0
-MAX_RESTARTS = 10  # consecutive failures; a worker that ran HEALTHY_S before failing starts a fresh budget
-HEALTHY_S = 60.0
 ROLE_ORDER = ("learner", "buffer", "actor")
 CLI = [sys.executable, "-m", "tianji.cli"]  # + ["worker", ...]: the worker entry point, spawned or forked
-
-
-@dataclass
-class Child:
-    role: str
-    group: int
-    index: int
-    proc: Optional[subprocess.Popen] = None
-    log: Optional[IO] = None
-    restarts: int = 0
-    failures: int = 0  # consecutive: reset by a healthy interval (HEALTHY_S)
-    pids: set = field(default_factory=set)  # every incarnation's pid: reports from anyone else are refused
-    started_at: float = 0.0
-    last_report: Optional[float] = None
-    restart_at: Optional[float] = None
-    exits: list = field(default_factory=list)
-    log_offset: int = 0  # where the current incarnation's output starts in its (appended) log
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}-{self.group}-{self.index}"
 
 
 def default_run_dir(job: TianJiJob) -> Path:
@@ -94,14 +70,13 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
             profile: Optional[Profile] = None, tensorboard_port: Optional[int] = None) -> int:
     """Start a run (job_path) or continue one (resume=RUN_DIR, its job.yaml and newest checkpoints).
     `profile`: what the planner sizes the job with (`--profile`, as the operator's TIANJI_PROFILE)."""
-    prof = profile
     if resume:
         rd = Path(resume)
         if not (rd / "job.yaml").is_file():
             raise RunDirError(f"--resume {resume}: no job.yaml there; is it a TianJi run directory?")
-        job, _ = resolve(load_job(rd / "job.yaml", overrides), prof)
+        job, _ = resolve(load_job(rd / "job.yaml", overrides), profile)
     else:
-        job, _ = resolve(load_job(job_path, overrides), prof)
+        job, _ = resolve(load_job(job_path, overrides), profile)
         # before any process starts (needs Gymnasium: not in control)
         info = check_env_spec(job.spec.env, str(job_path), job.spec.algorithm.name)
         job.spec.env.spaces = spaces_of(info)  # buffers and learners read them; they build no env
@@ -132,24 +107,12 @@ class Launcher:
         self.metrics_port = metrics_port
         self.exporter: Optional[JobExporter] = None
         self.progress_enabled = progress
+        self.warn = Warner()
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(exist_ok=True)
         self.job_file = run_dir / "job.yaml"
         self.job_file.write_text(dump_job(job))
-        sock = run_dir / "sock"
-        self.own_sock_dir = len(str(sock)) > 70  # unix socket paths are limited to 107 bytes
-        self.sock_dir = Path(tempfile.mkdtemp(prefix="tianji-")) if self.own_sock_dir else sock
-        if sock.is_symlink():  # left by a launcher that was SIGKILLed: its folder and the link
-            old = Path(os.path.realpath(sock))
-            if old.parent == Path(tempfile.gettempdir()).resolve() and old.name.startswith("tianji-"):
-                shutil.rmtree(old, ignore_errors=True)
-            sock.unlink()
-        elif sock.exists():
-            shutil.rmtree(sock, ignore_errors=True)
-        self.sock_dir.mkdir(parents=True, exist_ok=True)
-        if self.own_sock_dir:  # <run_dir>/sock still leads to the sockets (resolve it: the path is short)
-            sock.symlink_to(self.sock_dir, target_is_directory=True)
-        os.chmod(self.sock_dir, 0o700)  # whatever the umask: only this user may connect
+        self.sock_dir, self.own_sock_dir = runfiles.socket_dir(run_dir)
         self.report_addr = f"ipc://{self.sock_dir}/launcher-report"
         self.curve_file: Optional[Path] = None
         if job.spec.network.encryption == "curve":  # the job's key pair, 0600, made once per run dir
@@ -164,7 +127,7 @@ class Launcher:
                          for i in range(getattr(t, r + "s"))]
         if job.spec.evaluation.enabled:  # spec.evaluation: one evaluator, following learner-0-0
             self.children.append(Child("evaluator", 0, 0))
-        self._by_key = {(c.role, c.group, c.index): c for c in self.children}
+        self._by_key = {c.key: c for c in self.children}
         self.dist_init = None
         if t.groups * t.learners > 1:  # data-parallel learners rendezvous on a free local port
             with socket.socket() as so:
@@ -176,8 +139,8 @@ class Launcher:
         self.warnings: list[str] = []
         self.learner_reported = False
         if resume:
-            self._continue_counts()
-            self._check_checkpoints()
+            self.acc, self.resumed_from, self.t_offset = resume_.previous_counts(run_dir)
+            self.warnings += resume_.missing_checkpoints(job, run_dir)
         self.started = time.monotonic()
         self.target_reached_at: Optional[float] = None
         self.mean_at_target: Optional[float] = None  # the mean-100 that met the stop rule
@@ -185,45 +148,14 @@ class Launcher:
         self.error: Optional[str] = None
         self.zygote: Optional[zygote.Zygote] = None
 
-    def _continue_counts(self) -> None:
-        """A resumed run keeps counting (frames, episodes, the last 100 returns, lag) where the
-        previous launch stopped: its accounting is restored whole."""
-        state, prev = self.run_dir / "accounting.json", self.run_dir / "summary.json"
-        if state.exists():
-            self.acc = Accounting(json.loads(state.read_text()))
-        if prev.exists():
-            s = json.loads(prev.read_text())
-            self.resumed_from = {k: s.get(k) for k in ("env_frames", "episodes", "policy_version", "exit_reason",
-                                                       "wall_seconds")}
-        last = _last_record(self.run_dir / "metrics.jsonl")
-        if last is not None:  # covers a launcher that was SIGKILLed before writing its summary
-            self.t_offset = float(last.get("t", 0.0))
-            self.resumed_from = self.resumed_from or {}
-            self.resumed_from.setdefault("policy_version", last.get("policy_version"))
-            self.resumed_from.setdefault("env_frames", last.get("env_frames"))
-        elif self.resumed_from and self.resumed_from.get("wall_seconds"):
-            self.t_offset = float(self.resumed_from["wall_seconds"])
-
-    def _check_checkpoints(self) -> None:
-        """Say so, on the console and in summary.json, when a learner will start from scratch."""
-        from tianji.runtime import checkpoint  # torch: only when resuming
-
-        t = self.job.spec.topology
-        for g in range(t.groups):
-            for i in range(t.learners):
-                d = checkpoint.checkpoint_dir(self.run_dir, g, i)
-                if checkpoint.load_latest(d) is None:
-                    msg = f"learner-{g}-{i}: no usable checkpoint, starting from scratch"
-                    self.warnings.append(msg)
-                    print(f"tianji: {msg}", file=sys.stderr)
-
     # ---------------------------------------------------------------- processes
+    def _launch(self, c: Child, **kw):
+        return worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
+                             run_dir=str(self.run_dir), sock_dir=str(self.sock_dir), parent_pid=os.getpid(), **kw)
+
     def _spawn(self, c: Child) -> None:
-        launch = worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
-                               command=[*CLI, "worker"], run_dir=str(self.run_dir),
-                               report=self.report_addr, sock_dir=str(self.sock_dir), parent_pid=os.getpid(),
-                               dist_init=self.dist_init,
-                               curve_keys=str(self.curve_file) if self.curve_file else None)
+        launch = self._launch(c, command=[*CLI, "worker"], report=self.report_addr, dist_init=self.dist_init,
+                              curve_keys=str(self.curve_file) if self.curve_file else None)
         env = _worker_env(launch)
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
@@ -251,32 +183,20 @@ class Launcher:
                 if now >= c.restart_at:
                     self._spawn(c)
                 continue
-            code = c.proc.poll()
-            silent = (now - c.last_report > HEARTBEAT_TIMEOUT_S) if c.last_report is not None \
-                else (now - c.started_at > STARTUP_TIMEOUT_S)
-            if code is None and not silent:
+            code = failed(c, now)
+            if code is None:
                 continue
-            if code is None:  # alive but not beating: treat as hung
-                c.proc.kill()
-                c.proc.wait()
-                code = "no heartbeat"
-            c.exits.append(code)
-            if now - c.started_at >= HEALTHY_S:  # a slow trickle of faults never ends a run
-                c.failures = 0
-            if c.failures >= MAX_RESTARTS and c.role == "evaluator":  # training goes on without evaluations
-                print(f"tianji: {c.name} failed {c.failures + 1} times in a row (last: {code}); no more "
+            delay = count_failure(c, now, code)
+            if delay is None and c.role == "evaluator":  # training goes on without evaluations
+                print(f"tianji: {c.name} failed {c.failures} times in a row (last: {code}); no more "
                       f"evaluations this run (see {c.log.name})", file=sys.stderr)
-                self.warnings.append(f"{c.name} gave up after {c.failures + 1} failures")
+                self.warnings.append(f"{c.name} gave up after {c.failures} failures")
                 c.restart_at = math.inf
                 continue
-            if c.failures >= MAX_RESTARTS:
-                self.error = f"{c.name} failed {c.failures + 1} times in a row (last: {code}); see {c.log.name}"
+            if delay is None:
+                self.error = f"{c.name} failed {c.failures} times in a row (last: {code}); see {c.log.name}"
                 return
-            delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** c.failures)
-            c.failures += 1
-            c.restarts += 1
-            c.restart_at = now + delay
-            error = last_exception(Path(c.log.name), c.log_offset) if code != "no heartbeat" else None
+            error = last_exception(Path(c.log.name), c.log_offset) if code != NO_HEARTBEAT else None
             print(f"tianji: {c.name} exited ({code}){': ' + error if error else ''}; restart {c.restarts} in "
                   f"{delay:.1f}s{f' (traceback in {c.log.name})' if error else ''}", file=sys.stderr)
 
@@ -287,22 +207,23 @@ class Launcher:
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline and any(c.proc and c.proc.poll() is None for c in self.children):
             self._drain(sock, 0.05)
-        for c in self.children:
-            if c.proc is not None and c.proc.poll() is None:
-                c.proc.kill()
-                c.proc.wait()
+        self._kill_children()
         self._drain(sock, 0.2)  # final reports written just before exit
         for c in self.children:
             if c.log:
                 c.log.close()
 
+    def _kill_children(self) -> None:
+        for c in self.children:
+            if c.proc is not None and c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.wait()
+
     def _start_zygote(self) -> None:
         """The pre-imported worker template (local/zygote.py); without it each worker imports torch."""
         if not zygote.enabled() or self.job.spec.resources.learner.gpu > 0:  # CUDA and fork do not mix
             return
-        c = self.children[0]
-        launch = worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
-                               run_dir=str(self.run_dir), sock_dir=str(self.sock_dir), parent_pid=os.getpid())
+        launch = self._launch(self.children[0])
         try:
             zygote.set_subreaper(True)  # forked workers are re-parented to us, not to init
             self.zygote = zygote.Zygote(_worker_env(launch), str(self.run_dir / "logs" / "zygote.log"))
@@ -341,9 +262,8 @@ class Launcher:
             if rep.episodes_total and self.target_reached_at is None and self.stop_rule.target_reached(self.acc):
                 self.target_reached_at = time.monotonic() - self.started
                 self.mean_at_target = self.acc.mean_return()
-            for c in self.children:
-                if (c.role, c.group, c.index) == rep.key and c.proc is not None and c.proc.pid == rep.pid:
-                    c.last_report = time.monotonic()
+            if child.proc is not None and child.proc.pid == rep.pid:
+                child.last_report = time.monotonic()
 
     # ---------------------------------------------------------------- stop rule
     def _exit_reason(self, now: float) -> Optional[str]:
@@ -376,7 +296,7 @@ class Launcher:
             out[c.role] += c.restarts
         return out
 
-    def _record(self, f: "_Appender", now: float) -> None:
+    def _record(self, f: MetricsLog, now: float) -> None:
         row = self._row(now)
         row["t"] = round(row.pop("elapsed"), 3)
         row["dropped_by_reason"] = self.acc.reasons("samples_dropped_total")
@@ -392,93 +312,72 @@ class Launcher:
         if self.exporter is not None:
             self.exporter.update(self.acc)
         try:
-            _write_json(self.run_dir / "accounting.json", self.acc.state())
+            atomicfile.atomic_write_json(self.run_dir / "accounting.json", self.acc.state())
         except OSError as e:  # a full disk: keep running, the next record retries
-            _warn_once(self, "accounting", f"cannot write accounting.json ({e.strerror}); retrying")
+            self.warn("accounting", f"cannot write accounting.json ({e.strerror}); retrying")
 
     def _write_summary(self, summary: dict) -> Path:
-        """summary.json, retried while the disk is full (SUMMARY_RETRY_S); then a fallback file in
-        the temp dir, and the summary on stderr: a run's result is never lost."""
-        path = self.run_dir / "summary.json"
-        deadline = time.monotonic() + SUMMARY_RETRY_S
-        while True:
-            try:
-                _write_json(path, summary)
-                return path
-            except OSError as e:
-                if time.monotonic() >= deadline:
-                    err = e
-                    break
-                _warn_once(self, "summary", f"cannot write {path} ({e.strerror}); retrying for {SUMMARY_RETRY_S:g}s")
-                time.sleep(0.5)
-        summary = {**summary, "error": summary.get("error") or f"summary.json not written: {err.strerror}"}
-        for d in (Path(tempfile.gettempdir()), Path.home()):
-            fb = d / f"tianji-{self.job.name}-{os.getpid()}-summary.json"
-            try:
-                _write_json(fb, summary)
-                print(f"tianji: {path}: {err.strerror}; summary written to {fb}", file=sys.stderr)
-                return fb
-            except OSError:
-                continue
-        print(f"tianji: {path}: {err.strerror}; summary: {json.dumps(summary)}", file=sys.stderr)
-        return path
+        return runfiles.write_summary(self.run_dir / "summary.json", summary,
+                                      f"tianji-{self.job.name}-{os.getpid()}-summary.json", self.warn)
 
     def summary(self, reason: str, wall: float) -> dict:
-        """summary.json: the accounting's view (the numbers the TianJiJob status shows) plus
-        what only a local run has (restarts, run dir, exit reason)."""
-        acc, spec, t = self.acc, self.job.spec, self.job.spec.topology
-        wall = self.t_offset + wall  # a resumed run: the whole run's time
-        v = acc.view(wall, spec.evaluation)
-        frames = max(v["env_frames"], 1)
-        rejected = acc.reasons("messages_rejected_total")
-        return {
-            "job": self.job.name, "algorithm": spec.algorithm.name, "env": spec.env.id,
-            "target_return": float(spec.stop.mean_return) if spec.stop.mean_return is not None else None,
-            "reached_target": self.target_reached_at is not None,
-            "seconds_to_target": round(self.t_offset + self.target_reached_at, 3) if self.target_reached_at is not None else None,
-            "mean_return_at_target": self.mean_at_target,
-            "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
-            "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
-            "throughput": v["throughput"],
-            "policy_lag": {k: (x if x is not None else 0.0) for k, x in v["policy_lag"].items()},
-            "policy_lag_hist": lag_histogram(acc),
-            "learner_stats": learner_stats(acc),
-            "processes": {"actors": t.groups * t.actors, "buffers": t.groups * t.buffers,
-                          "learners": t.groups * t.learners},
-            "bytes_sent": v["bytes_sent"],
-            "bytes_sent_per_frame": {r: acc.role_totals(r).get("bytes_sent_total", 0.0) / frames
-                                     for r in ("actor", "buffer", "learner")},
-            "rejected_messages": v["rejected_messages"],
-            "rejected_by_reason": {**rejected, **({"launcher_report": acc.rejected} if acc.rejected else {})},
-            "exit_reason": reason,
-            "restarts": self._restarts(),
-            "dropped_samples": v["dropped_samples"],
-            "dropped_fraction": v["dropped_fraction"], "replay_ratio": v["replay_ratio"],
-            "policy_version": v["policy_version"],
-            "evaluation": v["evaluation"],
-            "run_dir": str(self.run_dir),
-            **({"resumed_from": self.resumed_from} if self.resumed_from else {}),
-            **({"error": self.error} if self.error else {}),
-            **({"warnings": self.warnings} if self.warnings else {}),
-        }
+        reached = self.target_reached_at
+        return run_summary(self.job, self.acc, reason=reason, wall=self.t_offset + wall,
+                           seconds_to_target=None if reached is None else self.t_offset + reached,
+                           mean_at_target=self.mean_at_target, restarts=self._restarts(), run_dir=str(self.run_dir),
+                           resumed_from=self.resumed_from, error=self.error, warnings=self.warnings)
 
     # ---------------------------------------------------------------- main loop
     def _on_signal(self, signum, frame) -> None:
         self.interrupted = True
 
-    def run(self) -> dict:
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        ctx = zmq.Context()
-        curve = None
+    def _loop(self, sock: zmq.Socket) -> str:
+        """Start the workers, count their reports, supervise them, record; the exit reason."""
+        with MetricsLog(self.run_dir / "metrics.jsonl", self.warn) as mf, \
+                Progress(f"TianJi · {self.job.name}", self.progress_enabled, caption=str(self.run_dir)) as view:
+            self._start_zygote()
+            for c in self.children:
+                self._spawn(c)
+            last_sample = last_record = 0.0
+            while True:
+                self._drain(sock, POLL_S)
+                now = time.monotonic()
+                if not self.interrupted:
+                    self._supervise(now)
+                if now - last_sample >= SAMPLE_EVERY_S:
+                    last_sample = now
+                    self.acc.sample(now)  # (the target is checked as episodes arrive, in _drain)
+                    view.update(self._row(now))
+                if now - last_record >= RECORD_EVERY_S:
+                    last_record = now
+                    self._record(mf, now)
+                reason = self._exit_reason(now)
+                if reason:
+                    break
+            self._stop_children(sock)
+            now = time.monotonic()
+            self.acc.sample(now)
+            self._record(mf, now)
+            view.update(self._row(now))
+        return reason
+
+    def _report_socket(self, ctx: zmq.Context):
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, 4 << 20)
+        curve = None
         if self.curve_file is not None:  # reports, too, only from holders of the job's key
             from tianji.runtime.security import Curve
 
             curve = Curve(ctx, self.curve_keys)
             curve.server(sock)
         sock.bind(self.report_addr)
+        return sock, curve
+
+    def run(self) -> dict:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        ctx = zmq.Context()
+        sock, curve = self._report_socket(ctx)
         reason = "error"
         t0 = self.started = time.monotonic()
         self.exporter = JobExporter(self.job.name) if self.metrics_port else None
@@ -486,43 +385,14 @@ class Launcher:
             self.runlog = RunLog(self.job, self.run_dir, self.tensorboard_port)
             if self.exporter is not None:
                 self.exporter.serve(self.metrics_port)
-            with _Appender(self.run_dir / "metrics.jsonl", self) as mf, \
-                    Progress(f"TianJi · {self.job.name}", self.progress_enabled, caption=str(self.run_dir)) as view:
-                self._start_zygote()
-                for c in self.children:
-                    self._spawn(c)
-                last_sample = last_record = 0.0
-                while True:
-                    self._drain(sock, POLL_S)
-                    now = time.monotonic()
-                    if not self.interrupted:
-                        self._supervise(now)
-                    if now - last_sample >= SAMPLE_EVERY_S:
-                        last_sample = now
-                        self.acc.sample(now)  # (the target is checked as episodes arrive, in _drain)
-                        view.update(self._row(now))
-                    if now - last_record >= RECORD_EVERY_S:
-                        last_record = now
-                        self._record(mf, now)
-                    r = self._exit_reason(now)
-                    if r:
-                        reason = r
-                        break
-                self._stop_children(sock)
-                now = time.monotonic()
-                self.acc.sample(now)
-                self._record(mf, now)
-                view.update(self._row(now))
+            reason = self._loop(sock)
         except Exception as e:  # still write what we know: nothing is lost on failure
             import traceback
 
             traceback.print_exc()
             self.error = self.error or f"launcher failed: {type(e).__name__}: {e}"
             reason = "error"
-            for c in self.children:
-                if c.proc is not None and c.proc.poll() is None:
-                    c.proc.kill()
-                    c.proc.wait()
+            self._kill_children()
         finally:
             self._close_zygote()
             if zygote.enabled():
@@ -534,13 +404,10 @@ class Launcher:
             if curve is not None:
                 curve.close()
             ctx.term()
-            shutil.rmtree(self.sock_dir, ignore_errors=True)  # no socket file outlives the run
-            if self.own_sock_dir:
-                (self.run_dir / "sock").unlink(missing_ok=True)
-            if self.exporter is not None:
-                self.exporter.close()
-            if self.runlog is not None:
-                self.runlog.close()
+            runfiles.remove_socket_dir(self.run_dir, self.sock_dir, self.own_sock_dir)
+            for closable in (self.exporter, self.runlog):
+                if closable is not None:
+                    closable.close()
             for s, h in old.items():
                 signal.signal(s, h)
         wall = time.monotonic() - t0
@@ -558,82 +425,3 @@ def _worker_env(launch) -> dict[str, str]:
     if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
         env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
     return env
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    """Atomically: a reader (or a crash) never sees half a file; a failed write leaves no temp file."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(doc, indent=2))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _warn_once(owner, key: str, text: str) -> None:
-    seen = owner.__dict__.setdefault("_warned", set())
-    if key not in seen:
-        seen.add(key)
-        print(f"tianji: {text}", file=sys.stderr)
-
-
-def _last_record(path: Path) -> Optional[dict]:
-    try:
-        lines = path.read_text().strip().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):  # the last complete line
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue
-    return None
-
-
-class _Appender:
-    """metrics.jsonl, one line per record, that survives a full disk: a line that cannot be
-    written waits (at most MAX_PENDING, oldest dropped first) and goes out, in order, with the next
-    record that can; a half-written line is cut off again, so the file stays valid JSON lines."""
-
-    MAX_PENDING = 3600
-
-    def __init__(self, path: Path, owner=None):
-        self.path, self.owner = path, owner
-        self.pending: list[str] = []
-
-    def __enter__(self) -> "_Appender":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.flush()
-
-    def append(self, line: str) -> None:
-        self.pending.append(line)
-        del self.pending[:-self.MAX_PENDING]
-        self.flush()
-
-    def _write(self, data: bytes) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            except OSError:
-                os.ftruncate(fd, size)
-                raise
-        finally:
-            os.close(fd)
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        try:
-            self._write("".join(self.pending).encode())
-        except OSError as e:
-            _warn_once(self.owner or self, "metrics", f"cannot write {self.path} ({e.strerror}); "
-                       "keeping records in memory and retrying")
-            return
-        self.pending.clear()

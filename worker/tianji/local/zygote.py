@@ -6,7 +6,7 @@ machine that is 4-5 s before the first frame. The zygote is one process
 (`python -m tianji.local.zygote`) that imports all of that once, with no
 thread running (OpenBLAS is held to one thread, torch's pools start at first
 use), and then forks a worker per request. The forked worker runs the same
-entry point as a spawned one, `tianji.cli.main(["worker", ...])`: pods and
+entry point as a spawned one, `tianji.runtime.worker.main(...)` (`tianji worker`): pods and
 local processes still start the same way, only the imports are shared.
 
 Each worker stays the launcher's own child, so supervision is unchanged: the
@@ -43,7 +43,7 @@ REPARENT_TIMEOUT_S = 5.0
 ENV_DISABLE = "TIANJI_ZYGOTE"  # "0": spawn each worker as its own process (imports torch every time)
 # torch._dynamo: the first optimizer a learner builds imports it (~800 modules, sympy among them: 1.2 s
 # of CPU), which held the first update back by 7-9 s on a busy 2-core machine.
-PRELOAD = ("numpy", "zmq", "torch", "torch._dynamo", "gymnasium", "msgpack", "tianji.cli", "tianji.runtime.worker",
+PRELOAD = ("numpy", "zmq", "torch", "torch._dynamo", "gymnasium", "msgpack", "tianji.runtime.worker",
            "tianji.runtime.roles.actor", "tianji.runtime.roles.buffer", "tianji.runtime.roles.learner")
 
 
@@ -122,7 +122,7 @@ class Zygote:
         return self.proc.poll() is None
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: str) -> ForkedProc:
-        """Fork a worker running `tianji.cli.main(argv)`; blocks until the zygote has imported
+        """Fork a worker running `tianji worker` (argv: ["worker", ...]); blocks until the zygote has imported
         everything (first call only) and forked. Raises OSError when the zygote is gone."""
         req = json.dumps({"argv": argv, "env": env, "log": log_path}) + "\n"
         try:
@@ -184,9 +184,11 @@ def _child(req: dict, launcher: int) -> None:
         argv = [str(a) for a in req["argv"]]
         sys.argv = [sys.executable, "-m", "tianji.cli", *argv]
         _set_cmdline(sys.argv)
-        from tianji.cli import main
+        if argv[:1] != ["worker"]:
+            raise ValueError(f"the worker template runs `tianji worker` only, not {argv[:1]}")
+        from tianji.runtime.worker import main
 
-        rc = main(argv)
+        rc = main(argv[1:])
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - report it in the worker's log, exit non-zero

@@ -32,16 +32,3 @@ def lag_histogram(acc: Accounting) -> Optional[dict[str, int]]:
     """{bucket upper bound: consumed samples}, the whole run (retired incarnations included)."""
     hist = acc.lag_hist()
     return None if hist is None else {k: int(n) for k, n in zip(HIST_KEYS, hist)}
-
-
-def lag_quantile(hist: dict[str, int], q: float) -> Optional[float]:
-    """The smallest bucket bound holding at least a fraction q of the samples (inf: beyond them)."""
-    total = sum(hist.values())
-    if not total:
-        return None
-    cum = 0
-    for k in HIST_KEYS:
-        cum += hist.get(k, 0)
-        if cum >= q * total:
-            return float(k)
-    return float("inf")

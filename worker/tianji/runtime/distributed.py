@@ -50,10 +50,6 @@ def world_of(job) -> tuple[int, int]:
     return t.groups * t.learners, t.learners
 
 
-def sync_mode(job) -> str:
-    return job.spec.topology.group_sync.mode
-
-
 class GradientAverager:
     """Callable hook: `averager(model)` replaces each .grad with the mean over the learners of
     `group` (a torch.distributed process group; None: the whole world)."""

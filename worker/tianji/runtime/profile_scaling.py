@@ -37,12 +37,12 @@ def measure_thread_curve(job, seconds: float, info, threads: Optional[list[int]]
     import torch
 
     from tianji.algos.models import build_model
-    from tianji.runtime.profiler import _learner_cls, synthetic_batch
+    from tianji.runtime.profile_inputs import learner_class, synthetic_batch
 
     s = job.spec
     threads = threads or thread_counts()
     model = build_model(s.algorithm, s.model, info, s.env.seed, s.env.imports)
-    learner = _learner_cls(s.algorithm.name)(model, s.algorithm, 0)
+    learner = learner_class(s.algorithm.name)(model, s.algorithm, 0)
     batch = synthetic_batch(job, s.algorithm.batch_size, info.obs_shape, info.obs_dtype, info.n_actions,
                             np.random.default_rng(2))
     before = torch.get_num_threads()
@@ -129,7 +129,7 @@ def measure_allreduce(numel: int, ranks: list[int], iters: int = 50, timeout: fl
 
 def measure_ipc_bandwidth(nbytes: int, seconds: float = 0.5) -> float:
     """Bytes/s of `nbytes` messages PUSH → ipc → PULL in this process (the loopback link)."""
-    from tianji.runtime.profiler import ipc_pair
+    from tianji.runtime.profile_inputs import ipc_pair
 
     with ipc_pair("tianji-bw-") as (push, pull):
         payload = np.zeros(max(1, nbytes), dtype=np.uint8)

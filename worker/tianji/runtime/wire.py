@@ -242,10 +242,3 @@ def recv(sock: Any, flags: int = 0) -> list:
         if len(frames) <= MAX_ARRAYS + 1:
             frames.append(f)
     return frames
-
-
-def require(msg: Message, names: Sequence[str]) -> None:
-    """Check that `msg` carries the arrays a handler needs (else WireError('fields'))."""
-    missing = [n for n in names if n not in msg.arrays]
-    if missing:
-        raise WireError("fields", f"{msg.kind} lacks {missing}")

@@ -13,10 +13,36 @@ import os
 import signal
 import sys
 
-from tianji.control.addressing import Addresses, auto_index
+from tianji.control.addressing import ROLES, Addresses, auto_index
 from tianji.control.fabric import FabricError, interface_ipv4
 from tianji.control.launch import ENV_PARENT_PID, ENV_POD_IP, ENV_STATE_DIR, torch_threads
-from tianji.control.spec import load_job
+from tianji.control.spec import SpecError, load_job
+
+
+def add_arguments(w: argparse.ArgumentParser) -> None:
+    """`tianji worker`'s arguments (the CLI's sub-command and `main` here share them)."""
+    w.add_argument("--role", required=True, choices=list(ROLES))
+    w.add_argument("--group", type=int, default=0)
+    w.add_argument("--index", default="0", help="index in the group, or 'auto' (from the StatefulSet hostname)")
+    w.add_argument("--job", required=True, help="TianJiJob manifest (YAML)")
+    w.add_argument("--run-dir", help="local engine: ipc sockets live here; absent: Kubernetes DNS + tcp")
+    w.add_argument("--report", help="endpoint for heartbeats and metric reports (local launcher)")
+    w.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+
+
+def main(argv: list[str]) -> int:
+    """`tianji worker ARGV` without the rest of the command line: what the local worker template
+    (local/zygote.py) runs in each forked worker."""
+    p = argparse.ArgumentParser(prog="tianji worker")
+    add_arguments(p)
+    a = p.parse_args(argv)
+    try:
+        return run_worker(a)
+    except SpecError as e:
+        print(f"tianji: invalid job spec: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 def die_with_parent() -> None:

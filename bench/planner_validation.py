@@ -1,0 +1,232 @@
+"""Out-of-sample check of the planner's cost model: random topologies, each run for real.
+
+    python bench/planner_validation.py [--n 10] [--seed 1] [--seconds 30] [--algos ppo,dqn]
+                                       [--out-dir DIR]
+
+Draws --n topologies at random (seeded): algorithm (CartPole PPO or DQN, the examples'
+settings), groups 1-2, actors per group 1-3, envs per actor 4 or 8, learner threads 1-2,
+groupSync average or allreduce (with 2 groups). Each is one `tianji run` of --seconds
+(bench/scaling.py's run_point: steady rates from the run's metrics, after a warm-up), and
+predicted by `tianji.control.onhost.predict_on_host` from a profile taken at the start of
+this same run (`tianji profile`, 2 s per component, one per algorithm and envs per actor)
+and the busy background measured just before the point. Nothing is fitted to any of the
+runs: the model's figures come from the profile alone.
+
+    python bench/planner_validation.py --time-to-target [--random 3] [--budget-s 150] [--algos ppo]
+
+`--time-to-target` asks the paper's Fig. 6 question instead: the planner's topology
+(`topology: auto` for this machine's cores, from a profile taken now) against --random
+topologies drawn as above, each run until the example's stop.meanReturn (or --budget-s),
+on seconds to target from the run's summary.json. One seed per topology: seed-to-seed spread
+of time to target is −24 % to +32 % (docs/groupsync.json): only larger differences mean anything.
+Output DIR/planner-time-to-target.json.
+
+Reported (JSON on stdout and DIR/planner-validation.json, plot DIR/planner-validation.png):
+per point the predicted and measured produced frames/s and consumed samples/s, their
+relative errors (pred − meas)/meas, and the bottleneck kinds; over all points the median
+and max absolute error and the kind accuracy (bench/scaling.py's measured_kind reads kinds
+from rates alone, so it cannot see time spent in all-reduce: a point the model calls
+communication-bound and the rates call sample-bound is counted wrong, as it is).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import scaling  # noqa: E402  (bench/scaling.py: run_point, probe_background, measured_kind)
+
+EXAMPLES = {"ppo": "examples/cartpole-ppo.yaml", "dqn": "examples/cartpole-dqn.yaml"}
+METRICS = ("produced_fps", "consumed_sps")
+
+
+def draw(rng: random.Random, algos: list[str]) -> dict:
+    """One random topology (module docstring)."""
+    groups = rng.choice((1, 2))
+    return {"algo": rng.choice(algos), "groups": groups, "actors": rng.choice((1, 2, 3)),
+            "num_envs": rng.choice((4, 8)), "threads": rng.choice((1, 2)),
+            "sync": rng.choice(("average", "allreduce")) if groups > 1 else "average"}
+
+
+def point_sets(t: dict) -> list[str]:
+    return [f"spec.topology.groups={t['groups']}", f"spec.topology.actors={t['actors']}",
+            "spec.topology.buffers=1", "spec.topology.learners=1", f"spec.topology.groupSync.mode={t['sync']}",
+            f"spec.env.numEnvs={t['num_envs']}", f"spec.resources.learner.cpu={t['threads']}",
+            f"spec.resources.learner.threads={t['threads']}"]
+
+
+def base(seconds: float) -> list[str]:
+    return ["spec.stop.meanReturn=null", "spec.stop.envFrames=null", f"spec.stop.seconds={seconds}"]
+
+
+def profile_for(cache: dict, t: dict, seconds: float):
+    """The profile of this algorithm and envs per actor, measured once per run (2 s per component)."""
+    from tianji.control.plan import Profile
+    from tianji.control.spec import load_job
+    from tianji.runtime.profiler import measure_profile
+
+    key = (t["algo"], t["num_envs"])
+    if key not in cache:
+        job = load_job(str(ROOT / EXAMPLES[t["algo"]]), base(seconds) + [f"spec.env.numEnvs={t['num_envs']}"])
+        cache[key] = measure_profile(job, 2.0)
+    return Profile.from_json(cache[key])
+
+
+def run_one(t: dict, prof, seconds: float) -> dict:
+    from tianji.control.onhost import predict_on_host
+    from tianji.control.spec import load_job
+
+    path = str(ROOT / EXAMPLES[t["algo"]])
+    sets = base(seconds) + point_sets(t)
+    job = load_job(path, sets)
+    bg = scaling.probe_background()
+    pred = predict_on_host(job, prof, float(os.cpu_count() or 1), bg, learner_threads=t["threads"])
+    row = {"topology": t, "background": round(bg, 2),
+           "predicted": {k: round(pred[k], 1) for k in METRICS} | {"bottleneck": pred["bottleneck"]}}
+    meas = scaling.run_point(path, sets, seconds)
+    if "error" in meas:
+        return row | {"error": meas["error"][-500:]}
+    row["measured"] = {k: round(meas[k], 1) for k in METRICS} | {
+        "bottleneck": scaling.measured_kind(meas, job.spec.replay_ratio), "seconds": meas["seconds"]}
+    row["rel_error"] = {k: round((pred[k] - meas[k]) / meas[k], 3) for k in METRICS if meas[k] > 0}
+    print(f"  {t}: measured {row['measured']} predicted {row['predicted']}", file=sys.stderr)
+    return row
+
+
+def summarise(rows: list[dict]) -> dict:
+    errs = [abs(e) for r in rows for e in r.get("rel_error", {}).values()]
+    done = [r for r in rows if "measured" in r]
+    kinds = sum(r["predicted"]["bottleneck"] == r["measured"]["bottleneck"] for r in done)
+    return {"points_run": len(done), "points_failed": len(rows) - len(done),
+            "median_abs_error": round(statistics.median(errs), 3) if errs else None,
+            "max_abs_error": round(max(errs), 3) if errs else None,
+            "kind_accuracy": f"{kinds}/{len(done)}"}
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    for ax, k in zip(axes, METRICS):
+        pts = [(r["measured"][k], r["predicted"][k], r["topology"]["algo"]) for r in rows if "measured" in r]
+        for algo, mark in (("ppo", "o"), ("dqn", "s")):
+            xs = [(m, p) for m, p, a in pts if a == algo]
+            ax.scatter([m for m, _ in xs], [p for _, p in xs], marker=mark, label=algo)
+        vals = [v for m, p, _ in pts for v in (m, p) if v > 0] or [1.0]
+        lo, top = min(vals) / 1.5, max(vals) * 1.5
+        ax.plot([lo, top], [lo, top], "k--", lw=0.8, label="predicted = measured")
+        ax.set(xscale="log", yscale="log", xlim=(lo, top), ylim=(lo, top),
+               xlabel=f"measured {k}", ylabel=f"predicted {k}")
+        ax.legend(fontsize=8)
+    fig.suptitle("planner (predict_on_host) vs random topologies run for real")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+
+
+def to_target(algo: str, sets: list[str], budget_s: float, profile: str) -> dict:
+    """One `tianji run` to the example's target; its topology as resolved, and summary figures."""
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    with tempfile.TemporaryDirectory(prefix="tianji-ttt-") as tmp:
+        rd = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "tianji.cli", "run", str(ROOT / EXAMPLES[algo]), "--run-dir", str(rd), "--quiet",
+               "--profile", profile]
+        for x in [f"spec.stop.seconds={budget_s}", *sets]:
+            cmd += ["--set", x]
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "worker") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        load = os.getloadavg()[0]
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget_s + 180)
+        try:
+            summ = json.loads((rd / "summary.json").read_text())
+            topo = yaml.safe_load((rd / "job.yaml").read_text())["spec"]["topology"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {"set": sets, "error": p.stderr[-800:]}
+    return {"set": sets, "topology": topo, "load1_before": round(load, 2), "reached_target": summ["reached_target"],
+            "seconds_to_target": summ["seconds_to_target"], "env_frames": summ["env_frames"],
+            "wall_seconds": round(summ["wall_seconds"], 1), "exit_reason": summ["exit_reason"]}
+
+
+def time_to_target(a, algos: list[str]) -> dict:
+    """The planner's topology vs random ones on seconds to target (module docstring)."""
+    from tianji.runtime.atomicfile import atomic_write_json
+
+    rng, out = random.Random(a.seed), {}
+    for algo in algos:
+        cache: dict = {}
+        t0 = {"algo": algo, "num_envs": 4}
+        prof_path = Path(a.out_dir) / f"profile-{algo}.json"
+        prof_path.parent.mkdir(parents=True, exist_ok=True)
+        profile_for(cache, t0, a.budget_s)
+        atomic_write_json(prof_path, cache[(algo, 4)])
+        planned = to_target(algo, ["spec.topology.auto=true", f"spec.resources.cpus={os.cpu_count() or 1}"],
+                            a.budget_s, str(prof_path))
+        print(f"  {algo} planned: {planned}", file=sys.stderr)
+        rand = []
+        for _ in range(a.random):
+            t = draw(rng, [algo])
+            rand.append(to_target(algo, point_sets(t), a.budget_s, str(prof_path)))
+            print(f"  {algo} random: {rand[-1]}", file=sys.stderr)
+        out[algo] = {"planned": planned, "random": rand}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--algos", default="ppo,dqn")
+    ap.add_argument("--out-dir", default=".")
+    ap.add_argument("--time-to-target", action="store_true", help="planned vs random topologies on time to target")
+    ap.add_argument("--random", type=int, default=3, help="--time-to-target: random topologies per algorithm")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="--time-to-target: seconds cap per run")
+    a = ap.parse_args(argv)
+    algos = [x for x in a.algos.split(",") if x]
+    if not algos or set(algos) - set(EXAMPLES) or a.n < 1 or not a.seconds > 0:
+        ap.error(f"--algos from {sorted(EXAMPLES)}, --n >= 1, --seconds > 0")
+    import torch
+
+    torch.set_num_threads(1)  # this process only profiles and predicts; the runs set their own
+    if a.time_to_target:
+        load0 = list(os.getloadavg())
+        res = {"bench": "planner-time-to-target", "seed": a.seed, "budget_s": a.budget_s,
+               "results": time_to_target(a, algos),
+               "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": list(os.getloadavg())}}
+        (Path(a.out_dir) / "planner-time-to-target.json").write_text(json.dumps(res, indent=1) + "\n")
+        print(json.dumps(res))
+        return 0
+    t0, rng, cache = time.perf_counter(), random.Random(a.seed), {}
+    load0 = list(os.getloadavg())
+    rows = [run_one(t, profile_for(cache, t, a.seconds), a.seconds) for t in (draw(rng, algos) for _ in range(a.n))]
+    res = {"bench": "planner-validation", "seed": a.seed, "seconds_per_point": a.seconds, **summarise(rows),
+           "points": rows, "profiles": {f"{k[0]}-{k[1]}envs": v for k, v in cache.items()},
+           "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": list(os.getloadavg())},
+           "seconds": round(time.perf_counter() - t0, 1)}
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "planner-validation.json").write_text(json.dumps(res, indent=1) + "\n")
+    try:
+        plot(rows, out / "planner-validation.png")
+    except ImportError as e:  # matplotlib missing: the JSON still stands
+        res["png_error"] = str(e)
+    print(json.dumps({k: v for k, v in res.items() if k not in ("points", "profiles")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""`python -m localcluster up|down|status`: the local cluster for people (`make cluster-up`).
+
+`up` starts it in the background and prints the kubeconfig to use; `down` stops every process
+it started (from the pid files under its folder) and removes its network."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from . import network
+from .cluster import BIN, LocalCluster, missing_programs
+
+
+def _kill_all(root: Path, grace: float = 10.0) -> int:
+    pids = []
+    for f in sorted((root / "logs").glob("*.pid")) if (root / "logs").is_dir() else []:
+        try:
+            pids.append(int(f.read_text()))
+        except ValueError:
+            continue
+        f.unlink()
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        alive = []
+        for pid in pids:
+            try:
+                os.killpg(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if Path(f"/proc/{p}").exists()]
+            time.sleep(0.2)
+    return len(pids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m localcluster", description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--index", type=int, default=0, help="cluster number 0-15 (separate addresses and folder)")
+    ap.add_argument("--dir", type=Path, default=None, help="state folder (default /tmp/tianji-cluster-INDEX)")
+    a = ap.parse_args(argv)
+    root = a.dir or Path(f"/tmp/tianji-cluster-{a.index}")
+    net = network.Addressing(a.index)
+    if a.command == "down":
+        n = _kill_all(root)
+        for ns in network.namespaces():
+            if ns.startswith(net.prefix + "-"):
+                for pid in network.pids_in(ns):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        network.down_all(net)
+        print(f"local cluster {a.index}: stopped {n} processes, network removed")
+        return 0
+    if a.command == "status":
+        kc = root / "kubeconfig"
+        print(f"kubeconfig: {kc if kc.exists() else '(none: not up)'}")
+        return 0 if kc.exists() else 1
+    missing = missing_programs()
+    if missing:
+        print(f"missing {', '.join(missing)} in {BIN}: run `make cluster` first", file=sys.stderr)
+        return 2
+    if (root / "logs").is_dir():
+        _kill_all(root)
+    c = LocalCluster(a.nodes, index=a.index, root=root)
+    try:
+        c.up()
+    except Exception as e:
+        print(f"local cluster failed to start: {e}\n{c.logs()}", file=sys.stderr)
+        c.down()
+        return 1
+    print(f"local cluster up: {a.nodes} nodes, API server {c.cp.server}\n"
+          f"  export KUBECONFIG={c.kubeconfig} PATH={BIN}:$PATH\n"
+          f"  kubectl get nodes\n  logs: {root / 'logs'}; stop: make cluster-down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""A whole local cluster: network, control plane, cluster DNS and N nodes (root needed).
+
+    with LocalCluster(nodes=2) as c:        # or `python -m localcluster up` / `down`
+        c.kubectl("get", "nodes")
+        c.nodes[1].stop()                   # a node goes away: agent and every process of it killed
+        c.nodes[1].start()                  # and comes back
+
+Binaries come from `make cluster` (cluster/build.sh) in ~/.cache/tianji/k8s-<version>/bin."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from . import network
+from .controlplane import DOMAIN, ControlPlane, Proc
+
+HERE = Path(__file__).resolve().parent
+K8S_VERSION = next(w[1] for w in map(str.split, (HERE.parent / "go" / "k8s" / "go.mod").read_text().splitlines())
+                   if len(w) >= 2 and w[0] == "k8s.io/kubernetes" and w[1].startswith("v"))
+BIN = Path(os.environ.get("K8S_CACHE", Path.home() / ".cache" / "tianji" / f"k8s-{K8S_VERSION}")) / "bin"
+PROGRAMS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "coredns", "helm")
+
+# Cluster DNS and the network plugin's node agents read cluster-wide what they serve, each with an
+# identity of its own (a node's own identity may read only its own Node).
+COREDNS_RBAC = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- {apiGroups: [""], resources: [endpoints, services, pods, namespaces], verbs: [list, watch]}
+- {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "tianji:local-network"}
+rules: [{apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "tianji:local-network"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "tianji:local-network"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "tianji:local-network"}]
+"""
+
+
+def missing_programs(bin_dir: Path = BIN) -> list[str]:
+    return [p for p in PROGRAMS if not (bin_dir / p).is_file()]
+
+
+@dataclass
+class NodeHandle:
+    cluster: "LocalCluster"
+    name: str
+    number: int
+    cpu: str = "4"
+    memory: str = "8Gi"
+    gpus: int = 0
+    resources: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    agent: Optional[Proc] = None
+
+    @property
+    def ip(self) -> str:
+        return self.cluster.net.node_ip(self.number)
+
+    @property
+    def netns(self) -> str:
+        return self.cluster.net.node_ns(self.name)
+
+    @property
+    def root(self) -> Path:
+        return self.cluster.root / "nodes" / self.name
+
+    def start(self) -> None:
+        c = self.cluster
+        network.up_node(c.net, self.name, self.number)
+        pair = c.cp.pki.issue(f"node-{self.name}", f"system:node:{self.name}", ("system:nodes",))
+        net = c.cp.pki.issue(f"network-{self.name}", "tianji:local-network")
+        argv = ["nsenter", f"--net={network.NETNS_DIR / self.netns}", sys.executable, "-m", "localcluster.nodeagent",
+                f"--name={self.name}", f"--ip={self.ip}", f"--netns={self.netns}", f"--server={c.cp.server}",
+                f"--ca={c.cp.pki.ca.cert}", f"--cert={pair.cert}", f"--key={pair.key}", f"--net-cert={net.cert}",
+                f"--net-key={net.key}", f"--root={self.root}",
+                f"--dns={c.net.gateway}", f"--domain={DOMAIN}", f"--cpu={self.cpu}", f"--memory={self.memory}",
+                f"--gpus={self.gpus}", *(f"--resource={k}={v}" for k, v in self.resources.items()),
+                *(f"--label={k}={v}" for k, v in self.labels.items()), *c.agent_args]
+        # The pods' "image" is this venv: its bin first on PATH (`tianji`, `python`).
+        venv_bin = str(Path(sys.executable).parent)
+        env = {**os.environ, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "/usr/bin:/bin")]),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
+        self.agent = Proc(f"node-{self.name}", argv, c.root / "logs" / f"node-{self.name}.log").start(env)
+
+    def processes(self) -> list[int]:
+        """Every process in this node's network namespaces (agent, hostNetwork pods, pods)."""
+        out: list[int] = []
+        for ns in network.namespaces():
+            if ns == self.netns or ns.startswith(self.netns + "-"):
+                out += network.pids_in(ns)
+        return out
+
+    def stop(self) -> None:
+        """The machine goes off: the agent and every process of the node are SIGKILLed at once;
+        its pods' objects stay as they were (the control plane notices through the Lease)."""
+        for _ in range(5):
+            pids = self.processes()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
+        if self.agent is not None and self.agent.popen is not None:
+            self.agent.popen.wait(10)
+        for ns in network.namespaces():
+            if ns.startswith(self.netns + "-"):
+                network.delete_ns(ns)
+
+    def shutdown(self, grace: float = 15.0) -> None:
+        """A clean stop: the agent stops its pods (SIGTERM, grace), then everything left is killed."""
+        if self.agent is not None:
+            self.agent.stop(grace)
+        self.stop()
+
+
+class LocalCluster:
+    def __init__(self, nodes: int = 2, *, index: int = 0, root: Optional[Path] = None, bin_dir: Path = BIN,
+                 node_cpu: str = "4", node_memory: str = "8Gi", agent_args: tuple[str, ...] = ()):
+        self.net = network.Addressing(index)
+        self.root = Path(root or f"/tmp/tianji-cluster-{index}")
+        self.bin = bin_dir
+        self.cp = ControlPlane(bin_dir, self.root, self.net)
+        self.agent_args = list(agent_args)
+        self.nodes = [NodeHandle(self, f"node-{i + 1}", i + 1, cpu=node_cpu, memory=node_memory)
+                      for i in range(nodes)]
+        self.coredns: Optional[Proc] = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cp.admin_kubeconfig
+
+    def kubectl(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.cp.kubectl(*args, **kw)
+
+    def up(self, wait_nodes: bool = True) -> "LocalCluster":
+        missing = missing_programs(self.bin)
+        if missing:
+            raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run `make cluster` first")
+        network.down_all(self.net)  # whatever a crashed run left
+        self.root.mkdir(parents=True, exist_ok=True)
+        network.up_bridge(self.net)
+        self.cp.start()
+        self.kubectl("apply", "-f", "-", input=COREDNS_RBAC)
+        self._start_dns()
+        for n in self.nodes:
+            n.start()
+        if wait_nodes:
+            self.wait_nodes_ready()
+        return self
+
+    def _start_dns(self) -> None:
+        from .controlplane import kubeconfig
+
+        kc = kubeconfig(self.root / "coredns.kubeconfig", self.cp.server, self.cp.pki.ca.cert,
+                        self.cp.pki.issue("coredns", "system:coredns"))
+        corefile = self.root / "Corefile"
+        corefile.write_text(
+            f".:53 {{\n  bind {self.net.gateway}\n  errors\n"
+            f"  kubernetes {DOMAIN} in-addr.arpa ip6.arpa {{\n    kubeconfig {kc} tianji-local\n"
+            f"    pods insecure\n    fallthrough in-addr.arpa ip6.arpa\n    ttl 5\n  }}\n  cache 5\n}}\n")
+        self.coredns = Proc("coredns", [str(self.bin / "coredns"), "-conf", str(corefile)],
+                            self.root / "logs" / "coredns.log").start()
+
+    def wait_nodes_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        want = {n.name for n in self.nodes}
+        while time.monotonic() < deadline:
+            ready, cidrs = self._node_states()
+            if want <= ready and want <= set(cidrs):
+                self.route_pods(cidrs)
+                return
+            for n in self.nodes:
+                if n.agent is not None and not n.agent.alive():
+                    raise RuntimeError(f"node agent {n.name} exited:\n{n.agent.tail(40)}")
+            time.sleep(0.5)
+        raise RuntimeError(f"nodes not Ready within {timeout:g} s: {self.kubectl('get', 'nodes', check=False).stdout}")
+
+    def _node_states(self) -> tuple[set[str], dict[str, tuple[str, str]]]:
+        res = self.kubectl("get", "nodes", "-o", "yaml", check=False)
+        items = (yaml.safe_load(res.stdout) or {}).get("items") or [] if res.returncode == 0 else []
+        ready, cidrs = set(), {}
+        for n in items:
+            name = n["metadata"]["name"]
+            conds = {c["type"]: c["status"] for c in (n.get("status") or {}).get("conditions") or []}
+            if conds.get("Ready") == "True":
+                ready.add(name)
+            ip = next((a["address"] for a in n["status"].get("addresses", []) if a["type"] == "InternalIP"), None)
+            if n["spec"].get("podCIDR") and ip:
+                cidrs[name] = (n["spec"]["podCIDR"], ip)
+        return ready, cidrs
+
+    def route_pods(self, cidrs: Optional[dict[str, tuple[str, str]]] = None) -> None:
+        """Root-namespace routes to every node's pods (the API server and DNS answer pods)."""
+        for cidr, ip in (cidrs if cidrs is not None else self._node_states()[1]).values():
+            network.route(cidr, ip)
+
+    def down(self) -> None:
+        for n in self.nodes:
+            n.shutdown(grace=5.0)
+        if self.coredns is not None:
+            self.coredns.stop()
+        self.cp.stop()
+        network.down_all(self.net)
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            return self.up()
+        except BaseException:
+            self.down()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def logs(self, lines: int = 30) -> str:
+        procs = [*self.cp.procs.values(), *([self.coredns] if self.coredns else []),
+                 *(n.agent for n in self.nodes if n.agent)]
+        return "\n".join(f"----- {p.name} ({'running' if p.alive() else 'exited'})\n{p.tail(lines)}" for p in procs)

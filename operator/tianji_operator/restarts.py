@@ -1,0 +1,108 @@
+"""Restarts and pod re-creations, counted from status so that they survive the operator.
+
+    status.restarts         container restarts of all the job's pods (runPolicy.backoffLimit
+                            charges these); never goes backwards
+    status.restartsByRole   {role: {containers: container restarts, pods: pods re-created}}
+                            (a pod re-created under its name: deleted, evicted, or exited
+                            while the job ran)
+    status.podsSeen         {pod name: {uid, restarts}}: what was already counted of each pod,
+                            so a tick (of this operator or of the next one) adds only what is new
+
+A pod seen under a new uid is a re-creation; its restartCount starts again. The ledger is
+reset (podsSeen {}) when a job is suspended or resumed: pods deleted and made again by the
+operator's own hand are not disruptions.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tianji.control.addressing import actor_set_name, pod_name
+
+from . import builders as b
+
+ROLES = ("learner", "buffer", "actor", "evaluator")
+
+
+def _restart_count(pod: dict) -> int:
+    return sum(int(c.get("restartCount") or 0) for c in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def _last_restart(pod: dict) -> str:
+    n = _restart_count(pod)
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (c.get("lastState") or {}).get("terminated") or {}
+        detail = ", ".join(x for x in (term.get("reason"), f"exit code {term['exitCode']}"
+                                       if "exitCode" in term else None) if x)
+        if term:
+            return f"pod {pod['metadata']['name']} restarted {n} time(s)" + (f" ({detail})" if detail else "")
+    return f"pod {pod['metadata']['name']} restarted {n} time(s)"
+
+
+class Ledger:
+    """One tick's view of the counts, loaded from status and advanced by `observe`."""
+
+    def __init__(self, status: dict):
+        self.first = "podsSeen" not in status  # a job counted by an older operator: no history to charge
+        self.seen: dict[str, dict] = copy.deepcopy(status.get("podsSeen") or {})
+        self.total = int(status.get("restarts") or 0)
+        by = status.get("restartsByRole") or {}
+        self.by_role = {r: {"containers": int((by.get(r) or {}).get("containers") or 0),
+                            "pods": int((by.get(r) or {}).get("pods") or 0)} for r in ROLES}
+        self.last = ""
+        self.recreated: list[str] = []  # pod names seen under a new uid this tick
+
+    def observe(self, pods: list[dict], expected: set[str]) -> None:
+        """Charge what is new in `pods`; forget pods that are neither there nor expected (actors
+        scaled away), so that a later scale-up is not a re-creation."""
+        last_n = -1
+        for p in pods:
+            meta = p["metadata"]
+            name, uid = meta["name"], meta.get("uid") or meta["name"]
+            role = (meta.get("labels") or {}).get(b.LABEL_ROLE)
+            if role not in ROLES:
+                continue
+            n, prev = _restart_count(p), self.seen.get(name)
+            held = 0
+            if prev is None:
+                new = 0 if self.first else n
+            elif prev.get("uid") != uid:
+                self.by_role[role]["pods"] += 1
+                self.recreated.append(name)
+                new = n
+            else:
+                held = int(prev.get("restarts") or 0)
+                new = max(0, n - held)
+            self.seen[name] = {"uid": uid, "restarts": max(n, held)}
+            if new:
+                self.total += new
+                self.by_role[role]["containers"] += new
+            if n > last_n and n:
+                self.last, last_n = _last_restart(p), n
+        present = {p["metadata"]["name"] for p in pods}
+        self.seen = {k: v for k, v in self.seen.items() if k in present or k in expected}
+
+    def fields(self) -> dict[str, Any]:
+        return {"restarts": self.total, "restartsByRole": self.by_role, "podsSeen": self.seen}
+
+    def summary(self) -> str:
+        """e.g. "learner: 1 pod re-created; actor: 2 container restarts" (empty: nothing happened)."""
+        parts = []
+        for r in ROLES:
+            c, p = self.by_role[r]["containers"], self.by_role[r]["pods"]
+            bits = [f"{c} container restart(s)" if c else "", f"{p} pod(s) re-created" if p else ""]
+            if any(bits):
+                parts.append(f"{r}: " + ", ".join(x for x in bits if x))
+        return "; ".join(parts)
+
+
+def expected_pods(name: str, topology: Any, sets: dict[int, Any], evaluator: bool) -> set[str]:
+    """Names of the pods a job runs now: its learners and buffers, actors up to each set's replicas."""
+    out = {pod_name(name, r, g, i) for g in range(topology.groups)
+           for r, n in (("learner", topology.learners), ("buffer", topology.buffers)) for i in range(n)}
+    for g, s in sets.items():
+        n = int(((s or {}).get("spec") or {}).get("replicas") or 0)
+        out |= {f"{actor_set_name(name, g)}-{i}" for i in range(n)}
+    if evaluator:
+        out.add(pod_name(name, "evaluator", 0, 0))
+    return out

@@ -1,0 +1,81 @@
+"""Helpers of the cluster tier's job tests: the job's status and pods through kubectl, and the
+worker processes' own final reports (their termination-message files, kept by the node agents)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from clusterkit import get, wait_for
+from tianji.control.accounting import Accounting
+from tianji.control.report import parse_report
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "cartpole-ppo.yaml"
+JOB = "cartpole-ppo"
+
+
+def example(patch: Optional[dict] = None, name: str = JOB) -> str:
+    """examples/cartpole-ppo.yaml as YAML text, with `patch` merged into its spec."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = name
+
+    def merge(into: dict, p: dict) -> None:
+        for k, v in p.items():
+            if isinstance(v, dict) and isinstance(into.get(k), dict):
+                merge(into[k], v)
+            else:
+                into[k] = v
+
+    merge(doc["spec"], patch or {})
+    return yaml.safe_dump(doc)
+
+
+def status(c, ns: str, name: str = JOB) -> dict:
+    return (get(c, "tjj", "-n", ns, name) or {}).get("status") or {}
+
+
+def condition(st: dict, ctype: str) -> Optional[dict]:
+    return next((x for x in st.get("conditions") or [] if x["type"] == ctype), None)
+
+
+def pods(c, ns: str, name: str = JOB) -> list[dict]:
+    return (get(c, "pods", "-n", ns, "-l", f"tianji.dev/job={name}") or {}).get("items") or []
+
+
+def wait_phase(c, ns: str, phases: tuple[str, ...], timeout: float, name: str = JOB) -> dict:
+    return wait_for(lambda: (s := status(c, ns, name)).get("phase") in phases and s, timeout,
+                    f"job {ns}/{name} phase in {phases}", interval=2.0,
+                    on_timeout=lambda: diagnostics(c, ns))
+
+
+def diagnostics(c, ns: str) -> str:
+    out = [c.kubectl("get", "tjj,pods,statefulsets", "-n", ns, "-o", "wide", check=False).stdout,
+           c.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout[-3000:],
+           yaml.safe_dump(status(c, ns))[-3000:]]
+    for log in sorted(c.root.glob(f"nodes/*/pods/{ns}_*/logs/*.log")):
+        out.append(f"----- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+    return "\n".join(out) + "\n" + c.logs(15)
+
+
+def final_reports(c, ns: str, name: str = JOB) -> tuple[list[dict], list[Path]]:
+    """(final reports, termination files without one) of every container the job ran, on every node."""
+    reports, missing = [], []
+    for f in sorted(c.root.glob(f"nodes/*/pods/{ns}_{name}-*/termination/*")):
+        text = f.read_text(errors="replace").strip()
+        try:
+            rep = json.loads(text) if text else None
+        except ValueError:
+            rep = None
+        (reports.append(rep) if isinstance(rep, dict) else missing.append(f))
+    return reports, missing
+
+
+def workers_view(reports: list[dict], name: str = JOB) -> dict[str, Any]:
+    """What the workers counted themselves, through the accounting summary.json uses."""
+    acc = Accounting()
+    for r in reports:
+        acc.take(parse_report(r, name))
+    return acc.view(1.0)

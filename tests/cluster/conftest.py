@@ -1,0 +1,87 @@
+"""The real-control-plane tier: a local cluster (cluster/localcluster: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and CoreDNS built from their Go modules by `make
+cluster`, two nodes run by the node agent) and the operator installed by `helm install` of
+charts/tianji-operator, running in a pod with the chart's ServiceAccount.
+
+One cluster and one release serve the whole session; each test works in its own namespace.
+On these machines the tier never skips: missing programs fail it (`make cluster` builds them).
+`TIANJI_SKIP_CLUSTER=1` skips it, for machines without root or Go."""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from localcluster import network
+from localcluster.cluster import BIN, LocalCluster, missing_programs
+from localcluster.pods import unavailable_reason
+
+from clusterkit import OPERATOR_NS, RELEASE, helm, install_operator
+
+# Faster than a kubelet's defaults, as the emulator tier runs them: restarts back off from 1 s.
+AGENT_ARGS = ("--backoff-base=1", "--backoff-max=10", "--probe-period-cap=1")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/cluster/" in str(item.fspath):
+            item.add_marker(pytest.mark.cluster)
+
+
+def _free_index() -> int:
+    """A cluster number whose bridge is not in use (a person's `make cluster-up` takes 0)."""
+    for i in range(1, 16):
+        if not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
+            return i
+    raise RuntimeError("all 15 local-cluster address ranges are in use")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> LocalCluster:
+    if os.environ.get("TIANJI_SKIP_CLUSTER") == "1":
+        pytest.skip("TIANJI_SKIP_CLUSTER=1")
+    missing = missing_programs()
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)} in {BIN}: run `make cluster` (make test does)")
+    reason = unavailable_reason()
+    if reason:
+        pytest.fail(reason)
+    c = LocalCluster(2, index=_free_index(), root=tmp_path_factory.mktemp("cluster"), agent_args=AGENT_ARGS)
+    try:
+        c.up()
+    except BaseException:
+        print(c.logs(60))
+        c.down()
+        raise
+    yield c
+    c.down()
+
+
+@pytest.fixture(scope="session")
+def prometheus(cluster: LocalCluster, tmp_path_factory):
+    from cluster_prometheus import ClusterPrometheus
+
+    p = ClusterPrometheus(cluster, tmp_path_factory.mktemp("prometheus")).start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: LocalCluster) -> str:
+    """`helm install` of the chart, as the README says (plus shorter intervals and the test
+    Prometheus allowed); waits for the operator pod to be Ready."""
+    from cluster_prometheus import prometheus_url
+
+    install_operator(cluster, prometheus_url(cluster))
+    yield RELEASE
+    helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster) -> str:
+    ns = f"t-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    yield ns
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -1,0 +1,96 @@
+"""The local cluster itself is a Kubernetes cluster: nodes registered by the node agent and kept
+alive by their Leases, the real scheduler placing pods by capacity, pods on both nodes reaching
+each other by cluster DNS names, the Node authorizer confining a node to its own pods."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+from clusterkit import get, wait_for
+
+SERVER = textwrap.dedent("""
+    import http.server, os, socket
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (os.environ["HOSTNAME"] + " " + socket.gethostbyname(socket.gethostname())).encode()
+            self.send_response(200); self.end_headers(); self.wfile.write(body)
+    http.server.HTTPServer((os.environ["POD_IP"], 8080), H).serve_forever()
+""")
+CLIENT = textwrap.dedent("""
+    import socket, sys, time, urllib.request
+    name = sys.argv[1]
+    for _ in range(120):
+        try:
+            print(socket.gethostbyname(name), urllib.request.urlopen(f"http://{name}:8080", timeout=2).read().decode())
+            sys.exit(0)
+        except OSError as e:
+            err = e
+            time.sleep(0.5)
+    print("failed:", err); sys.exit(1)
+""")
+
+
+def pod(name: str, node: str, script: str, *args: str, hostname: str = "", restart: str = "Never") -> dict:
+    spec = {"restartPolicy": restart,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "main", "image": "python", "command": ["python", "-c", script, *args],
+                            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
+    if hostname:
+        spec.update(hostname=hostname, subdomain="web")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}}, "spec": spec}
+
+
+def apply(c, ns: str, *docs: dict) -> None:
+    c.kubectl("apply", "-n", ns, "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+
+
+def test_nodes_register_with_capacity_and_podcidrs(cluster):
+    nodes = get(cluster, "nodes")["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == ["node-1", "node-2"]
+    for n in nodes:
+        assert n["status"]["allocatable"]["cpu"] == "4"
+        assert n["spec"]["podCIDR"]  # from the controller manager's node IPAM
+        ready = next(c for c in n["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
+    lease = get(cluster, "lease", "-n", "kube-node-lease", "node-1")
+    assert lease["spec"]["holderIdentity"] == "node-1"
+
+
+def test_pods_on_two_nodes_find_each_other_by_dns(cluster, namespace):
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+           "spec": {"clusterIP": "None", "selector": {"app": "server"}, "ports": [{"port": 8080}]}}
+    apply(cluster, namespace, svc, pod("server", "node-1", SERVER, hostname="server"))
+    apply(cluster, namespace, pod("client", "node-2", CLIENT, f"server.web.{namespace}.svc.cluster.local"))
+    done = wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, "client")) and
+                    p["status"].get("phase") in ("Succeeded", "Failed") and p, 120, "the client pod to finish")
+    server = get(cluster, "pod", "-n", namespace, "server")
+    assert server["spec"]["nodeName"] == "node-1" and done["spec"]["nodeName"] == "node-2"
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    # The client's log: the name resolved to the server pod's IP, and the server answered from it.
+    log = (cluster.root / "nodes" / "node-2").rglob("main-0.log")
+    text = next(p.read_text() for p in log if f"{namespace}_client_" in str(p))
+    ip = server["status"]["podIP"]
+    assert text.split()[:3] == [ip, "server", ip], text
+
+
+def test_a_pod_larger_than_any_node_stays_pending(cluster, namespace):
+    big = pod("big", "node-1", "pass")
+    del big["spec"]["nodeSelector"]
+    big["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "64"
+    apply(cluster, namespace, big)
+    cond = wait_for(lambda: next((c for c in (get(cluster, "pod", "-n", namespace, "big")["status"].get("conditions")
+                                              or []) if c["type"] == "PodScheduled"), None), 60, "PodScheduled")
+    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+    assert "Insufficient cpu" in cond["message"]
+
+
+def test_a_node_may_only_read_its_own_pods_secrets(cluster, namespace):
+    cluster.kubectl("create", "secret", "generic", "s", "-n", namespace, "--from-literal=k=v")
+    res = cluster.kubectl("auth", "can-i", "get", "secret/s", "-n", namespace, "--as=system:node:node-1",
+                          "--as-group=system:nodes", check=False)
+    # the Node authorizer's own word: a node reads only what its own pods refer to
+    assert res.stdout.startswith("no") and "no relationship found" in res.stdout, res
+    res = cluster.kubectl("auth", "can-i", "update", "nodes/status", "--as=system:node:node-1",
+                          "--as-group=system:nodes", check=False)
+    assert res.stdout.strip() == "yes", res

@@ -1,0 +1,77 @@
+"""The operator's own life on the real control plane: restarted mid-run by its Deployment
+(no duplicate child, no terminal condition rewritten, no actor of an ended job revived), and
+`helm uninstall` with a job running (no object left, no finalizer stuck)."""
+from __future__ import annotations
+
+import pytest
+
+from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, wait_for
+from cluster_prometheus import prometheus_url
+from cluster_jobs import JOB, diagnostics, example, pods, status, wait_phase
+
+OPERATOR_POD = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+
+
+def operator_pod(c) -> dict | None:
+    items = (get(c, "pods", "-n", OPERATOR_NS, "-l", OPERATOR_POD) or {}).get("items") or []
+    live = [p for p in items if not p["metadata"].get("deletionTimestamp")]
+    return live[0] if len(live) == 1 else None
+
+
+def ready(p: dict | None) -> bool:
+    return bool(p) and any(x["type"] == "Ready" and x["status"] == "True" for x in p["status"].get("conditions", []))
+
+
+def restart_operator(c) -> None:
+    old = operator_pod(c)
+    c.kubectl("delete", "pod", "-n", OPERATOR_NS, old["metadata"]["name"])
+    wait_for(lambda: (p := operator_pod(c)) and p["metadata"]["uid"] != old["metadata"]["uid"] and ready(p),
+             120, "a new operator pod, Ready")
+
+
+@pytest.mark.timeout(900)
+def test_an_operator_restart_keeps_ended_jobs_ended_and_running_ones_single(cluster, operator, namespace):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(name="done"))
+    ended = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 600, name="done")
+    wait_for(lambda: not pods(cluster, namespace, "done"), 120, "the ended job's pods gone")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example())
+    wait_for(lambda: status(cluster, namespace).get("envFrames", 0) > 5000, 300, "the second job training",
+             on_timeout=lambda: diagnostics(cluster, namespace))
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(cluster, namespace)}
+    restart_operator(cluster)
+    # The running job keeps its children: the same pods, one StatefulSet, no second learner.
+    wait_for(lambda: status(cluster, namespace).get("envFrames", 0) > 20000, 300, "training to go on")
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(cluster, namespace)}
+    assert {k: v for k, v in after.items() if "actor" not in k} == {k: v for k, v in before.items() if "actor" not in k}
+    sets = get(cluster, "statefulsets", "-n", namespace, "-l", f"tianji.dev/job={JOB}")["items"]
+    assert len(sets) == 1, [s["metadata"]["name"] for s in sets]
+    # The ended job: same phase, conditions and numbers; its actors stay at 0.
+    now = status(cluster, namespace, "done")
+    for key in ("phase", "conditions", "meanReturn", "envFrames", "completionTime"):
+        assert now.get(key) == ended.get(key) or key == "envFrames" and now.get(key) >= ended.get(key), key
+    assert not pods(cluster, namespace, "done")
+    done_sets = get(cluster, "statefulsets", "-n", namespace, "-l", "tianji.dev/job=done")["items"]
+    assert all(s["spec"]["replicas"] == 0 for s in done_sets), [s["spec"] for s in done_sets]
+    st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 600)
+    assert st["phase"] == "Succeeded", st
+
+
+@pytest.mark.timeout(600)
+def test_helm_uninstall_with_a_running_job_leaves_nothing_stuck(cluster, operator, namespace):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example({"stop": {"meanReturn": None,
+                                                                                   "envFrames": None}}))
+    wait_for(lambda: status(cluster, namespace).get("phase") == "Running", 300, "the job running",
+             on_timeout=lambda: diagnostics(cluster, namespace))
+    try:
+        helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=180s")
+        job = get(cluster, "tjj", "-n", namespace, JOB)
+        assert job is None or not job["metadata"].get("finalizers"), job["metadata"]
+        # Deleting the job now needs no operator: nothing holds it, garbage collection takes the children.
+        cluster.kubectl("delete", "tjj", JOB, "-n", namespace, "--timeout=60s", check=False)
+        wait_for(lambda: get(cluster, "tjj", "-n", namespace, JOB) is None, 60, "the job gone")
+        wait_for(lambda: not pods(cluster, namespace), 120, "its pods gone (garbage collector)")
+        cluster.kubectl("delete", "namespace", namespace, "--timeout=120s")
+        left = cluster.kubectl("get", "all", "-n", OPERATOR_NS, "-o", "name").stdout.split()
+        assert not [x for x in left if "tianji" in x], left
+    finally:  # the session's later tests keep an operator
+        install_operator(cluster, prometheus_url(cluster))

@@ -1,0 +1,49 @@
+"""summary.json: the accounting's view (the numbers a TianJiJob's status shows) plus what
+only a local run has (restarts, run dir, exit reason, warnings). README lists its fields."""
+from __future__ import annotations
+
+from typing import Optional
+
+from tianji.control.accounting import Accounting
+from tianji.observability.learnerstats import lag_histogram, learner_stats
+
+DATA_ROLES = ("actor", "buffer", "learner")
+
+
+def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_target: Optional[float],
+                mean_at_target: Optional[float], restarts: dict, run_dir: str, resumed_from: Optional[dict],
+                error: Optional[str], warnings: list[str]) -> dict:
+    """`wall` and `seconds_to_target` count the whole run (a resumed run's earlier launches too)."""
+    spec, t = job.spec, job.spec.topology
+    v = acc.view(wall, spec.evaluation)
+    frames = max(v["env_frames"], 1)
+    rejected = acc.reasons("messages_rejected_total")
+    return {
+        "job": job.name, "algorithm": spec.algorithm.name, "env": spec.env.id,
+        "target_return": float(spec.stop.mean_return) if spec.stop.mean_return is not None else None,
+        "reached_target": seconds_to_target is not None,
+        "seconds_to_target": round(seconds_to_target, 3) if seconds_to_target is not None else None,
+        "mean_return_at_target": mean_at_target,
+        "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
+        "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
+        "throughput": v["throughput"],
+        "policy_lag": {k: (x if x is not None else 0.0) for k, x in v["policy_lag"].items()},
+        "policy_lag_hist": lag_histogram(acc),
+        "learner_stats": learner_stats(acc),
+        "processes": {"actors": t.groups * t.actors, "buffers": t.groups * t.buffers,
+                      "learners": t.groups * t.learners},
+        "bytes_sent": v["bytes_sent"],
+        "bytes_sent_per_frame": {r: acc.role_totals(r).get("bytes_sent_total", 0.0) / frames for r in DATA_ROLES},
+        "rejected_messages": v["rejected_messages"],
+        "rejected_by_reason": {**rejected, **({"launcher_report": acc.rejected} if acc.rejected else {})},
+        "exit_reason": reason,
+        "restarts": restarts,
+        "dropped_samples": v["dropped_samples"],
+        "dropped_fraction": v["dropped_fraction"], "replay_ratio": v["replay_ratio"],
+        "policy_version": v["policy_version"],
+        "evaluation": v["evaluation"],
+        "run_dir": run_dir,
+        **({"resumed_from": resumed_from} if resumed_from else {}),
+        **({"error": error} if error else {}),
+        **({"warnings": warnings} if warnings else {}),
+    }
