@@ -176,3 +176,104 @@ def test_pong_smoke_through_roles(tmp_path):
     assert s["policy_version"] >= 1
     assert s["rejected_messages"] == 0
     assert s["restarts"] == {"actor": 0, "buffer": 0, "learner": 0}
+
+
+def _frames(env, seed, steps=40):
+    """Observations of `steps` fixed-action steps after reset(seed=seed)."""
+    obs, _ = env.reset(seed=seed)
+    out = [obs.copy()]
+    for t in range(steps):
+        obs, *_ = env.step(np.full(env.num_envs, t % 3))
+        out.append(obs.copy())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("seed", [2 ** 31 + 5, np.int64(7), [3, 2 ** 40]])
+def test_reset_takes_every_seed_form_and_repeats_it(backend, seed):
+    """Seeds at or above 2**31 (the evaluator's), numpy integers and one seed per env: ale-py's native
+    vector env rejected all three (a C int per env; only a Python int), Gymnasium's the numpy int."""
+    env = _env("ALE/Breakout-v5", 2)
+    try:
+        first = _frames(env, seed)
+        np.testing.assert_array_equal(first, _frames(env, seed))  # the same seed, the same play
+    finally:
+        env.close()
+
+
+def test_seeds_are_plain_ints_in_the_c_range_and_distinct():
+    from tianji.envs import seeding
+
+    assert seeding.per_env(np.int64(4), 3) == [4, 5, 6] and seeding.per_env(None, 3) is None
+    assert all(type(s) is int for s in seeding.per_env(np.array([1, 2]), 2))
+    with pytest.raises(ValueError, match="2 ints"):
+        seeding.per_env([1.5, 2.5], 2)
+    big = seeding.fit_c_int(seeding.per_env(2 ** 31 + 10, 8))
+    assert ((big >= 0) & (big < 2 ** 31 - 1)).all() and len(set(big.tolist())) == 8
+    assert seeding.fit_c_int([0, 5, 2 ** 31 - 2]).tolist() == [0, 5, 2 ** 31 - 2]  # in range: unchanged
+    assert seeding.fit_c_int([2 ** 31 + 10]).tolist() == big[:1].tolist()  # deterministic
+
+
+def _pong_job(**evaluation):
+    import yaml
+
+    from tianji.control.spec import parse_job
+
+    doc = yaml.safe_load((ROOT / "examples" / "pong-ppo.yaml").read_text())
+    doc["spec"]["evaluation"] = evaluation
+    doc["spec"]["network"] = {"encryption": "none"}
+    return parse_job(doc)
+
+
+def test_the_in_run_evaluator_evaluates_pong(tmp_path, backend):
+    """The evaluator role's own path (its seeds start at env.seed + 2**31): on Pong every evaluation
+    crashed in ale-py's reset, so a Pong run's evaluator was restarted until it was given up."""
+    import zmq
+
+    from tianji.algos.models import state_arrays
+    from tianji.control.addressing import Addresses
+    from tianji.control.report import parse_report
+    from tianji.runtime.roles.evaluator import Evaluator
+    from tianji.runtime.wire import encode
+
+    job = _pong_job(intervalSeconds=0.01, episodes=2)
+    ev = Evaluator(job, 0, 0, Addresses(job.name, 5550, tmp_path))
+    ev.setup()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    (tmp_path / "sock").mkdir(exist_ok=True)
+    pub.bind(ev.addrs.bind("params", 0, 0))
+    try:
+        arrays = state_arrays(ev.model)
+        for _ in range(100):  # until the subscription has reached the publisher
+            pub.send_multipart(encode("params", job.name, "learner-0-0", 0, 3, arrays, {"frames": 512}))
+            if ev.sub.poll(100):
+                ev.probe_params()
+            if ev.version == 3:
+                break
+        assert ev.version == 3
+        ev.next_at = 0.0
+        ev.step()  # due: one evaluation of version 3
+        rep = parse_report(ev.report(), job.name)
+        last = rep.extra["eval"]["last"]
+        assert rep.extra["eval"]["count"] == 1 and last["policy_version"] == 3 and last["episodes"] == 2
+        assert -21 <= last["return_mean"] <= 21
+    finally:
+        ctx.destroy(linger=0)
+        ev.teardown()
+        ev.ctx.destroy(linger=0)
+
+
+def test_tianji_eval_of_a_pong_checkpoint(tmp_path):
+    from tianji.algos.models import build_model
+    from tianji.cli.evaluate import evaluate
+    from tianji.control.spec import dump_job
+    from tianji.envs import probe_env
+    from tianji.runtime import checkpoint
+
+    job = _pong_job()
+    model = build_model(job.spec.algorithm, job.spec.model, probe_env(job.spec.env), job.spec.env.seed)
+    path = checkpoint.save(tmp_path / "ckpt", 2, {"model": model.state_dict(), "policy_version": 2,
+                                                  "manifest": dump_job(job)}, keep=1)
+    for seed in (12345, 2 ** 31 + 1):  # the CLI's default, and a seed in the evaluator's range
+        res = evaluate(path, episodes=1, seed=seed, num_envs=1)
+        assert res["episodes"] == 1 and res["policy_version"] == 2 and -21 <= res["mean_return"] <= 21

@@ -84,3 +84,16 @@ def test_hostile_global_frames_are_rejected(f):
 def test_honest_pacing_values_pass():
     assert check_headroom(1.2) == 1.2 and check_headroom(None) is None
     assert check_frames(123_456) == 123_456 and check_frames(None) is None
+
+
+def test_the_credit_window_defaults_to_one_batch_for_ppo_and_two_for_dqn():
+    """A second PPO batch queued behind the one in training is consumed a version later: with a peer's
+    4096-sample batches that doubled the mean lag (docs/ablation.md). DQN's batches are replay draws."""
+    def spec(algo, **staleness):
+        return parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "w"},
+                          "spec": {"algorithm": {"name": algo}, "staleness": staleness}}).spec
+
+    assert spec("ppo").credit_window == 1 and spec("dqn").credit_window == 2
+    assert spec("ppo", creditWindow=3).credit_window == 3 and spec("dqn", creditWindow=1).credit_window == 1
+    # what the actors may produce before the learner's first update follows it
+    assert startup_frames(spec("ppo", creditWindow=3), 1) - startup_frames(spec("ppo"), 1) == 2 * 256

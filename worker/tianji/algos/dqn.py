@@ -55,7 +55,8 @@ class DQNLearner:
             for t, o in zip(self.target.parameters(), self.model.parameters()):
                 t.lerp_(o, tau) if tau < 1 else t.copy_(o)
 
-    def update(self, b: dict[str, np.ndarray]) -> dict[str, float]:
+    def update(self, b: dict[str, np.ndarray], tick=None) -> dict[str, float]:
+        """stepsPerBatch gradient steps; `tick()` after each (the learner's heartbeat, as PPO's)."""
         c = self.cfg
         dev = self.device
         obs, nxt = to_tensor(b["obs"], dev), to_tensor(b["next_obs"], dev)
@@ -77,6 +78,8 @@ class DQNLearner:
                 continue
             self.steps += 1
             steps += 1
+            if tick is not None:
+                tick()
             if self.steps % c.target_update_interval == 0:
                 self._sync_target()
             loss_sum += loss.item()

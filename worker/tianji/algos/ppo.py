@@ -86,8 +86,9 @@ class PPOLearner:
         frames = self.samples_seen if self.world > 1 else self.frames
         return c.lr * max(0.0, 1.0 - frames / c.lr_anneal_frames)
 
-    def update(self, b: dict[str, np.ndarray]) -> dict[str, float]:
-        """One PPO iteration (epochs x minibatches) on a [T, N] batch; returns loss stats."""
+    def update(self, b: dict[str, np.ndarray], tick=None) -> dict[str, float]:
+        """One PPO iteration (epochs x minibatches) on a [T, N] batch; returns loss stats. `tick()`
+        runs after every minibatch step (the learner's heartbeat: an update can outlast its timeout)."""
         c = self.cfg
         dev = self.device
         obs = to_tensor(b["obs"], dev)
@@ -155,6 +156,8 @@ class PPOLearner:
                     skipped += 1
                     continue
                 steps += 1
+                if tick is not None:
+                    tick()
                 with torch.no_grad():
                     stats["policy_loss"] += pg.item()
                     stats["value_loss"] += vl.item()

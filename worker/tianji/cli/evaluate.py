@@ -84,7 +84,7 @@ def play_episodes(model, env, info, algo: str, episodes: int, epsilon: float, se
 
     rng = np.random.default_rng(seed)
     quota = EpisodeQuota(episodes, env.num_envs)
-    obs, _ = env.reset(seed=seed)
+    obs, _ = env.reset(seed=int(seed))
     ret = np.zeros(env.num_envs)
     with torch.inference_mode():
         while not quota.done and not (should_stop and should_stop()):

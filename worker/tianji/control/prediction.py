@@ -139,7 +139,7 @@ def _policy_lag(job: TianJiJob, p: Profile, sh: Shape, t: float, produced: float
     s = job.spec
     u = 1.0 / t
     lag = u * p.fragment_samples / (produced / (sh.g * sh.na)) + (s.staleness.publish_every - 1) / 2
-    lag += s.staleness.credit_window if kind == TRAINING_BOUND else 0.5
+    lag += s.credit_window if kind == TRAINING_BOUND else 0.5
     if s.algorithm.name == "dqn":
         lag += u * s.algorithm.replay_capacity / (2 * produced / (sh.g * sh.nb))
     return lag

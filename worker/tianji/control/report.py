@@ -36,6 +36,10 @@ COUNTERS = {
     "group_averages_total": "Cross-group parameter averages a learner applied (topology.groupSync: average)",
     "group_averages_skipped_total": "Cross-group averages skipped because their mean was not finite",
     "eval_episodes_total": "Episodes the evaluator played with the greedy policy (spec.evaluation)",
+    "policy_wait_seconds_total": "dependencies: strict: seconds an actor waited for the policy trained on its "
+                                 "rollout",
+    "strict_resends_total": "dependencies: strict: rollouts an actor sent again because no new policy came "
+                            "(a rollout lost to a restart)",
 }
 GAUGES = {
     "policy_version": "Policy version this role holds",

@@ -45,6 +45,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from tianji.control.spec import EnvConfig
+from tianji.envs import seeding
 
 SCREEN = 84
 FRAME_SKIP = 4
@@ -155,7 +156,10 @@ class AtariVec(VectorEnv):
         self._sent: Optional[np.ndarray] = None
 
     def reset(self, *, seed: Any = None, options: Optional[dict] = None):
-        obs, info = self.env.reset(seed=seed, options=options)
+        seeds = seeding.per_env(seed, self.num_envs)  # one plain int per env, as each backend needs (seeding.py)
+        if seeds is not None and self.backend == "native":
+            seeds = seeding.fit_c_int(seeds)
+        obs, info = self.env.reset(seed=seeds, options=options)
         self._lives = self._get_lives(info)
         self._after_life_loss[:] = False
         self._after_real_done[:] = False

@@ -53,9 +53,9 @@ def startup_frames(spec, peers: int) -> int:
     sample (replayErrorBuffer / replayRatio). Shared among the `peers` actors of that learner;
     anything beyond would be dropped (stale, overflow, ratio) while the learner starts up.
     """
-    a, st = spec.algorithm, spec.staleness
+    a = spec.algorithm
     if a.name == "ppo":
-        total = (spec.max_policy_lag if spec.max_policy_lag is not None else 4) + 1 + st.credit_window
+        total = (spec.max_policy_lag if spec.max_policy_lag is not None else 4) + 1 + spec.credit_window
         samples = total * a.batch_size
     else:
         lim = spec.replay_limiter()

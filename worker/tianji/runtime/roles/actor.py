@@ -16,6 +16,13 @@ Until the first capacity advert (the learner is still starting), an actor
 produces its share of what the learner can use when it starts
 (pacing.startup_frames) at INITIAL_FPS, then slows to that share per STARTUP_TRICKLE_S.
 
+`spec.dependencies: strict` (the paper's strictly ordered baseline, for bench/ablation.py) turns
+this into the classic synchronous loop on the same sockets: an actor waits for parameters it has
+not rolled out with, rolls out its share of one batch (batchSize / actors per buffer samples) with
+them, sends it, and waits again; no pacing. The learner, training only on complete batches and
+dropping any sample with lag > 0 (spec.max_policy_lag is 0), then trains on exactly the last
+rollout of every actor.
+
 Exploration follows the learner's global frame count, published with the
 parameters (a restarted actor carries on where the job is, not at epsilon = 1).
 """
@@ -38,12 +45,13 @@ from tianji.runtime.pacing import startup_frames
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.roles.base import Role
 from tianji.runtime.validate import (check_capacity, check_frames, check_headroom, check_learner_version,
-                                     check_params, limits_for)
+                                     check_params, limits_for, ppo_batch_fragments)
 from tianji.runtime.wire import WireError
 
 log = logging.getLogger("tianji")
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
 STARTUP_TRICKLE_S = 1.0  # once its start-up share is sent, an actor sends it again every this many seconds
+STRICT_RESEND_S = 60.0  # dependencies: strict: a round open this long (and 4x the longest so far) was lost
 
 
 class Pacer:
@@ -134,7 +142,13 @@ class Actor(ParamFollower, Role):
                                 peer=f"buffer-{self.group}-{b}")
         self.follow_params(self.group, l)
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
-        self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors else None)
+        # dependencies: strict (the paper's baseline): rounds of one rollout, then a wait for the new policy
+        self.strict = s.dependencies == "strict"
+        self.rollout_fragments = ppo_batch_fragments(s) // (topo.actors // topo.buffers) if self.strict else 0
+        self.rolled_out: Optional[int] = None  # the version of the last strict rollout
+        self.fresh_policy = False  # parameters arrived that this actor has not rolled out with
+        self.longest_wait = 0.0  # the longest a round took to close, so far
+        self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors and not self.strict else None)
         self.learner_paced = False  # a capacity advert has arrived
         self.startup_frames = startup_frames(s, self.peers)
         self.sent_frames = 0  # frames of the fragments the push socket took (a buffer not up yet loses none)
@@ -142,7 +156,8 @@ class Actor(ParamFollower, Role):
         self.nonfinite_fragments = 0
 
     def _rest(self, seconds: float) -> None:
-        """Sleep while pacing, but keep probing parameters."""
+        """Sleep while pacing, but keep probing parameters and reporting: paced to a slow learner (Pong
+        on a loaded 2-core box) one fragment's rest outlasted the 30 s heartbeat timeout."""
         end = time.monotonic() + seconds
         while not self.stopping:
             left = end - time.monotonic()
@@ -150,12 +165,60 @@ class Actor(ParamFollower, Role):
                 break
             if self.sub.poll(timeout=min(left, 0.05) * 1000):
                 self.probe_params()
+            self.maybe_report()
 
     def step(self) -> None:
+        if self.strict:
+            self._strict_round()
+            return
         if self.pacer.fps == INITIAL_FPS and not self.learner_paced and self.sent_frames >= self.startup_frames:
             # The learner is not training yet: more would only be dropped. A trickle, not a stop: what
             # was sent may have been lost (a buffer not up yet), and DQN needs learningStarts to begin.
             self.pacer.set_rate(self.startup_frames / STARTUP_TRICKLE_S)
+        self._fragment()
+        self.probe_params()
+        wait = self.pacer.wait_time()
+        if wait > 0:
+            self._rest(wait)
+
+    # ------------------------------------------------------------ dependencies: strict
+    def _strict_round(self) -> None:
+        """One round of the synchronous loop: wait for a policy this actor has not rolled out with
+        (the one the learner trained on its last rollout), then roll out its share of a batch."""
+        if not self._await_new_policy():
+            return
+        self.rolled_out = self.version
+        self.fresh_policy = False
+        for _ in range(self.rollout_fragments):
+            if self.stopping:
+                return
+            self._fragment()
+
+    def _await_new_policy(self) -> bool:
+        """Block (reporting, stoppable) until new parameters arrive. A republish of the version already
+        rolled out is not new. A round whose rollout was lost (a restart) never closes: after
+        STRICT_RESEND_S, or 4x the longest round so far if longer (a Pong update at load 10 took 40 s),
+        the actor rolls out again with what it has (counted, strict_resends_total)."""
+        t0 = time.monotonic()
+        patience = max(STRICT_RESEND_S, 4 * self.longest_wait)  # a slow learner's round is not a lost one
+        while not self.fresh_policy and not self.stopping:
+            if self.sub.poll(timeout=50):
+                self.probe_params()
+            self.maybe_report()
+            if time.monotonic() - t0 > patience and self.rolled_out is not None:
+                self.metrics.inc("strict_resends_total")
+                log.warning("%s: no new policy %.0f s after the rollout of version %d; rolling out again",
+                            self.sender, patience, self.rolled_out)
+                break
+        waited = time.monotonic() - t0
+        self.metrics.inc("policy_wait_seconds_total", waited)
+        if self.fresh_policy and self.rolled_out is not None:
+            self.longest_wait = max(self.longest_wait, waited)
+        return not self.stopping
+
+    # ------------------------------------------------------------ fragments
+    def _fragment(self) -> None:
+        """Roll out one fragment with the current policy and push it."""
         version = self.version
         arrays, finished = self.rollout.fragment()
         frames = self.rollout.n * self.rollout.T
@@ -171,10 +234,6 @@ class Actor(ParamFollower, Role):
         self.pacer.add(frames)
         if self._env_output_finite(arrays):
             self._send_fragment(arrays, version, frames)
-        self.probe_params()
-        wait = self.pacer.wait_time()
-        if wait > 0:
-            self._rest(wait)
 
     def _env_output_finite(self, arrays: dict) -> bool:
         """False (fragment dropped and counted, envs reset if need be) when the env produced a
@@ -206,7 +265,9 @@ class Actor(ParamFollower, Role):
         self.rollout.params_loaded()  # a reduced-precision policy copy follows the new weights
         if frames is not None:
             self.rollout.global_frames = frames
-        if self.spec.staleness.pace_actors and cap:
+        if self.version != self.rolled_out:
+            self.fresh_policy = True
+        if self.spec.staleness.pace_actors and cap and not self.strict:
             self.learner_paced = True
             self.pacer.set_rate(pace_fps(cap, self.spec.replay_ratio, self.peers,
                                          headroom or self.spec.staleness.pace_headroom))

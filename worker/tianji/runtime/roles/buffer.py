@@ -61,7 +61,7 @@ class Buffer(Role):
         self.frag_limits = limits_for(fragment_bytes(s, self.info))
         self.credit_limits = Limits(max_frame_bytes=0, max_total_bytes=0)
         self.max_lag = s.max_policy_lag
-        self.window = s.staleness.credit_window
+        self.window = s.credit_window
         self.frag_in = self.socket(zmq.PULL, self.addrs.bind("fragments", self.group, self.index), bind=True, hwm=64,
                                    max_msg=self.frag_limits.max_total_bytes * 4)
         self.credit_in = self.socket(zmq.PULL, self.addrs.bind("credits", self.group, self.index), bind=True, hwm=64,

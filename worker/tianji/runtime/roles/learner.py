@@ -96,7 +96,7 @@ class Learner(Role):
             # frames in average mode too: it only has to agree within a group there).
             self.algo.world = world
         self.batch_in = self.socket(zmq.PULL, self.addrs.bind("batches", self.group, self.index), bind=True,
-                                    hwm=max(s.staleness.credit_window + 1,
+                                    hwm=max(s.credit_window + 1,
                                             min(MAX_DRAIN, RECV_QUEUE_BYTES // self.batch_limits.max_total_bytes)),
                                     max_msg=self.batch_limits.max_total_bytes * 4)
         self.pub = self.socket(zmq.PUB, self.addrs.bind("params", self.group, self.index), bind=True, hwm=2)
@@ -109,7 +109,7 @@ class Learner(Role):
         self.last_refresh = time.monotonic()
         self.pending: deque = deque()  # validated batches, at most creditWindow + 1
         for b in self.credit_out:  # announce ourselves (and our version numbering) with a full window
-            self._credit(b, s.staleness.credit_window, reset=True)
+            self._credit(b, s.credit_window, reset=True)
         self.publish()
 
     def _device(self) -> torch.device:
@@ -248,7 +248,9 @@ class Learner(Role):
             self.algo.frames = self.frames
         t0 = time.perf_counter()
         try:
-            stats = self.algo.update(arrays)
+            # Reports go on during the update: a Pong update on a loaded 2-core box outlasted the
+            # launcher's 30 s heartbeat timeout, and the learner was killed before its first version.
+            stats = self.algo.update(arrays, tick=self.maybe_report)
         except RuntimeError as e:
             if self.averager is None:
                 raise
@@ -320,7 +322,7 @@ class Learner(Role):
         t_wait = time.monotonic()
         if self.pending or self.batch_in.poll(timeout=50):
             for _ in range(MAX_DRAIN):
-                if len(self.pending) > self.spec.staleness.credit_window or not self.batch_in.poll(0):
+                if len(self.pending) > self.spec.credit_window or not self.batch_in.poll(0):
                     break
                 msg = self.receive(self.batch_in, ("batch",), ("buffer",), self.batch_limits)
                 if msg is not None:
@@ -337,7 +339,7 @@ class Learner(Role):
             idle = not self.pending and not self.batch_in.poll(0)
             for b, t in self.last_batch_from.items():
                 if idle and now - t > CREDIT_REFRESH_S:
-                    self._credit(b, self.spec.staleness.credit_window)
+                    self._credit(b, self.spec.credit_window)
             self.publish()  # late subscribers (slow joiners, restarted actors) catch up within a second
         if now - self.last_ckpt_t > self.spec.checkpoint.interval_seconds:
             self.save_checkpoint()
