@@ -3,6 +3,8 @@ and the operator's autoscaler deciding from a real Prometheus that discovered th
 with kubernetes_sd_configs (the chart's PodMonitor, as prometheus-operator renders it)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from clusterkit import get, wait_for
@@ -27,7 +29,8 @@ def test_kubectl_scale_sets_the_actor_count(cluster, operator, namespace):
     wait_for(lambda: len(actor_pods(cluster, namespace)) == 3, 180, "3 actor pods running",
              on_timeout=lambda: diagnostics(cluster, namespace))
     assert get(cluster, "statefulset", "-n", namespace, STS)["spec"]["replicas"] == 3
-    scale = get(cluster, "--raw", f"/apis/tianji.dev/v1alpha1/namespaces/{namespace}/tianjijobs/{JOB}/scale")
+    scale = json.loads(cluster.kubectl("get", "--raw",
+                                       f"/apis/tianji.dev/v1alpha1/namespaces/{namespace}/tianjijobs/{JOB}/scale").stdout)
     assert scale["spec"]["replicas"] == 3
     wait_for(lambda: status(cluster, namespace).get("actorReplicas") == 3, 60, "status.actorReplicas 3")
     # the StatefulSet's pods are spread by the real scheduler over the two nodes' capacity
@@ -43,7 +46,8 @@ def test_the_autoscaler_rescales_from_a_real_prometheus(cluster, operator, prome
                           "band": 0.15, "cooldownSeconds": 0, "intervalSeconds": 2},
             "staleness": {"paceActors": False, "replayRatio": 4}, **FOREVER}
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(spec))
-    wait_for(lambda: get(cluster, "statefulset", "-n", namespace, STS)["spec"]["replicas"] == 1, 300,
+    wait_for(lambda: ((get(cluster, "statefulset", "-n", namespace, STS) or {}).get("spec") or {}).get("replicas") == 1,
+             300,
              "the autoscaler to scale the actors down", interval=2.0,
              on_timeout=lambda: diagnostics(cluster, namespace))
     st = status(cluster, namespace)
