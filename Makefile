@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 export PATH := $(PATH):/usr/local/go/bin
 CLUSTER := PYTHONPATH=cluster $(PY) -m localcluster
 
-.PHONY: install prometheus cluster cluster-up cluster-down train test test-fast test-cluster bench crd lint e2e images clean
+.PHONY: install cluster cluster-up cluster-down train test test-fast test-cluster bench crd lint e2e images clean
 
 install: $(STAMP)
 
@@ -20,15 +20,6 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[operator,test]'
 	@touch $(STAMP)
-
-# Debian's Prometheus, for the autoscaler test through a real Prometheus (tests/test_operator_pods.py).
-# Installed only when missing; a machine where apt-get cannot install it still builds and tests
-# (that test then skips, naming the missing binary).
-prometheus:
-	@command -v prometheus >/dev/null 2>&1 || { \
-	  echo "make: installing Debian's prometheus package (for tests/test_operator_pods.py)"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
-	    >/dev/null 2>&1 || echo "make: could not install prometheus with apt-get; its test will skip"; }
 
 # A real Kubernetes control plane built from the Kubernetes Go modules (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, CoreDNS, helm) into ~/.cache/tianji/;
@@ -47,15 +38,15 @@ cluster-down:
 train: install
 	$(VENV)/bin/tianji run $(JOB)
 
-test: install prometheus cluster
+test: install cluster
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 # The real-control-plane tier alone (also part of `make test`).
-test-cluster: install prometheus cluster
+test-cluster: install cluster
 	$(PY) -m pytest -q -ra tests/cluster $(PYTEST_ARGS)
 
 # Everything but the agents-that-learn tests (seconds instead of minutes).
-test-fast: install prometheus
+test-fast: install
 	$(PY) -m pytest -q -ra -m "not slow and not cluster" $(PYTEST_ARGS)
 
 bench: install

@@ -1,5 +1,5 @@
 """The local kubelet and StatefulSet controller (tests/kube/) on small shell containers:
-what tests/test_operator_pods.py relies on, each behaviour checked on its own in seconds."""
+what the pod-harness tests (tests/test_operator_pod_disruptions.py) rely on, each behaviour checked on its own in seconds."""
 from __future__ import annotations
 
 import contextlib

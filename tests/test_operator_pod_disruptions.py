@@ -14,7 +14,7 @@ import pytest
 from kube.cluster import PodCluster
 from kube.kubelet import unavailable_reason
 from kube.operator_harness import NAMESPACE, eventually
-from test_operator_pods import JOB, assert_succeeded, example_job, wait_pods_gone
+from pod_jobs import JOB, assert_succeeded, example_job, wait_pods_gone
 
 LEARNER = f"{JOB}-learner-0-0"
 NO_KUBELET = unavailable_reason()

@@ -1,12 +1,14 @@
 """A one-node cluster whose pods really run: the API emulator, the local kubelet and
-StatefulSet controller, optionally a real Prometheus, and the real Kopf operator.
+StatefulSet controller, and the real Kopf operator (the disruption cases that need a pod
+to linger or a claim to persist at a chosen moment; everything else that runs pods is on
+the real control plane, tests/cluster/).
 
-    async with PodCluster(tmp_path, prometheus=True, operator={"promql_window": "10s"}) as c:
+    async with PodCluster(tmp_path) as c:
         await c.kube.create_job(manifest)
         ...
     assert not c.leftovers
 
-Everything it starts stops in `__aexit__` (operator, Prometheus, controllers, then every
+Everything it starts stops in `__aexit__` (operator, controllers, then every
 container: SIGTERM, SIGKILL after a few seconds); `leftovers` lists any process of theirs still
 alive afterwards. When the block raises, the job's status, the pods and the tail of every
 container's log are printed (pytest shows them with the failure).
@@ -21,7 +23,6 @@ from typing import Any, Optional
 
 from .kubelet import Kubelet, processes_in_groups
 from .operator_harness import JOBS, NAMESPACE, RunningOperator, start_cluster
-from .prometheus import PrometheusServer
 from .statefulset import StatefulSetController
 
 DEFAULT_STORAGE_CLASS = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "tianji.test/local",
@@ -32,12 +33,11 @@ WORKER_COMMAND = [sys.executable, "-m", "tianji.cli", "worker"]
 
 
 class PodCluster:
-    """The emulator + `Kubelet` + `StatefulSetController` (+ `PrometheusServer`) + `RunningOperator`."""
+    """The emulator + `Kubelet` + `StatefulSetController` + `RunningOperator`."""
 
-    def __init__(self, root: Path, *, prometheus: bool = False, operator: Optional[dict] = None,
+    def __init__(self, root: Path, *, operator: Optional[dict] = None,
                  kubelet: Optional[dict] = None, default_storage_class: bool = True):
         self.root = Path(root)
-        self.want_prometheus = prometheus
         self.default_storage_class = default_storage_class  # as kind, minikube and cloud clusters have
         self.operator_config = {"worker_command": WORKER_COMMAND, "monitor_interval": 0.5, "autoscale_tick": 0.5,
                                 "handler_backoff": 0.5, "http_timeout": 3.0, **(operator or {})}
@@ -45,7 +45,6 @@ class PodCluster:
         self.kube: Any = None
         self.kubelet: Optional[Kubelet] = None
         self.statefulsets: Optional[StatefulSetController] = None
-        self.prometheus: Optional[PrometheusServer] = None
         self.operator: Optional[RunningOperator] = None
         self.leftovers: list[tuple[int, str]] = []
         self._stack = contextlib.AsyncExitStack()
@@ -58,11 +57,6 @@ class PodCluster:
             self.kubelet = await self._stack.enter_async_context(
                 Kubelet(self.kube, self.root / "node", **self.kubelet_config))
             self.statefulsets = await self._stack.enter_async_context(StatefulSetController(self.kube))
-            if self.want_prometheus:
-                self.prometheus = await self._stack.enter_async_context(
-                    PrometheusServer(self.kube, self.root / "prometheus"))
-                # As the chart's operator.prometheusAllowList would: only this Prometheus may be asked.
-                self.operator_config.setdefault("prometheus_allowed", [self.prometheus.url])
             self.operator = await self._stack.enter_async_context(RunningOperator(self.kube, **self.operator_config))
         except BaseException:
             await self._close()
@@ -84,8 +78,6 @@ class PodCluster:
             await self._stack.aclose()  # the operator first, the kubelet (every container) last
         finally:
             pgids = set(self.kubelet.pgids) if self.kubelet else set()
-            if self.prometheus is not None and self.prometheus.pgid:
-                pgids.add(self.prometheus.pgid)
             self.leftovers = processes_in_groups(pgids)
 
     # ------------------------------------------------------------ reading the cluster
@@ -119,6 +111,4 @@ class PodCluster:
             out.append("--- statefulset controller errors:\n" + "\n".join(self.statefulsets.errors))
         if self.kubelet is not None:
             out.append(self.kubelet.log_tails())
-        if self.prometheus is not None:
-            out.append("--- prometheus log:\n" + self.prometheus.log_tail())
         return "\n".join(out)
