@@ -20,6 +20,14 @@ from tianji.runtime.roles.learner import Learner
 from tianji.runtime.wire import Message, decode
 
 INFO = EnvInfo((4,), "float32", 2)
+PROCESSES = ("learner-0-0", "buffer-0-0", "actor-0-0", "actor-0-1", security.LAUNCHER)
+
+
+def own_keyring(tmp_path, monkeypatch, name: str) -> None:
+    """This process's keyring among the example job's processes, as the launcher issues them."""
+    rings = security.issue(PROCESSES)
+    security.write_keyring(tmp_path / f"{name}.json", rings[name])
+    monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / f"{name}.json"))
 
 
 def ppo_batch(T=32, B=8):
@@ -59,8 +67,7 @@ def test_a_learner_reports_during_a_long_update(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ppo_module, "apply_gradients", slow)
     job = load_job(EXAMPLES / "cartpole-ppo.yaml", ["spec.algorithm.epochs=8"])
-    security.write_keys(tmp_path / "curve.json")
-    monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / "curve.json"))
+    own_keyring(tmp_path, monkeypatch, "learner-0-0")
     ctx = zmq.Context()
     reports = ctx.socket(zmq.PULL)
     addr = f"ipc://{tmp_path}/reports"
@@ -92,8 +99,7 @@ def test_an_actor_resting_for_pacing_keeps_reporting(tmp_path, monkeypatch):
     from tianji.runtime.roles.actor import Actor
 
     job = load_job(EXAMPLES / "cartpole-ppo.yaml")
-    security.write_keys(tmp_path / "curve.json")
-    monkeypatch.setenv("TIANJI_CURVE_KEYS", str(tmp_path / "curve.json"))
+    own_keyring(tmp_path, monkeypatch, "actor-0-0")
     ctx = zmq.Context()
     reports = ctx.socket(zmq.PULL)
     addr = f"ipc://{tmp_path}/reports"
@@ -115,3 +121,27 @@ def test_an_actor_resting_for_pacing_keeps_reporting(tmp_path, monkeypatch):
         actor.teardown()
         actor.ctx.destroy(linger=0)
         ctx.destroy(linger=0)
+
+
+def test_a_learner_that_starts_over_anneals_its_lr_from_its_own_first_batch(tmp_path, monkeypatch):
+    """A re-created learner pod without a checkpoint: its buffer's first batch counts every fragment
+    received while no learner trained (here 500k frames, past lrAnnealFrames 400k). The lr schedule
+    starts with that batch, not at 0; a learner that resumed keeps its checkpoint's schedule."""
+    job = load_job(EXAMPLES / "cartpole-ppo.yaml", ["spec.algorithm.epochs=1"])
+    own_keyring(tmp_path, monkeypatch, "learner-0-0")
+    learner = Learner(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
+    backlog = 500_000 // (job.spec.env.num_envs * job.spec.env.fragment_length)
+    try:
+        learner.setup()
+        learner._batch(Message("batch", "buffer-0-0", arrays=ppo_batch(), meta={"buffer": 0, "fragments": backlog}))
+        assert learner.frames > job.spec.algorithm.lr_anneal_frames
+        assert learner.algo._lr() > 0.99 * job.spec.algorithm.lr  # not annealed to 0 by the backlog
+        learner.save_checkpoint()
+    finally:
+        learner.teardown()
+        learner.ctx.destroy(linger=0)
+    again = Learner(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
+    try:
+        assert again.lr_frames_origin == learner.lr_frames_origin > 0 and again.frames == learner.frames
+    finally:
+        again.ctx.destroy(linger=0)
