@@ -142,6 +142,8 @@ def test_a_learner_that_starts_over_anneals_its_lr_from_its_own_first_batch(tmp_
         learner.ctx.destroy(linger=0)
     again = Learner(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
     try:
+        again.setup()  # resumes from the checkpoint just written
         assert again.lr_frames_origin == learner.lr_frames_origin > 0 and again.frames == learner.frames
     finally:
+        again.teardown()
         again.ctx.destroy(linger=0)
