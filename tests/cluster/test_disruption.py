@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from clusterkit import get, wait_for
-from cluster_jobs import JOB, condition, diagnostics, example, pods, status
+from cluster_jobs import JOB, diagnostics, example, pods, status
 
 # Only the target ends these jobs (the example's frame and time budgets could end a job whose
 # learner had to start over before it got back to 475).
