@@ -85,8 +85,10 @@ def test_a_strict_actor_rolls_out_once_per_new_policy(tmp_path):
     arrays = state_arrays(actor.model)
     frame = actor.rollout.n * actor.rollout.T
 
+    seq = iter(range(1, 10_000))  # a learner numbers its messages (a repeated number is a replay)
+
     def publish(version: int) -> None:
-        pub.send_multipart(encode("params", job.name, "learner-0-0", 0, version, arrays, {"frames": 0}))
+        pub.send_multipart(encode("params", job.name, "learner-0-0", next(seq), version, arrays, {"frames": 0}))
 
     def fragments() -> list:
         out = []
