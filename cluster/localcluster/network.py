@@ -94,8 +94,17 @@ def delete_ns(ns: str) -> None:
     sh("ip", "netns", "delete", ns, check=False)
 
 
+def blackholes(a: Addressing) -> list[str]:
+    """The cluster's whole ranges: never routed off the machine. Service IPs (no kube-proxy), a
+    stopped node's pods, or a bridge gone with a crashed run would otherwise follow the default
+    route out; these less specific routes drop them here."""
+    return [f"10.{200 + a.index}.0.0/16", a.cluster_cidr, f"10.{240 + a.index}.0.0/16"]
+
+
 def up_bridge(a: Addressing) -> None:
-    """The cluster's bridge in the root namespace (idempotent)."""
+    """The cluster's bridge in the root namespace (idempotent), and its ranges held here."""
+    for net in blackholes(a):
+        sh("ip", "route", "replace", "blackhole", net)
     if sh("ip", "link", "show", a.bridge, check=False).returncode != 0:
         sh("ip", "link", "add", a.bridge, "type", "bridge")
     sh("ip", "addr", "replace", f"{a.gateway}/{a.node_net.prefixlen}", "dev", a.bridge)
@@ -108,6 +117,8 @@ def down_all(a: Addressing) -> None:
         if ns == a.prefix or ns.startswith(a.prefix + "-"):
             delete_ns(ns)
     sh("ip", "link", "delete", a.bridge, check=False)
+    for net in blackholes(a):
+        sh("ip", "route", "del", "blackhole", net, check=False)
     for line in sh("ip", "route", "show", check=False).stdout.splitlines():
         dest = line.split()[0] if line.split() else ""
         try:

@@ -9,6 +9,8 @@ On these machines the tier never skips: missing programs fail it (`make cluster`
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -39,7 +41,7 @@ def _free_index() -> int:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory) -> LocalCluster:
+def cluster() -> LocalCluster:
     if os.environ.get("TIANJI_SKIP_CLUSTER") == "1":
         pytest.skip("TIANJI_SKIP_CLUSTER=1")
     missing = missing_programs()
@@ -48,7 +50,10 @@ def cluster(tmp_path_factory) -> LocalCluster:
     reason = unavailable_reason()
     if reason:
         pytest.fail(reason)
-    c = LocalCluster(2, index=_free_index(), root=tmp_path_factory.mktemp("cluster"), agent_args=AGENT_ARGS)
+    # Not under pytest's basetemp: another pytest session started meanwhile prunes old basetemps,
+    # and this cluster's etcd, certificates and pods live here for the whole session.
+    root = Path(tempfile.mkdtemp(prefix="tianji-cluster-"))
+    c = LocalCluster(2, index=_free_index(), root=root, agent_args=AGENT_ARGS)
     try:
         c.up()
     except BaseException:
@@ -57,13 +62,14 @@ def cluster(tmp_path_factory) -> LocalCluster:
         raise
     yield c
     c.down()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def prometheus(cluster: LocalCluster, tmp_path_factory):
+def prometheus(cluster: LocalCluster):
     from cluster_prometheus import ClusterPrometheus
 
-    p = ClusterPrometheus(cluster, tmp_path_factory.mktemp("prometheus")).start()
+    p = ClusterPrometheus(cluster, cluster.root / "prometheus").start()
     yield p
     p.stop()
 
