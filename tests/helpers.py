@@ -177,3 +177,13 @@ def run_ranks(target, n_ranks: int, args: tuple, n_msgs: int, timeout: float = 6
         p.join(timeout=60)
         assert p.exitcode == 0
     return msgs
+
+
+def merge_spec(into: dict, patch: dict) -> dict:
+    """`patch` merged into `into` in place, nested dicts key by key (a None value sets None)."""
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            merge_spec(into[k], v)
+        else:
+            into[k] = v
+    return into

@@ -7,6 +7,8 @@ from typing import Optional
 
 import yaml
 
+from helpers import merge_spec
+
 from kube.cluster import PodCluster
 from kube.operator_harness import NAMESPACE, eventually
 
@@ -19,15 +21,7 @@ def example_job(spec_patch: Optional[dict] = None) -> dict:
     """examples/cartpole-ppo.yaml as applied: only metadata adapted (plus `spec_patch`, merged)."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"] = {"name": JOB, "namespace": NAMESPACE}
-
-    def merge(into: dict, patch: dict) -> None:
-        for k, v in patch.items():
-            if isinstance(v, dict) and isinstance(into.get(k), dict):
-                merge(into[k], v)
-            else:
-                into[k] = v
-
-    merge(doc["spec"], spec_patch or {})
+    merge_spec(doc["spec"], spec_patch or {})
     return doc
 
 

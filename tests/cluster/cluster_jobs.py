@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 import yaml
 
+from helpers import merge_spec
+
 from clusterkit import get, wait_for
 from tianji.control.accounting import Accounting
 from tianji.control.report import parse_report
@@ -21,15 +23,7 @@ def example(patch: Optional[dict] = None, name: str = JOB) -> str:
     """examples/cartpole-ppo.yaml as YAML text, with `patch` merged into its spec."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"]["name"] = name
-
-    def merge(into: dict, p: dict) -> None:
-        for k, v in p.items():
-            if isinstance(v, dict) and isinstance(into.get(k), dict):
-                merge(into[k], v)
-            else:
-                into[k] = v
-
-    merge(doc["spec"], patch or {})
+    merge_spec(doc["spec"], patch or {})
     return yaml.safe_dump(doc)
 
 
