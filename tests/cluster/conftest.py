@@ -75,12 +75,10 @@ def prometheus(cluster: LocalCluster):
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: LocalCluster) -> str:
+def operator(cluster: LocalCluster, prometheus) -> str:
     """`helm install` of the chart, as the README says (plus shorter intervals and the test
     Prometheus allowed); waits for the operator pod to be Ready."""
-    from cluster_prometheus import prometheus_url
-
-    install_operator(cluster, prometheus_url(cluster))
+    install_operator(cluster, prometheus.url)  # (Prometheus first: it is up when the operator asks)
     yield RELEASE
     helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
 
