@@ -88,8 +88,10 @@ class ClusterPrometheus:
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return self
+                    if r.status == 200 and self.proc.alive():  # ours, not a leftover on the address
+                        time.sleep(1.0)
+                        if self.proc.alive():
+                            return self
             except OSError:
                 pass
             if not self.proc.alive():
