@@ -38,8 +38,6 @@ def test_kubectl_scale_sets_the_actor_count(cluster, operator, namespace):
     assert nodes <= {"node-1", "node-2"} and nodes, nodes
 
 
-@pytest.mark.xfail(reason="known, open (stop 20): in this tier the operator does not scale down within the wait, "
-                          "while the same job, operator and Prometheus started by hand scaled down in 10 s", strict=False)
 @pytest.mark.timeout(600)
 def test_the_autoscaler_rescales_from_a_real_prometheus(cluster, operator, prometheus, namespace):
     # Unpaced actors and replayRatio 4: produced/needed >= 4 > 1 + band once the learner consumes
