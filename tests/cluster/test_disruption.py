@@ -4,16 +4,15 @@ power), while the job trains examples/cartpole-ppo.yaml. The job must not stall:
 comes back (on another node when its node is gone), trains on, and its peers find it; and it
 must never succeed untrained.
 
-Known gap (this cluster has no StorageClass, so a re-created learner starts over): a learner
-that starts over here re-learned CartPole several times slower than a fresh run (mean-100 138
-after 1.3M samples, 2026-11-26), so these tests do not wait for the target; see the closing
-note of stop 20."""
+This cluster has no StorageClass, so a re-created learner starts over (its lr schedule from its
+own first batch). The stopped-node test checks that the job recovers and never succeeds
+untrained; it does not yet wait for the target (not measured there)."""
 from __future__ import annotations
 
 import pytest
 
 from clusterkit import get, wait_for
-from cluster_jobs import JOB, diagnostics, example, pods, status
+from cluster_jobs import JOB, diagnostics, example, pods, status, wait_phase
 
 # Only the target ends these jobs (the example's frame and time budgets could end a job whose
 # learner had to start over before it got back to 475).
@@ -64,7 +63,7 @@ def assert_never_succeeded_untrained(c, ns: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_deleted_learner_pod_comes_back_and_trains_again(cluster, operator, namespace):
+def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster, operator, namespace):
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(TARGET_ONLY))
     training(cluster, namespace)
     learner = f"{JOB}-learner-0-0"
@@ -75,7 +74,8 @@ def test_a_deleted_learner_pod_comes_back_and_trains_again(cluster, operator, na
                    on_timeout=lambda: diagnostics(cluster, namespace))
     assert new["spec"]["hostname"] == learner
     trains_again(cluster, namespace, old["metadata"]["uid"])
-    assert_never_succeeded_untrained(cluster, namespace)
+    st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 480)
+    assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475 and st["policyVersion"] > 0, diagnostics(cluster, namespace)
 
 
 @pytest.mark.timeout(900)
