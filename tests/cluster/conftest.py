@@ -33,7 +33,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _free_index() -> int:
-    """A cluster number whose bridge is not in use (a person's `make cluster-up` takes 0)."""
+    """A cluster number whose bridge is not in use (a person's `make cluster-up` takes 0), or
+    TIANJI_CLUSTER_INDEX: two test sessions started at once could otherwise pick the same one."""
+    if os.environ.get("TIANJI_CLUSTER_INDEX"):
+        return int(os.environ["TIANJI_CLUSTER_INDEX"])
     for i in range(1, 16):
         if not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
             return i
