@@ -45,12 +45,44 @@ def wait_phase(c, ns: str, phases: tuple[str, ...], timeout: float, name: str = 
                     on_timeout=lambda: diagnostics(c, ns))
 
 
+# What a failed job test prints of each worker's /metrics: enough to tell a learner that does not
+# learn from actors that do not follow it (versions), and drops and rejects by reason.
+DIAGNOSTIC_METRICS = ("tianji_policy_version", "tianji_samples_consumed_total", "tianji_samples_dropped_total",
+                      "tianji_messages_rejected_total", "tianji_env_frames_total", "tianji_episodes_total",
+                      "tianji_learner_")
+
+
+def worker_metrics(pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) -> dict[str, float]:
+    """A worker process's own series (name{labels} -> value) from its /metrics on its pod IP."""
+    import urllib.request
+
+    port = next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports") or []
+                if p["name"] == "metrics")
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(prefixes)}
+
+
+def _metrics_of_pods(c, ns: str) -> list[str]:
+    out = []
+    for p in pods(c, ns):
+        try:
+            series = worker_metrics(p) if p["status"].get("podIP") else {}
+        except (OSError, StopIteration, ValueError) as e:
+            series = {"unreadable": repr(e)}
+        out.append(f"----- metrics of {p['metadata']['name']}\n" +
+                   "\n".join(f"{k} {v}" for k, v in sorted(series.items())))
+    return out
+
+
 def diagnostics(c, ns: str) -> str:
     out = [c.kubectl("get", "tjj,pods,statefulsets", "-n", ns, "-o", "wide", check=False).stdout,
            c.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout[-3000:],
            yaml.safe_dump(status(c, ns))[-3000:]]
+    out += _metrics_of_pods(c, ns)
     for log in sorted(c.root.glob(f"nodes/*/pods/{ns}_*/logs/*.log")):
-        out.append(f"----- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+        out.append(f"----- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
     return "\n".join(out) + "\n" + c.logs(15)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from clusterkit import get, wait_for
-from cluster_jobs import JOB, diagnostics, example, pods, status, wait_phase
+from cluster_jobs import JOB, diagnostics, example, pods, status, wait_phase, worker_metrics
 
 # Only the target ends these jobs (the example's frame and time budgets could end a job whose
 # learner had to start over before it got back to 475).
@@ -24,21 +24,6 @@ def training(c, ns: str, frames: int = 20_000) -> dict:
                     f"{frames} frames counted", interval=2.0, on_timeout=lambda: diagnostics(c, ns))
 
 
-def learner_metrics(pod: dict) -> dict[str, float]:
-    """The learner process's own gauges and counters, read from its /metrics on its pod IP."""
-    import urllib.request
-
-    port = next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports") or []
-                if p["name"] == "metrics")
-    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(("tianji_policy_version{", "tianji_samples_consumed_total{")):
-            out[line.split("{")[0]] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def trains_again(c, ns: str, old_uid: str) -> dict:
     """The re-created learner (another uid) runs, consumes batches its buffer sends and publishes
     new versions: the buffer and actors found it again by its DNS name."""
@@ -47,9 +32,10 @@ def trains_again(c, ns: str, old_uid: str) -> dict:
         if not p or p["metadata"]["uid"] == old_uid or p["status"].get("phase") != "Running":
             return None
         try:
-            m = learner_metrics(p)
+            m = worker_metrics(p, ("tianji_policy_version{", "tianji_samples_consumed_total{"))
         except OSError:
             return None
+        m = {k.split("{")[0]: v for k, v in m.items()}
         return m if m.get("tianji_policy_version", 0) >= 20 and m.get("tianji_samples_consumed_total", 0) > 0 else None
 
     return wait_for(progress, 300, "the new learner to train 20 versions", interval=2.0,

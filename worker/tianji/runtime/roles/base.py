@@ -29,6 +29,7 @@ from tianji.control.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 from tianji.observability.metrics import RoleMetrics
 from tianji.control.spec import TianJiJob
 from tianji.runtime import security
+from tianji.runtime.liveness import watch_peers
 from tianji.runtime import wire
 from tianji.runtime.sequence import SeqGuard, next_seq
 from tianji.runtime.wire import Limits, Message, WireError, decode, encode
@@ -101,6 +102,8 @@ class Role:
             s.setsockopt(zmq.RCVHWM, hwm)
         if kind == zmq.SUB:
             s.setsockopt(zmq.SUBSCRIBE, b"")
+        if addr.startswith("tcp://"):
+            watch_peers(s)  # a peer whose node vanished is dropped and its name resolved again
         if bind:
             if addr.startswith("ipc://"):
                 path = addr[len("ipc://"):]
