@@ -18,7 +18,9 @@ local process started from its spec.
   period, terminal phase, then the node removes the object. The process group plays the
   container's cgroup: when the main process exits, whatever is left in it is SIGKILLed.
 
-The node (`Node` subclass) supplies the API calls, the pod's sandbox (its IP and network
+Split by concern: containers.py (a container as a process group, its record and its kill),
+podinputs.py (volumes and env), probes.py (readiness), this module (the pod's lifecycle, its
+mount namespace, and the `Node` base). The node (`Node` subclass) supplies the API calls, the pod's sandbox (its IP and network
 namespace) and the files every pod gets (/etc/hosts, /etc/resolv.conf).
 
 Not supported: several containers per pod (the first runs; init containers and sidecars are
@@ -28,28 +30,26 @@ running pod, resource limits (cgroups).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import datetime
-import json
 import logging
-import math
 import os
-import re
 import shlex
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import aiohttp
 
+from .containers import (  # noqa: F401  (processes_in_groups: re-exported)
+    Incarnation, PodStartError, iso, kill_group, processes_in_groups, reap, stop_container)
+from .podinputs import PodInputs, _expand
+from .probes import Probes
+
 log = logging.getLogger("tianji.localcluster.pods")
 
-TERMINATION_MESSAGE_MAX = 4096  # bytes the kubelet keeps of a termination message
 BACKOFF_RESET_S = 600.0  # a container that ran this long restarts without back-off
 IMAGE_ENV_KEYS = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL")
 STAGE = "/mnt/.tianji-kubelet-stage"  # a pod's mount sources, seen before any of its mounts hide them
@@ -73,21 +73,6 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
-def _project(target: Path, data: dict[str, bytes], src: dict, what: str) -> Path:
-    """A configMap or secret volume: its items (or every key) as files, with their modes."""
-    target.mkdir(parents=True, exist_ok=True)
-    for it in src.get("items") or [{"key": k, "path": k} for k in sorted(data)]:
-        if it["key"] not in data:
-            if src.get("optional"):
-                continue
-            raise PodStartError("CreateContainerConfigError", f'{what} has no key "{it["key"]}"')
-        path = target / it["path"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data[it["key"]])
-        os.chmod(path, int(it.get("mode", src.get("defaultMode", 0o644))))
-    return target
-
-
 def _under(path: str, top: str) -> bool:
     return Path(path) == Path(top) or Path(top) in Path(path).parents
 
@@ -103,168 +88,8 @@ def _image_paths(env: dict[str, str], workdir: str) -> list[str]:
     return out
 
 
-def iso(ts: Optional[float] = None) -> str:
-    return datetime.datetime.fromtimestamp(time.time() if ts is None else ts, tz=datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
-
-
-class PodStartError(RuntimeError):
-    """The container cannot be created from this spec (reported as a waiting reason)."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(f"{reason}: {message}")
-        self.reason, self.message = reason, message
-
-
-# ----------------------------------------------------------------- records
-@dataclass
-class Incarnation:
-    """One start of one container: what ran, where its output and termination message went."""
-
-    namespace: str
-    pod: str
-    uid: str
-    container: str
-    restart_count: int
-    labels: dict
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    termination_path: Path
-    pid: int = 0
-    started: float = 0.0
-    finished: Optional[float] = None
-    exit_code: Optional[int] = None
-    signals: list[str] = field(default_factory=list)  # what the kubelet sent (SIGTERM, SIGKILL)
-    proc: Any = field(default=None, repr=False)
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.exit_code is None
-
-    @property
-    def pod_dir(self) -> Path:
-        """The pod's folder on the node: logs/, termination/, volumes/ (emptyDirs on disk, ConfigMaps)."""
-        return self.log_path.parent.parent
-
-    def termination_message(self) -> str:
-        """What the kubelet puts in state.terminated.message: the file's first 4096 bytes."""
-        try:
-            with open(self.termination_path, "rb") as f:
-                return f.read(TERMINATION_MESSAGE_MAX).decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-
-    def final_report(self) -> Optional[dict]:
-        """The termination message as JSON (the worker's final report), or None."""
-        text = self.termination_message().strip()
-        if not text:
-            return None
-        try:
-            out = json.loads(text)
-        except ValueError:
-            return None
-        return out if isinstance(out, dict) else None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-
-
-def _quantity(text: Any) -> float:
-    """A Kubernetes quantity (cpu or memory) as a float in base units."""
-    s = str(text)
-    units = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30,
-             "Ti": 2 ** 40}
-    m = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", s)
-    if not m:
-        raise ValueError(f"bad quantity {text!r}")
-    return float(m.group(1)) * units.get(m.group(2), 1.0)
-
-
-def _expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes `$(VAR)` expansion (`$$` escapes); unknown references stay as they are."""
-    def sub(m: re.Match) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, text)
-
-
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _pgid_of(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[2])
-
-
-def processes_in_groups(pgids: set[int]) -> list[tuple[int, str]]:
-    """(pid, command line) of every live process whose process group is in `pgids`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        if _pgid_of(pid) in pgids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-                if state == "Z":
-                    continue  # exited; only waiting to be reaped
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                continue
-            out.append((pid, cmd))
-    return out
-
-
-def _killpg(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-async def reap(inc: Incarnation) -> int:
-    """Wait for the container's main process; then SIGKILL whatever is left in its process group
-    (the container's cgroup goes with it: no stragglers)."""
-    rc = await inc.proc.wait()
-    _killpg(inc.pid, signal.SIGKILL)
-    if inc.exit_code is None:
-        inc.exit_code, inc.finished = _exit_code(rc), time.time()
-    return inc.exit_code
-
-
-async def stop_container(inc: Incarnation, grace: float) -> int:
-    """SIGTERM the container's process group, SIGKILL it after `grace` seconds (the kubelet's kill)."""
-    if inc.exit_code is not None:
-        return inc.exit_code
-    if inc.proc.returncode is None and _killpg(inc.pid, signal.SIGTERM):
-        inc.signals.append("SIGTERM")
-    try:
-        await asyncio.wait_for(asyncio.shield(inc.proc.wait()), max(grace, 0.0))
-    except asyncio.TimeoutError:
-        if _killpg(inc.pid, signal.SIGKILL):
-            inc.signals.append("SIGKILL")
-    return await reap(inc)
-
-
 # ----------------------------------------------------------------- one pod
-class PodWorker:
+class PodWorker(PodInputs, Probes):
     """The kubelet's worker for one pod (by uid): sandbox, volumes, container starts, probes,
     restarts, status, graceful termination."""
 
@@ -365,119 +190,6 @@ class PodWorker:
                           ("ContainersReady", False), ("PodScheduled", True)):
             self._condition(ctype, ok)
 
-    # ------------------------------------------------------------ volumes and env
-    async def _volume_source(self, vol: dict) -> Path:
-        name = vol["name"]
-        if "configMap" in vol:
-            src = vol["configMap"]
-            cm = await self.kubelet.read("configmaps", self.namespace, src["name"])
-            target = self.dir / "volumes" / "configmap" / name
-            if cm is None:
-                if src.get("optional"):
-                    target.mkdir(parents=True, exist_ok=True)
-                    return target
-                raise PodStartError("ContainerCreating", f'MountVolume.SetUp failed for volume "{name}": '
-                                    f'configmap "{src["name"]}" not found')
-            data = {k: v.encode() for k, v in (cm.get("data") or {}).items()}
-            return _project(target, data, src, f'configmap "{src["name"]}"')
-        if "secret" in vol:
-            src = vol["secret"]
-            secret = await self.kubelet.read("secrets", self.namespace, src["secretName"])
-            if secret is None:
-                raise PodStartError("ContainerCreating", f'MountVolume.SetUp failed for volume "{name}": '
-                                    f'secret "{src["secretName"]}" not found')
-            data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-            return _project(self.dir / "volumes" / "secret" / name, data, src, f'secret "{src["secretName"]}"')
-        if "emptyDir" in vol:
-            if (vol["emptyDir"] or {}).get("medium") == "Memory" and Path("/dev/shm").is_dir():
-                target = self.kubelet.shm_root / f"{self.uid[:8]}-{name}"
-                self.shm_dirs.append(target)
-            else:
-                target = self.dir / "volumes" / "empty-dir" / name
-            target.mkdir(parents=True, exist_ok=True)
-            return target
-        if "hostPath" in vol:
-            return Path(vol["hostPath"]["path"])
-        special = await self.kubelet.volume_source(self, vol)
-        if special is not None:
-            return special
-        kinds = sorted(k for k in vol if k != "name")
-        raise PodStartError("CreateContainerConfigError", f'volume "{name}": {kinds} volumes are not emulated')
-
-    async def _mounts(self) -> list[tuple[Path, str, bool]]:
-        """(host source, mountPath, readOnly) for each volumeMount of the container."""
-        vols = {v["name"]: v for v in self.spec.get("volumes") or []}
-        sources: dict[str, Path] = {}
-        out = []
-        for m in self.container.get("volumeMounts") or []:
-            if m["name"] not in vols:
-                raise PodStartError("CreateContainerConfigError", f'volumeMount "{m["name"]}": no such volume')
-            if m["name"] not in sources:
-                sources[m["name"]] = await self._volume_source(vols[m["name"]])
-            src = sources[m["name"]]
-            if m.get("subPath"):
-                src = src / m["subPath"]
-                if not src.exists():
-                    src.mkdir(parents=True)
-            out.append((src, m["mountPath"], bool(m.get("readOnly"))))
-        return out
-
-    def _field(self, path: str) -> str:
-        meta, spec = self.pod["metadata"], self.spec
-        m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-        if m:
-            return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
-        values = {
-            "metadata.name": meta["name"], "metadata.namespace": meta.get("namespace", ""),
-            "metadata.uid": meta["uid"], "spec.nodeName": spec.get("nodeName", ""),
-            "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
-            "status.podIP": self.ip or "", "status.podIPs": self.ip or "",
-            "status.hostIP": self.kubelet.host_ip, "status.hostIPs": self.kubelet.host_ip,
-        }
-        if path not in values:
-            raise PodStartError("CreateContainerConfigError", f"fieldRef {path!r} is not emulated")
-        return values[path]
-
-    def _resource_field(self, ref: dict) -> str:
-        res = self.container.get("resources") or {}
-        kind, _, name = ref["resource"].partition(".")
-        value = (res.get(kind) or {}).get(name)
-        if value is None:
-            value = (res.get("limits") or {}).get(name) if kind == "requests" else None
-        if value is None:
-            return "0"
-        divisor = _quantity(ref.get("divisor", "1"))
-        return str(int(math.ceil(_quantity(value) / divisor)))
-
-    async def _env(self) -> dict[str, str]:
-        env = dict(self.kubelet.image_env)
-        env["HOSTNAME"] = self.hostname
-        env.update(self.kubelet.pod_env(self))
-        if self.container.get("envFrom"):
-            raise PodStartError("CreateContainerConfigError", "envFrom is not emulated")
-        for e in self.container.get("env") or []:
-            if "valueFrom" in e:
-                vf = e["valueFrom"]
-                if "fieldRef" in vf:
-                    value = self._field(vf["fieldRef"]["fieldPath"])
-                elif "resourceFieldRef" in vf:
-                    value = self._resource_field(vf["resourceFieldRef"])
-                elif "configMapKeyRef" in vf:
-                    ref = vf["configMapKeyRef"]
-                    cm = await self.kubelet.read("configmaps", self.namespace, ref["name"]) or {}
-                    if ref["key"] not in (cm.get("data") or {}):
-                        if ref.get("optional"):
-                            continue
-                        raise PodStartError("CreateContainerConfigError",
-                                            f'configmap "{ref["name"]}" key "{ref["key"]}" not found')
-                    value = cm["data"][ref["key"]]
-                else:
-                    raise PodStartError("CreateContainerConfigError", f"env {e['name']}: {sorted(vf)} not emulated")
-            else:
-                value = _expand(str(e.get("value", "")), env)
-            env[e["name"]] = value
-        return env
-
     # ------------------------------------------------------------ the container
     def _argv(self, mounts: list[tuple[Path, str, bool]], termination: Path, env: dict[str, str]) -> list[str]:
         command = self.container.get("command")
@@ -558,64 +270,6 @@ class PodWorker:
             self.kubelet.event(self, "Killing", f"stopping container {inc.container} (grace {self.grace_period():g}s)")
             return await stop_container(inc, self.grace_period())
         return await reap(inc)
-
-    # ------------------------------------------------------------ probes
-    async def _probe_once(self, probe: dict) -> bool:
-        timeout = float(probe.get("timeoutSeconds", 1))
-        ports = {p.get("name"): p["containerPort"] for p in self.container.get("ports") or [] if p.get("name")}
-        if "httpGet" in probe:
-            h = probe["httpGet"]
-            port = h.get("port")
-            port = ports.get(port, port) if isinstance(port, str) and not port.isdigit() else int(port)
-            if isinstance(port, str):
-                return False  # a named port the container does not declare
-            url = f"{h.get('scheme', 'HTTP').lower()}://{h.get('host') or self.ip}:{port}{h.get('path', '/')}"
-            try:
-                async with self.kubelet.http.get(url, timeout=aiohttp.ClientTimeout(total=timeout),
-                                                 headers={x["name"]: x["value"] for x in h.get("httpHeaders") or []},
-                                                 allow_redirects=False) as resp:
-                    await resp.read()
-                    return 200 <= resp.status < 400
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                return False
-        if "tcpSocket" in probe:
-            t = probe["tcpSocket"]
-            port = t["port"]
-            port = ports.get(port, port) if isinstance(port, str) and not port.isdigit() else int(port)
-            try:
-                _, w = await asyncio.wait_for(asyncio.open_connection(t.get("host") or self.ip, port), timeout)
-                w.close()
-                return True
-            except (OSError, asyncio.TimeoutError):
-                return False
-        return False  # exec and grpc probes are not emulated: never ready
-
-    async def _probe_loop(self, inc: Incarnation) -> None:
-        probe = self.container.get("readinessProbe")
-        if not probe:
-            self._set_ready(True)
-            await self._write_status()
-            return
-        period = float(probe.get("periodSeconds", 10))
-        if self.kubelet.probe_period_cap is not None:
-            period = min(period, self.kubelet.probe_period_cap)
-        ok_needed, fail_needed = int(probe.get("successThreshold", 1)), int(probe.get("failureThreshold", 3))
-        await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
-        oks = fails = 0
-        ready = False
-        while inc.running:
-            if await self._probe_once(probe):
-                oks, fails = oks + 1, 0
-            else:
-                oks, fails = 0, fails + 1
-            if not ready and oks >= ok_needed:
-                ready = True
-            elif ready and fails >= fail_needed:
-                ready = False
-            if ready != self.status["containerStatuses"][0]["ready"] and inc.running:
-                self._set_ready(ready)
-                await self._write_status()
-            await asyncio.sleep(period)
 
     # ------------------------------------------------------------ lifecycle
     def _terminated(self, inc: Incarnation) -> dict:
@@ -790,7 +444,7 @@ class Node:
         running = [i for i in self.incarnations if i.running]
         await asyncio.gather(*(stop_container(inc, 0) for inc in running), return_exceptions=True)
         for pgid in self.pgids:
-            _killpg(pgid, signal.SIGKILL)
+            kill_group(pgid, signal.SIGKILL)
         shutil.rmtree(self.shm_root, ignore_errors=True)
 
     def start_worker(self, pod: dict) -> PodWorker:
