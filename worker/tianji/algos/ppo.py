@@ -74,7 +74,6 @@ class PPOLearner:
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
         self.gen = torch.Generator().manual_seed(seed)
         self.samples_seen = 0
-        self.frames = 0  # global env frames, set by the learner before each update
         self.sync_grads = None  # set by a data-parallel learner: averages gradients across learners
         self.world = 1  # number of data-parallel learners
 
@@ -82,9 +81,12 @@ class PPOLearner:
         c = self.cfg
         if not c.lr_anneal_frames:
             return c.lr
-        # Data-parallel learners must share one schedule: their frame counts differ, the nominal count does not.
-        frames = self.samples_seen if self.world > 1 else self.frames
-        return c.lr * max(0.0, 1.0 - frames / c.lr_anneal_frames)
+        # Over the frames trained on, as CleanRL's per-update schedule (there every frame is trained
+        # on): frames its buffers received but dropped (stale, overflow under load) would otherwise
+        # end training early, and a learner that starts over without a checkpoint starts its
+        # schedule over. The nominal count (batchSize x learners) is the same on every data-parallel
+        # learner, so their schedules agree.
+        return c.lr * max(0.0, 1.0 - self.samples_seen / c.lr_anneal_frames)
 
     def update(self, b: dict[str, np.ndarray], tick=None) -> dict[str, float]:
         """One PPO iteration (epochs x minibatches) on a [T, N] batch; returns loss stats. `tick()`

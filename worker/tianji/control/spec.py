@@ -134,8 +134,8 @@ class PPOConfig(_Model):
     name: Literal["ppo"] = "ppo"
     lr: float = Field(1e-3, gt=0, le=1)
     lr_anneal_frames: Optional[int] = Field(
-        None, gt=0, description="linear lr decay to 0 over this many env frames (the frames its buffers received; "
-                                "data-parallel learners count batchSize x learners per update instead)")
+        None, gt=0, description="linear lr decay to 0 over this many frames trained on (batchSize x learners per "
+                                "update; frames dropped as stale or overflow do not count)")
     gamma: float = Field(0.98, gt=0, le=1)
     gae_lambda: float = Field(0.8, ge=0, le=1)
     clip_coef: float = Field(0.2, gt=0, le=1)

@@ -9,7 +9,8 @@ measured capacity (samples per busy second) and the pacing headroom
 batch and by how long it waited for batches) for actor pacing, and the global
 env frame count (frames of the fragments its buffers received, kept in the
 checkpoint): actors derive epsilon from it, so a restart does not go back to
-epsilon = 1, and the PPO lr anneals over it.
+epsilon = 1. The PPO lr anneals over the samples the learners trained on instead
+(algos/ppo.py): frames dropped under load must not shorten training.
 
 Policy lag of a sample = this learner's version - the sample's behaviour
 version, measured at consumption against the version the update starts
@@ -30,7 +31,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Optional
 
 import numpy as np
 import torch
@@ -81,7 +81,6 @@ class Learner(Role):
         # goes on with its checkpoint's schedule); for one that started over, the frames its buffers
         # counted while no learner trained (a re-created pod's first batch can carry hundreds of
         # thousands: an lr annealed to 0 before its first step, found on the real control plane).
-        self.lr_frames_origin: Optional[int] = None
         self.pacing = HeadroomController(s.staleness.pace_headroom)
         self.window = {"received": 0, "dropped": 0, "idle": 0.0, "t": time.monotonic()}
         self.ckpt_dir = checkpoint.checkpoint_dir(self.run_dir, self.group, self.index) if self.run_dir else None
@@ -143,7 +142,6 @@ class Learner(Role):
         self.version = int(st["policy_version"])
         self.consumed = int(st["counters"]["samples_consumed"])
         self.frames = int(st["counters"].get("env_frames", 0))
-        self.lr_frames_origin = int(st["counters"].get("lr_frames_origin", 0))
         self.train_steps = int(st["counters"]["train_steps"])
         torch.set_rng_state(st["torch_rng"])
         self.last_ckpt = path.name
@@ -157,7 +155,7 @@ class Learner(Role):
             return
         state = {"model": self.model.state_dict(), "algo": self.algo.state(), "policy_version": self.version,
                  "counters": {"samples_consumed": self.consumed, "train_steps": self.train_steps,
-                              "env_frames": self.frames, "lr_frames_origin": self.lr_frames_origin or 0},
+                              "env_frames": self.frames},
                  "torch_rng": torch.get_rng_state(), "job": self.job.name, "algorithm": self.algo_name,
                  "manifest": dump_job(self.job)}
         try:
@@ -240,8 +238,6 @@ class Learner(Role):
         self.last_batch_from[buffer] = time.monotonic()
         self._credit(buffer, 1)
         self.frames += msg.meta.get("fragments", 0) * self.spec.env.num_envs * self.spec.env.fragment_length
-        if self.lr_frames_origin is None:  # started over: the schedule starts with this first batch
-            self.lr_frames_origin = max(0, self.frames - self.spec.algorithm.batch_size)
         self.window["received"] += msg.meta.get("received", 0)
         self.window["dropped"] += msg.meta.get("dropped", 0)
         n_valid = int(np.count_nonzero(msg.arrays["valid"])) if "valid" in msg.arrays \
@@ -253,8 +249,6 @@ class Learner(Role):
         if arrays is None:
             return
         versions = np.asarray(arrays["versions"])
-        if self.algo_name == "ppo":  # the lr anneals over frames (spec: lrAnnealFrames)
-            self.algo.frames = self.frames - (self.lr_frames_origin or 0)
         t0 = time.perf_counter()
         try:
             # Reports go on during the update: a Pong update on a loaded 2-core box outlasted the
