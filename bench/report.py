@@ -1,0 +1,357 @@
+"""Render docs/benchmarks.md's result tables from the benchmark JSON kept in the repo.
+
+    python bench/report.py           # rewrite every generated block in docs/benchmarks.md
+    python bench/report.py --check   # exit 1, naming each block that differs from its JSON
+
+A generated block sits between `<!-- report:NAME -->` and `<!-- /report:NAME -->`; the prose
+around the markers is hand-written and left alone. Each JSON file carries the `command`, `date`
+and `machine` (load) that produced it, and `plot` where a figure was drawn from it, so the file
+is the single source of every figure in its block. One renderer per benchmark kind; BLOCKS
+says which files each block renders.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+MARKER = re.compile(r"<!-- report:([\w-]+) -->\n.*?<!-- /report:\1 -->", re.S)
+
+
+def load(rel: str) -> dict:
+    """A JSON file, or a JSONL file whose first line is {"meta": ...} and the rest rows."""
+    text = (ROOT / rel).read_text()
+    if rel.endswith(".jsonl"):
+        meta, *rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        return {**meta["meta"], "rows": rows, "path": rel}
+    return {**json.loads(text), "path": rel}
+
+
+# --- formatting -------------------------------------------------------------------------
+
+def num(x, digits: int = 0) -> str:
+    return "–" if x is None else f"{x:,.{digits}f}"
+
+
+def pct(x, digits: int = 0) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f} %"
+
+
+def kilo(x) -> str:
+    return "–" if x is None else f"{x / 1000:.1f}k"
+
+
+def span(xs, fmt=num) -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "–"
+    lo, hi = fmt(min(xs)), fmt(max(xs))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+
+
+def provenance(d: dict) -> list[str]:
+    """Where a figure comes from: file, command, date, machine and the load it recorded."""
+    host = d.get("host", {})
+    load_avg = host.get("loadavg") or host.get("loadavg_start")
+    loads = [r.get("load1_before") for r in d.get("runs", d.get("rows", []))]
+    load_txt = (f"; load average (1/5/15 min) {' / '.join(num(x, 1) for x in load_avg)}" if load_avg
+                else f"; load before each run {span(loads, lambda x: num(x, 1))}" if any(loads) else "")
+    commands = " then ".join(f"`{c}`" for c in d["command"].split("; "))  # one code span per command
+    return [f"`{d['path']}`: {commands} ({d['date']}, {d['machine']}{load_txt})."]
+
+
+def plot(d: dict, caption: str) -> list[str]:
+    if not d.get("plot"):
+        return []
+    if not (ROOT / d["plot"]).is_file():
+        raise FileNotFoundError(f"{d['path']}: plot {d['plot']} is missing")
+    return ["", f"![{caption}]({Path(d['plot']).relative_to('docs')})"]
+
+
+# --- one renderer per benchmark kind ----------------------------------------------------
+
+def return_at(curve: list[dict], minutes: float):
+    """The mean-100 return last recorded by `minutes` into the run."""
+    return next((p["mean_return"] for p in reversed(curve) if p["t"] <= 60 * minutes
+                 and p["mean_return"] is not None), None)
+
+
+def render_pong(files: list[dict]) -> list[str]:
+    d, = files
+    at = {m: return_at(d["curve"], m) for m in (10, 20, 30, 40, 50, 60)}
+    stale = d["dropped_samples"].get("stale", 0) / d["env_frames"]
+    rows = [["agent steps in the run", f"{num(d['env_frames'])} in {num(d['wall_seconds'] / 60, 1)} min"],
+            ["produced frames/s, consumed samples/s", f"{num(d['produced_fps'])}, {num(d['consumed_sps'])}"],
+            ["policy lag mean / max", f"{num(d['policy_lag']['mean'], 1)} / {num(d['policy_lag']['max'])}"],
+            ["dropped as stale", pct(stale, 1)],
+            ["mean-100 return at " + ", ".join(f"{m}" for m in at) + " min",
+             ", ".join(num(v, 1) for v in at.values())],
+            ["return at the end; goal; random policy",
+             f"**{num(d['return_last'], 1)}**; {num(d['goal_return'], 0)}; {num(d['random_policy_return'], 1)}"],
+            ["device", f"{d['device']} ({d['name']}, {d['cpus']} cores)"]]
+    return provenance(d) + [""] + table(["Pong PPO", "result"], rows) + plot(d, "Pong PPO return against time")
+
+
+def render_groupsync(files: list[dict]) -> list[str]:
+    out = []
+    for d in files:
+        runs = d["runs"]
+        by = {m: [r for r in runs if r["mode"] == m] for m in ("average", "allreduce")}
+        sps = {m: {r["seed"]: r["consumed_sps"] for r in rs} for m, rs in by.items()}
+        ratios = [sps["average"][s] / sps["allreduce"][s] for s in sorted(sps["average"]) if s in sps["allreduce"]]
+        rows = [[m, f"{sum(r['reached_target'] for r in rs)} / {len(rs)}",
+                 num(median([r["seconds_to_target"] for r in rs]), 1),
+                 span([r["seconds_to_target"] for r in rs], lambda x: num(x, 0)),
+                 span([r["env_frames"] for r in rs if r["reached_target"]], kilo),
+                 num(median([r["consumed_sps"] for r in rs]))] for m, rs in by.items()]
+        out += provenance(d) + [""] + table(
+            ["groupSync", "reached 475", "median s to 475", "s to 475", "frames to 475", "median consumed samples/s"],
+            rows) + ["", "average/allreduce consumed samples/s per seed: " + ", ".join(num(x, 2) for x in ratios), ""]
+    return out[:-1]
+
+
+def load_label(d: dict) -> str:
+    return f"load {span([r['load1_before'] for r in d['runs']], lambda x: num(x, 1))}"
+
+
+def _ablation_columns(d: dict) -> list[tuple[str, dict, list[dict]]]:
+    """(column label, the mode's summary, the mode's runs) for each mode of one ablation file."""
+    (_, s), = d["summary"].items()
+    return [(f"{mode}, {load_label(d)}", m, [r for r in d["runs"] if r["mode"] == mode])
+            for mode, m in s["modes"].items()]
+
+
+RATIO = {"time_to_target_strict_over_relaxed": "strict/relaxed time to target",
+         "frames_to_target_strict_over_relaxed": "strict/relaxed frames to target",
+         "consumed_sps_relaxed_over_strict": "relaxed/strict consumed samples/s",
+         "produced_fps_relaxed_over_strict": "relaxed/strict produced frames/s"}
+
+
+def render_ablation(files: list[dict]) -> list[str]:
+    cols = [c for d in files for c in _ablation_columns(d)]
+    rows = [["reached target"] + [f"{m['reached']} / {m['runs']}" for _, m, _ in cols],
+            ["seconds to target (median)"] + [num(m["seconds_to_target_median"], 1) for _, m, _ in cols],
+            ["frames to target (median)"] + [kilo(m["frames_to_target_median"]) for _, m, _ in cols],
+            ["produced frames/s, whole run (median)"] + [num(m["produced_fps_median"]) for _, m, _ in cols],
+            ["consumed samples/s, whole run (median)"] + [num(m["consumed_sps_median"]) for _, m, _ in cols],
+            ["consumed samples/s, steady (median)"] + [num(m["steady_consumed_sps_median"]) for _, m, _ in cols],
+            ["mean policy lag (median)"] + [num(m["policy_lag_mean_median"], 2) for _, m, _ in cols],
+            ["dropped"] + [span([r["dropped_fraction"] for r in rs], pct) for _, _, rs in cols],
+            ["policy versions"] + [span([r["policy_version"] for r in rs]) for _, _, rs in cols]]
+    out = []
+    for d in files:
+        out += provenance(d)
+    out += [""] + table([""] + [c for c, _, _ in cols], rows)
+    for d in files:
+        (_, s), = d["summary"].items()
+        ratios = s["per_seed_ratios"]
+        out += ["", f"Per seed pair, {load_label(d)}: " + "; ".join(
+            f"{RATIO[k]} {', '.join(num(x, 2) for x in v)} (median **{num(s['median_ratios'][k], 2)}**)"
+            for k, v in ratios.items() if v) + "."]
+    for d in files:
+        out += plot(d, f"{load_label(d)}: relaxed against strict")
+    return out
+
+
+def render_variants(files: list[dict]) -> list[str]:
+    d, = files
+    rows = [[r["variant"], r["seed"], num(r["seconds_to_target"], 1), kilo(r["frames"]), num(r["lag_mean"], 2),
+             pct(r["dropped_fraction"]), num(r["consumed_sps"])] for r in d["rows"]]
+    return provenance(d) + [""] + table(
+        ["relaxed variant", "seed", "s to −100", "frames to −100", "mean lag", "dropped", "consumed samples/s"], rows)
+
+
+def render_transport(files: list[dict]) -> list[str]:
+    rows = []
+    for d in files:
+        for r in d["results"]:
+            w, b = r["wire_cpu_us_per_msg"], r["base_wire_cpu_us_per_msg"]
+            rows.append([f"{r['bytes'] // 1024} KB", d["encryption"], r["transport"],
+                         f"{num(w['recv_best'], 1)} / {num(b['recv_best'], 1)}",
+                         f"{num(w['send_best'], 1)} / {num(b['send_best'], 1)}",
+                         f"{num(r['cpu_ratio'], 3)} / {num(r['base_cpu_ratio'], 3)}",
+                         f"{num(r['wire_MBps'])} / {num(r['raw_MBps'])}"])
+    out = [line for d in files for line in provenance(d)]
+    return out + [""] + table(["size", "encryption", "transport", "receive µs: this / main", "send µs: this / main",
+                               "CPU ratio to raw pyzmq: this / main", "MB/s: wire / raw pyzmq"], rows)
+
+
+def _errors(p: dict) -> str:
+    return " / ".join(f"{100 * e:+.0f}" for e in p["rel_error"].values()) + " %"
+
+
+def render_scaling(files: list[dict]) -> list[str]:
+    d, = files
+    rows = []
+    for p in d["points"]:
+        m, pr = p.get("measured"), p["predicted"]
+        rows.append([p["sweep"], p["point"], num(p.get("background"), 1),
+                     " / ".join(num(m[k]) for k in pr if k != "bottleneck") if m else p.get("error", "–"),
+                     " / ".join(num(pr[k]) for k in pr if k != "bottleneck"),
+                     _errors(p) if m else "–", f"{m['bottleneck'] if m else '–'} / {pr['bottleneck']}"])
+    g = d.get("given_measured_cpu")
+    keys = [k for k in d["points"][0]["predicted"] if k != "bottleneck"]
+    given = (f"; predicted from the CPU each role was measured to get: {pct(g['median_abs_error'], 1)} "
+             f"(max {pct(g['max_abs_error'], 1)})" if g else "")
+    return provenance(d) + [""] + table(
+        ["sweep", "point", "background procs", f"measured {' / '.join(keys)}", "predicted", "error",
+         "bottleneck measured / predicted"], rows) + [
+        "", f"Median absolute error **{pct(d['median_abs_error'], 1)}** (max {pct(d['max_abs_error'], 1)}), "
+            f"bottleneck kind right at {d['bottleneck_agreement']} points{given}."
+    ] + plot(d, "measured against predicted")
+
+
+def _random_errors(d: dict, keep) -> tuple[int, list[float], list[bool]]:
+    done = [p for p in d["points"] if "measured" in p and keep(p)]
+    errs = [abs(e) for p in done for e in p["rel_error"].values()]
+    return len(done), errs, [p["measured"]["bottleneck"] == p["predicted"]["bottleneck"] for p in done]
+
+
+def render_validation(files: list[dict]) -> list[str]:
+    rows = []
+    for d in files:
+        done = [p for p in d["points"] if "measured" in p]
+        kinds = d.get("bottleneck_agreement") or d["kind_accuracy"]
+        rows.append([d["label"], f"{len(done)} of {len(d['points'])}", pct(d["median_abs_error"]),
+                     pct(d["max_abs_error"]), kinds.replace("/", " of ")])
+        if "kind_accuracy" in d:  # the random run: its one-thread learners apart
+            n, errs, kinds1 = _random_errors(d, lambda p: p["topology"]["threads"] == 1)
+            total = len([p for p in d["points"] if p["topology"]["threads"] == 1])
+            rows.append([d["label"].split(".")[0] + ", one-thread learners only", f"{n} of {total}",
+                         pct(median(errs)), pct(max(errs)), f"{sum(kinds1)} of {len(kinds1)}"])
+    out = [line for d in files for line in provenance(d)]
+    return out + [""] + table(["run", "points measured", "median abs. error", "max", "bottleneck kind right"],
+                              rows) + [l for d in files for l in plot(d, "planner validation, 2026-11-25")]
+
+
+def _topology(t: dict, planned: bool) -> str:
+    g = t["groupSync"]["mode"]
+    return ("**planned** (`topology: auto`)" if planned else "random") + (
+        f": {t['groups']} group(s) ({g}), {t['actors']} actor(s), {t['buffers']} buffer(s), {t['learners']} learner(s)")
+
+
+def render_time_to_target(files: list[dict]) -> list[str]:
+    d, = files
+    rows = []
+    for algo, res in d["results"].items():
+        for r, planned in [(res["planned"], True)] + [(x, False) for x in res["random"]]:
+            sets = [s.split("=", 1) for s in r["set"]]
+            extra = ", ".join(f"{k.split('.')[-2]}.{k.split('.')[-1]}={v}" for k, v in sets
+                              if k.startswith(("spec.env.numEnvs", "spec.resources.learner.threads")))
+            secs = num(r["seconds_to_target"], 1) if r["reached_target"] else f"not in {num(d['budget_s'])} s"
+            rows.append([algo, _topology(r["topology"], planned) + (f"; {extra}" if extra else ""),
+                         f"**{secs}**" if planned else secs, kilo(r["env_frames"])])
+    return provenance(d) + [""] + table(["algo", "topology", "seconds to target", "env frames"], rows)
+
+
+def render_profiles(files: list[dict]) -> list[str]:
+    rows = [[f"`{d['path']}`", d["job"], d["date"], " / ".join(num(x, 1) for x in d["host"]["loadavg"]),
+             num(d["actor_fps_per_core"]), num(d["learner_sps_per_core"]), num(1e6 * d["message_seconds"]),
+             num(d["learner_thread_scaling"].get("2"), 2)] for d in files]
+    return ["Command, per file: " + "; ".join(f"`{d['command']}`" for d in files) + ".", ""] + table(
+        ["profile", "job", "date", "load (1/5/15 min)", "actor frames/s per core", "learner samples/s per core",
+         "µs per message", "2-thread learner speed-up"], rows)
+
+
+def render_headline(files: list[dict]) -> list[str]:
+    pong, *ablations = files
+    speed = [f"{load_label(d)} **{num(median_ratio(d), 2)}**" for d in ablations]
+    rows = [[f"Pong PPO, {num(pong['minutes'])} minutes on {pong['cpus']} cores",
+             f"mean-100 return **{num(pong['return_last'], 1)}** at the end ({num(return_at(pong['curve'], 10), 1)} at 10 min), "
+             f"goal {num(pong['goal_return'])}", pong["date"]],
+            ["Relaxed vs strictly ordered (`spec.dependencies: strict`), PPO: strict's time to target over "
+             "relaxed's, median of seed pairs (above 1: relaxed faster; [ablation](ablation.md))",
+             "; ".join(f"{next(iter(d['summary']))} at {s}" for d, s in zip(ablations, speed)),
+             ablations[0]["date"][:10]]]
+    return table(["what", "result", "when"], rows) + [
+        "", "From " + ", ".join(f"`{d['path']}`" for d in files) + "; commands and machines in the sections below."]
+
+
+def median_ratio(d: dict) -> float:
+    (_, s), = d["summary"].items()
+    return s["median_ratios"]["time_to_target_strict_over_relaxed"]
+
+
+def _v(name: str) -> str:
+    return f"docs/validation/{name}-2026-11-25.json"
+
+
+BLOCKS = {  # block name: (renderer, the files it renders)
+    "headline": (render_headline, ["docs/pong.json", "docs/ablation.json", "docs/ablation-cartpole-loaded.json",
+                                   "docs/ablation-acrobot.json"]),
+    "pong": (render_pong, ["docs/pong.json"]),
+    "groupsync": (render_groupsync, ["docs/groupsync.json", "docs/groupsync-quiet.json"]),
+    "ablation-cartpole": (render_ablation, ["docs/ablation.json", "docs/ablation-cartpole-loaded.json"]),
+    "ablation-acrobot": (render_ablation, ["docs/ablation-acrobot.json", "docs/ablation-acrobot-quiet.json"]),
+    "ablation-pong": (render_ablation, ["docs/ablation-pong.json"]),
+    "ablation-variants": (render_variants, ["docs/ablation-acrobot-variants.jsonl"]),
+    "transport-trust": (render_transport, ["docs/security-transport-none.json", "docs/security-transport-curve.json"]),
+    "scaling": (render_scaling, ["docs/scaling.json"]),
+    "scaling-rescore": (render_scaling, ["docs/scaling-rescore.json"]),
+    "scaling-groups": (render_scaling, ["docs/scaling-groups.json"]),
+    "planner-validation": (render_validation, [_v("scaling-ppo"), _v("scaling-dqn-rr4"), _v("planner-validation")]),
+    "planner-time-to-target": (render_time_to_target, [_v("planner-time-to-target")]),
+    "profiles": (render_profiles, ["bench/profiles/cartpole-dqn-2core.json", "bench/profiles/cartpole-ppo-2core.json",
+                                   _v("profile-ppo"), _v("profile-dqn-rr4"), _v("profile-ppo-ttt")]),
+}
+
+
+def render_block(name: str) -> str:
+    fn, files = BLOCKS[name]
+    data = [load(f) for f in files]
+    body = fn(data)
+    head = f"<!-- generated by bench/report.py from {', '.join(files)}: edit the JSON, not this block -->"
+    return "\n".join([f"<!-- report:{name} -->", head, *body, f"<!-- /report:{name} -->"])
+
+
+def render_doc(text: str) -> tuple[str, list[str]]:
+    """The doc with every block regenerated, and the names of the blocks that changed."""
+    changed = []
+
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in BLOCKS:
+            raise KeyError(f"docs/benchmarks.md: unknown block report:{m.group(1)}")
+        new = render_block(m.group(1))
+        if new != m.group(0):
+            changed.append(m.group(1))
+        return new
+
+    return MARKER.sub(sub, text), changed
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md differs from its JSON")
+    ap.add_argument("--doc", type=Path, default=DOC)
+    args = ap.parse_args(argv)
+    text = args.doc.read_text()
+    new, changed = render_doc(text)
+    missing = sorted(set(BLOCKS) - set(MARKER.findall(text)))
+    if args.check:
+        for name in changed:
+            print(f"{args.doc}: block report:{name} differs from its JSON (run python bench/report.py)")
+        for name in missing:
+            print(f"{args.doc}: block report:{name} is missing")
+        return 1 if changed or missing else 0
+    args.doc.write_text(new)
+    print(f"{args.doc}: {len(changed)} block(s) rewritten" + (f"; missing: {', '.join(missing)}" if missing else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

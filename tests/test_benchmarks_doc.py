@@ -1,0 +1,53 @@
+"""docs/benchmarks.md's generated blocks say what the benchmark JSON says (bench/report.py)."""
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import report  # noqa: E402
+
+DOC = report.DOC
+
+
+def test_the_doc_in_the_repo_matches_its_json(capsys):
+    assert report.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_every_registered_file_records_its_command_date_and_machine():
+    for name, (_, files) in report.BLOCKS.items():
+        for f in files:
+            d = report.load(f)
+            assert all(d.get(k) for k in ("command", "date", "machine")), f"{name}: {f}"
+
+
+def _block(text: str, name: str) -> str:
+    return re.search(rf"<!-- report:{name} -->.*?<!-- /report:{name} -->", text, re.S).group(0)
+
+
+def test_an_edited_number_in_a_block_is_caught_and_rewritten(tmp_path, capsys):
+    doc = tmp_path / "benchmarks.md"
+    text = DOC.read_text()
+    pong = _block(text, "pong")
+    assert "1,487,360" in pong  # docs/pong.json's env_frames
+    prose_edit = "The 100-episode mean return stayed near the random policy's"
+    assert prose_edit in text
+    doc.write_text(text.replace(pong, pong.replace("1,487,360", "1,487,361"))
+                   .replace(prose_edit, prose_edit + " (edited)"))
+
+    assert report.main(["--check", "--doc", str(doc)]) == 1
+    out = capsys.readouterr().out
+    assert "report:pong" in out and "report:scaling" not in out
+
+    assert report.main(["--doc", str(doc)]) == 0  # rewrites the block, keeps the prose
+    assert report.main(["--check", "--doc", str(doc)]) == 0
+    rewritten = doc.read_text()
+    assert _block(rewritten, "pong") == pong and prose_edit + " (edited)" in rewritten
+
+
+def test_a_removed_block_is_named(tmp_path, capsys):
+    doc = tmp_path / "benchmarks.md"
+    text = DOC.read_text()
+    doc.write_text(text.replace(_block(text, "groupsync"), ""))
+    assert report.main(["--check", "--doc", str(doc)]) == 1
+    assert "report:groupsync is missing" in capsys.readouterr().out
