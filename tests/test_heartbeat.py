@@ -57,6 +57,17 @@ def test_updates_tick_after_every_gradient_step():
     assert len(ticks) == out["train_steps"] == 5
 
 
+def _report_to_test(role, tmp_path) -> tuple[zmq.Context, zmq.Socket]:
+    """The role's reports go to a PULL socket of the test (plain: the launcher's socket is local)."""
+    ctx = zmq.Context()
+    reports = ctx.socket(zmq.PULL)
+    addr = f"ipc://{tmp_path}/reports"
+    reports.bind(addr)
+    role._report_sock = role.ctx.socket(zmq.PUSH)
+    role._report_sock.connect(addr)
+    return ctx, reports
+
+
 def test_a_learner_reports_during_a_long_update(tmp_path, monkeypatch):
     import tianji.algos.ppo as ppo_module
 
@@ -69,13 +80,8 @@ def test_a_learner_reports_during_a_long_update(tmp_path, monkeypatch):
     monkeypatch.setattr(ppo_module, "apply_gradients", slow)
     job = load_job(EXAMPLES / "cartpole-ppo.yaml", ["spec.algorithm.epochs=8"])
     own_keyring(tmp_path, monkeypatch, "learner-0-0")
-    ctx = zmq.Context()
-    reports = ctx.socket(zmq.PULL)
-    addr = f"ipc://{tmp_path}/reports"
-    reports.bind(addr)
     learner = Learner(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
-    learner._report_sock = learner.ctx.socket(zmq.PUSH)  # plain (the launcher's report socket is local)
-    learner._report_sock.connect(addr)
+    ctx, reports = _report_to_test(learner, tmp_path)
     try:
         learner.setup()
         while reports.poll(200):  # what setup sent
@@ -101,13 +107,8 @@ def test_an_actor_resting_for_pacing_keeps_reporting(tmp_path, monkeypatch):
 
     job = load_job(EXAMPLES / "cartpole-ppo.yaml")
     own_keyring(tmp_path, monkeypatch, "actor-0-0")
-    ctx = zmq.Context()
-    reports = ctx.socket(zmq.PULL)
-    addr = f"ipc://{tmp_path}/reports"
-    reports.bind(addr)
     actor = Actor(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
-    actor._report_sock = actor.ctx.socket(zmq.PUSH)
-    actor._report_sock.connect(addr)
+    ctx, reports = _report_to_test(actor, tmp_path)
     try:
         actor.setup()
         actor._last_report = time.monotonic()
