@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from kube.fakes import FakePodMetrics, FakePrometheus, worker_report
-from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, eventually, job_manifest, run_pods,
-                                   start_cluster)
+from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, eventually, job_manifest,
+                                   job_with_report_pods, run_pods, start_cluster)
 from tianji.control.accounting import Accounting
 from tianji.control.report import ReportError
 from tianji.control.plan import GroupThroughput
@@ -287,17 +287,6 @@ async def test_prometheus_errors_change_nothing(env):
     assert _status(kube)["phase"] == "Running"
 
 
-async def _job_with_report_pods(kube, pods, ips, spec):
-    await kube.create_job(job_manifest("cartpole", {"network": {"metricsPort": pods.port}, **spec}))
-    await eventually(lambda: kube.obj(STS, NAMESPACE, "cartpole-actor-0"))
-    for i in range(2):  # play the StatefulSet controller: its two actor pods
-        await kube.put_object("v1/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"cartpole-actor-0-{i}", "namespace": NAMESPACE,
-            "labels": {"tianji.dev/job": "cartpole", "tianji.dev/role": "actor", "tianji.dev/group": "0"}}})
-    await run_pods(kube, "cartpole", ips=ips)
-    await eventually(lambda: _status(kube).get("phase") == "Running")
-
-
 IPS = {"cartpole-learner-0-0": "127.0.0.5", "cartpole-buffer-0-0": "127.0.0.6",
        "cartpole-actor-0-0": "127.0.0.7", "cartpole-actor-0-1": "127.0.0.8"}
 
@@ -318,7 +307,7 @@ async def test_reaching_the_mean_return_target_ends_the_job_with_the_accountings
     kube, prom, clock, op = env
     async with FakePodMetrics(list(IPS.values())) as pods:
         _serve(pods, 1, 1000, 1000, 1000, episodes=[100.0] * 50)
-        await _job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}})
+        await job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}})
         await _all_counted(kube, clock)
         assert _status(kube)["episodes"] == 50 and _status(kube)["meanReturn"] == 100.0
         # 100 more episodes: the last 100 finished all returned 480.
@@ -337,7 +326,7 @@ async def test_autoscaling_from_reports_without_prometheus(env):
     async with FakePodMetrics(list(IPS.values())) as pods:
         a = {"enabled": True, "minActors": 1, "maxActors": 12, "cooldownSeconds": 30, "intervalSeconds": 10}
         _serve(pods, 1, 1, 1, 1)
-        await _job_with_report_pods(kube, pods, IPS, {"autoscale": a, "staleness": {"paceActors": False}})
+        await job_with_report_pods(kube, pods, IPS, {"autoscale": a, "staleness": {"paceActors": False}})
         await _all_counted(kube, clock)
         _serve(pods, 2, 5001, 5001, 20001)  # over the next 10 s: 500 frames/s produced, 2000 samples/s consumed
         clock.advance(10)
@@ -374,7 +363,7 @@ async def test_an_operator_restart_continues_the_count():
         pods = await stack.enter_async_context(FakePodMetrics(list(IPS.values())))
         async with RunningOperator(kube, clock=clock):
             _serve(pods, 1, 1000, 1000, 1000, episodes=[5.0] * 10)
-            await _job_with_report_pods(kube, pods, IPS, {})
+            await job_with_report_pods(kube, pods, IPS, {})
             await _all_counted(kube, clock)
             assert (_status(kube)["envFrames"], _status(kube)["episodes"]) == (1000, 10)
         # No operator: actor 0 restarts (a new incarnation counts from zero) and makes 40 frames.

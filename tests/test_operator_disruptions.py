@@ -23,7 +23,7 @@ import pytest
 
 from kube.fakes import FakePodMetrics, worker_report
 from kube.operator_harness import (JOBS, NAMESPACE, FakeClock, RunningOperator, children, cond, eventually, job,
-                                   job_manifest, run_pods, status)
+                                   job_manifest, job_with_report_pods, run_pods, status)
 from test_operator_reconcile import assert_rbac_covers, created
 from tianji_operator import status as st
 
@@ -58,17 +58,6 @@ def serve(pods, seq: int, episodes=(), learner: dict | None = None, actor_incarn
         pods.reports.pop(IPS[LEARNER], None)
     else:
         pods.reports[IPS[LEARNER]] = learner
-
-
-async def job_with_report_pods(kube, pods, spec: dict) -> None:
-    await kube.create_job(job_manifest("cartpole", {"network": {"metricsPort": pods.port}, **spec}))
-    await eventually(lambda: kube.obj(STS, NAMESPACE, "cartpole-actor-0"))
-    for i in range(2):  # play the StatefulSet controller: its two actor pods
-        await kube.put_object("v1/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"cartpole-actor-0-{i}", "namespace": NAMESPACE,
-            "labels": {"tianji.dev/job": "cartpole", "tianji.dev/role": "actor", "tianji.dev/group": "0"}}})
-    await run_pods(kube, "cartpole", ips=IPS)
-    await eventually(lambda: status(kube).get("phase") == "Running", what="phase Running")
 
 
 async def ticks(op, n: int = 5) -> None:
@@ -109,7 +98,7 @@ async def test_a_deleted_learner_never_ends_the_job_and_its_successor_must_catch
     kube, clock, op, pods = env
     serve(pods, 1, [100.0] * 50, learner_report(1, 40, checkpoint="ckpt-000000000040.pt"))
     # cleanPodPolicy None: the test plays the learner's stop itself (its final report) after the end
-    await job_with_report_pods(kube, pods, {"stop": {"meanReturn": 475}, "runPolicy": {"cleanPodPolicy": "None"}})
+    await job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}, "runPolicy": {"cleanPodPolicy": "None"}})
     await eventually(lambda: status(kube).get("policyVersion") == 40, what="the learner counted")
     # The learner pod is deleted; its object lingers (a finalizer, a slow kubelet) with the
     # terminal status its worker left: exit 0 on SIGTERM, phase Succeeded, the final report.
@@ -163,7 +152,7 @@ async def test_a_pod_killed_while_it_is_deleted_does_not_fail_the_job(env):
     That is the deletion's doing, not the job's failure; the pod is made again once it is gone."""
     kube, clock, op, pods = env
     serve(pods, 1, [], learner_report(1, 5))
-    await job_with_report_pods(kube, pods, {})
+    await job_with_report_pods(kube, pods, IPS, {})
     victim = "cartpole-buffer-0-0"
     await kube.api("PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/{victim}",
                    {"metadata": {"finalizers": ["example.com/linger"]}})
@@ -182,7 +171,7 @@ async def test_a_pod_killed_while_it_is_deleted_does_not_fail_the_job(env):
 async def test_an_untrained_learner_does_not_back_a_target(env):
     kube, clock, op, pods = env
     serve(pods, 1, [480.0] * 100, learner_report(1, 0))
-    await job_with_report_pods(kube, pods, {"stop": {"meanReturn": 475}})
+    await job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}})
     clock.advance(1)
     await eventually(lambda: status(kube).get("episodes", 0) >= 100, what="the reports counted")
     clock.advance(1)
@@ -199,7 +188,7 @@ async def test_pods_running_after_the_end_do_not_change_its_numbers(env):
     not the job's result; only final reports of processes counted before the end are."""
     kube, clock, op, pods = env
     serve(pods, 1, [480.0] * 100, learner_report(1, 9))
-    await job_with_report_pods(kube, pods, {"stop": {"meanReturn": 475}, "runPolicy": {"cleanPodPolicy": "None"}})
+    await job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}, "runPolicy": {"cleanPodPolicy": "None"}})
     clock.advance(1)
     await eventually(lambda: status(kube).get("phase") == "Succeeded", what="phase Succeeded")
     final = {k: status(kube)[k] for k in ("meanReturn", "episodes", "envFrames", "policyVersion")}
@@ -329,7 +318,7 @@ async def test_backoff_limit_is_charged_across_operator_restarts(kube):
 async def test_an_actor_pod_made_again_is_in_status_and_events(env):
     kube, clock, op, pods = env
     serve(pods, 1, [], learner_report(1, 1))
-    await job_with_report_pods(kube, pods, {})
+    await job_with_report_pods(kube, pods, IPS, {})
     await ticks(op, 2)
     code, _ = await kube.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/cartpole-actor-0-1")
     assert code == 200

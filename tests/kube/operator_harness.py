@@ -204,6 +204,19 @@ def job_manifest(name: str = "cartpole", spec: Optional[dict] = None, **meta: An
             "metadata": {"name": name, **meta}, "spec": spec or {}}
 
 
+async def job_with_report_pods(kube: KubeEmulator, pods, ips: dict[str, str], spec: dict) -> None:
+    """A cartpole job whose pods (two actors played for the StatefulSet controller) run with
+    `ips`, where `pods` (kube.fakes.FakePodMetrics) serves their reports; waits for Running."""
+    await kube.create_job(job_manifest("cartpole", {"network": {"metricsPort": pods.port}, **spec}))
+    await eventually(lambda: kube.obj("apps/v1/statefulsets", NAMESPACE, "cartpole-actor-0"))
+    for i in range(2):
+        await kube.put_object("v1/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"cartpole-actor-0-{i}", "namespace": NAMESPACE,
+            "labels": {"tianji.dev/job": "cartpole", "tianji.dev/role": "actor", "tianji.dev/group": "0"}}})
+    await run_pods(kube, "cartpole", ips=ips)
+    await eventually(lambda: status(kube).get("phase") == "Running", what="phase Running")
+
+
 async def run_pods(kube: KubeEmulator, job: str, namespace: str = NAMESPACE, phase: str = "Running",
                    ready: bool = True, ips: Optional[dict[str, str]] = None) -> None:
     """Play kubelet and the StatefulSet controller: learner/buffer pods get `phase`; each actor
