@@ -90,10 +90,13 @@ class NodeHandle:
         network.up_node(c.net, self.name, self.number)
         pair = c.cp.pki.issue(f"node-{self.name}", f"system:node:{self.name}", ("system:nodes",))
         net = c.cp.pki.issue(f"network-{self.name}", "tianji:local-network")
+        serving = c.cp.pki.issue(f"kubelet-{self.name}", f"system:node:{self.name}", server=True,
+                                 hosts=(self.ip, self.name))
         argv = ["nsenter", f"--net={network.NETNS_DIR / self.netns}", sys.executable, "-m", "localcluster.nodeagent",
                 f"--name={self.name}", f"--ip={self.ip}", f"--netns={self.netns}", f"--server={c.cp.server}",
                 f"--ca={c.cp.pki.ca.cert}", f"--cert={pair.cert}", f"--key={pair.key}", f"--net-cert={net.cert}",
-                f"--net-key={net.key}", f"--root={self.root}",
+                f"--net-key={net.key}", f"--serving-cert={serving.cert}", f"--serving-key={serving.key}",
+                f"--root={self.root}",
                 f"--dns={c.net.gateway}", f"--domain={DOMAIN}", f"--cpu={self.cpu}", f"--memory={self.memory}",
                 f"--gpus={self.gpus}", *(f"--resource={k}={v}" for k, v in self.resources.items()),
                 *(f"--label={k}={v}" for k, v in self.labels.items()), *c.agent_args]

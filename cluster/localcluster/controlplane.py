@@ -21,6 +21,7 @@ from typing import Optional
 import yaml
 
 from .network import Addressing
+from .kubeletserver import API_SERVER_CLIENT
 from .pki import PKI, Pair
 
 DOMAIN = "cluster.local"
@@ -148,12 +149,16 @@ class ControlPlane:
 
     def _apiserver(self, serving: Pair) -> None:
         pki = self.pki
+        kubelet_client = pki.issue("apiserver-kubelet-client", API_SERVER_CLIENT)
         self._proc(
             "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--bind-address={self.net.gateway}", f"--advertise-address={self.net.gateway}",
             f"--secure-port={self.api_port}", f"--service-cluster-ip-range={self.net.service_cidr}",
             f"--client-ca-file={pki.ca.cert}", f"--tls-cert-file={serving.cert}",
             f"--tls-private-key-file={serving.key}",
+            # `kubectl logs` goes through the node agents' kubelet port (kubeletserver.py)
+            f"--kubelet-client-certificate={kubelet_client.cert}", f"--kubelet-client-key={kubelet_client.key}",
+            f"--kubelet-certificate-authority={pki.ca.cert}", "--kubelet-preferred-address-types=InternalIP",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             f"--service-account-issuer=https://kubernetes.default.svc.{DOMAIN}",
             f"--service-account-key-file={self.sa.cert}", f"--service-account-signing-key-file={self.sa.key}",

@@ -30,6 +30,7 @@ import aiohttp
 from . import network
 from .api import Api, ApiError
 from .nodeobject import NodeSpec
+from .kubeletserver import KubeletServer
 from .pods import Node, PodWorker, iso
 
 log = logging.getLogger("tianji.localcluster.nodeagent")
@@ -284,6 +285,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--key", required=True)
     ap.add_argument("--net-cert", help="client certificate of the network plugin (reads every Node's podCIDR)")
     ap.add_argument("--net-key")
+    ap.add_argument("--serving-cert", help="the kubelet port's certificate (for this node's IP): `kubectl logs`")
+    ap.add_argument("--serving-key")
     ap.add_argument("--root", required=True, type=Path)
     ap.add_argument("--dns", required=True, help="cluster DNS server address")
     ap.add_argument("--domain", default="cluster.local")
@@ -310,6 +313,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                               backoff_max=a.backoff_max, probe_period_cap=a.probe_period_cap)
             if a.net_cert:
                 agent.net_api = await stack.enter_async_context(Api(a.server, a.ca, a.net_cert, a.net_key))
+            if a.serving_cert:
+                server = KubeletServer(agent, a.ip, Path(a.ca), Path(a.serving_cert), Path(a.serving_key))
+                await server.start()
+                stack.push_async_callback(server.stop)
             await agent.run()
 
     os.environ.pop("KUBECONFIG", None)

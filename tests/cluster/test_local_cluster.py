@@ -1,10 +1,16 @@
 """The local cluster itself is a Kubernetes cluster: nodes registered by the node agent and kept
 alive by their Leases, the real scheduler placing pods by capacity, pods on both nodes reaching
-each other by cluster DNS names, the Node authorizer confining a node to its own pods."""
+each other by cluster DNS names, the Node authorizer confining a node to its own pods, and
+`kubectl logs` through the node agents' kubelet port."""
 from __future__ import annotations
 
 import json
+import ssl
 import textwrap
+import urllib.error
+import urllib.request
+
+import pytest
 
 from clusterkit import get, wait_for
 
@@ -68,8 +74,7 @@ def test_pods_on_two_nodes_find_each_other_by_dns(cluster, namespace):
     assert server["spec"]["nodeName"] == "node-1" and done["spec"]["nodeName"] == "node-2"
     assert done["status"]["phase"] == "Succeeded", done["status"]
     # The client's log: the name resolved to the server pod's IP, and the server answered from it.
-    log = (cluster.root / "nodes" / "node-2").rglob("main-0.log")
-    text = next(p.read_text() for p in log if f"{namespace}_client_" in str(p))
+    text = cluster.kubectl("logs", "client", "-n", namespace).stdout
     ip = server["status"]["podIP"]
     assert text.split()[:3] == [ip, "server", ip], text
 
@@ -94,3 +99,37 @@ def test_a_node_may_only_read_its_own_pods_secrets(cluster, namespace):
     res = cluster.kubectl("auth", "can-i", "update", "nodes/status", "--as=system:node:node-1",
                           "--as-group=system:nodes", check=False)
     assert res.stdout.strip() == "yes", res
+
+
+TALKER = textwrap.dedent("""
+    import sys, time
+    for i in range(5):
+        print("line", i, flush=True)
+    time.sleep(4)
+    print("done", flush=True)
+""")
+
+
+def test_kubectl_logs_reads_a_pod_on_its_node(cluster, namespace):
+    apply(cluster, namespace, pod("talker", "node-2", TALKER))
+    wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, "talker")) and
+             p["status"].get("phase") == "Running", 60, "the talker running")
+    # -f streams while the container runs and ends when it exits, with every line
+    followed = cluster.kubectl("logs", "-f", "talker", "-n", namespace, timeout=60).stdout
+    assert followed.splitlines() == [f"line {i}" for i in range(5)] + ["done"], followed
+    assert cluster.kubectl("logs", "--tail=2", "talker", "-n", namespace).stdout.splitlines() == ["line 4", "done"]
+    res = cluster.kubectl("logs", "talker", "-c", "nope", "-n", namespace, check=False)
+    assert res.returncode != 0 and "not valid for pod" in res.stderr, res
+
+
+def test_the_kubelet_port_answers_only_the_api_server(cluster, namespace):
+    node = next(n for n in cluster.nodes if n.name == "node-1")
+    pki = cluster.cp.pki.root
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))  # even cluster-admin, directly
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"https://{node.ip}:10250/containerLogs/{namespace}/x/main", context=ctx, timeout=10)
+    assert e.value.code == 403
+    bare = ssl.create_default_context(cafile=str(pki / "ca.crt"))  # and no client certificate at all
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f"https://{node.ip}:10250/healthz", context=bare, timeout=10)
