@@ -146,3 +146,10 @@ def test_tianji_dashboard_says_what_is_wrong(tmp_path, capsys):
     assert "not a duration" in capsys.readouterr().err
     assert main(["dashboard", "--prometheus", "file:///etc/passwd", "--job", JOB, "--png", png]) == 1
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("bad", [{"metric": {}, "values": [[1, ["x"]]]}, {"metric": {}, "values": [[1]]},
+                                 {"metric": [], "values": []}, "series"])
+def test_malformed_answers_are_refused(bad):
+    with pytest.raises(ValueError, match="malformed"):
+        dboard._series(bad)

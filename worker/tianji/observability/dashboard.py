@@ -113,8 +113,11 @@ def _series(r: object) -> Series:
     for point in r["values"]:
         if not (isinstance(point, list) and len(point) == 2):
             raise ValueError(f"prometheus: malformed point {point!r}")
-        t.append(float(point[0]))
-        v.append(float(point[1]))  # "NaN", "+Inf" parse; anything else raises
+        try:
+            t.append(float(point[0]))
+            v.append(float(point[1]))  # "NaN", "+Inf" parse; anything else raises
+        except (TypeError, ValueError):
+            raise ValueError(f"prometheus: malformed point {point!r}") from None
     return Series(labels, t, v)
 
 
@@ -168,7 +171,7 @@ def check(results: Iterable[PanelResult], facts: Iterable[str]) -> list[str]:
         for t in pr.targets:
             conds = conditions(t.expr)
             must_show = not conds or conds <= facts
-            cannot_show = bool(conds & set(JOB_FACTS) - facts)
+            cannot_show = bool(conds & (set(JOB_FACTS) - facts))
             where = f"panel {pr.title!r} {t.ref} ({t.legend})"
             if t.series:
                 shown += 1
@@ -179,7 +182,7 @@ def check(results: Iterable[PanelResult], facts: Iterable[str]) -> list[str]:
             for s in t.series:
                 if not any(math.isfinite(x) for x in s.v):
                     problems.append(f"{where}: series {s.labels} has no finite value: {t.expr}")
-        expected_empty = all(conditions(t.expr) & set(JOB_FACTS) - facts for t in pr.targets)
+        expected_empty = all(conditions(t.expr) & (set(JOB_FACTS) - facts) for t in pr.targets)
         if not shown and not expected_empty and not any(p.startswith(f"panel {pr.title!r}") for p in problems):
             problems.append(f"panel {pr.title!r}: no data")
     return problems
