@@ -270,6 +270,9 @@ def test_metrics_service_and_servicemonitor_reach_the_operator(variant):
         assert all(svc["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
         assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
         assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"]
+        # The operator's per-job gauges carry the TianJiJob's namespace/job (the dashboard's
+        # actor and restart panels filter on them): renamed exported_* they would select nothing.
+        assert all(e["honorLabels"] is True for e in sm["spec"]["endpoints"])
 
 
 def test_servicemonitor_and_podmonitor_are_opt_in():

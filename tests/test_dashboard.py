@@ -1,6 +1,8 @@
 """The Grafana dashboard (dashboards/tianji.json in the chart): a valid dashboard whose every
-PromQL expression reads a metric TianJi exports (`tianji.observability.metrics`), with labels
-it has, or one on an explicit allow-list of kube-state-metrics series."""
+PromQL expression reads a metric TianJi exports, with labels it has: the workers'
+(`tianji.observability.metrics`) or the operator's per-job gauges (tianji_job_*, which stand in
+for kube-state-metrics: tianji_operator.metrics). Whether each expression selects data on a live
+job: tests/cluster/test_dashboard_live.py."""
 from __future__ import annotations
 
 import json
@@ -8,13 +10,23 @@ import re
 
 from chart_support import DASHBOARD
 from tianji.observability import metrics as tianji_metrics
+from tianji_operator.metrics import JOB_LABELS, OperatorMetrics
 
-# Series the dashboard reads that TianJi does not export: kube-state-metrics.
-EXTERNAL_METRICS = {
-    "kube_statefulset_replicas",               # actors desired (StatefulSet <job>-actor-<g>)
-    "kube_statefulset_status_replicas_ready",  # actors ready
-    "kube_pod_container_status_restarts_total",
-}
+
+def operator_job_metrics() -> dict[str, set[str]]:
+    """The operator's per-job gauges: name -> label names."""
+    m = OperatorMetrics()
+    m.job_status("ns", "j", {"groups": [{"group": 0, "actors": {"desired": 1, "ready": 1}}],
+                             "restartsByRole": {"actor": {"containers": 0, "pods": 0}}})
+    out: dict[str, set[str]] = {}
+    for fam in m.registry.collect():
+        for smp in fam.samples:
+            if smp.name.startswith("tianji_job_"):
+                out.setdefault(smp.name, set()).update(smp.labels)
+    return out
+
+
+OPERATOR_METRICS = operator_job_metrics()
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
                 "offset", "inf", "nan"}
 RANGE_FUNCS = {"rate", "irate", "increase", "delta", "idelta", "deriv", "resets", "changes"}
@@ -115,7 +127,10 @@ def test_every_dashboard_metric_is_exported():
         assert sels, f"{where}: no metric in {expr}"
         for name, labels in sels:
             used.add(name)
-            if name.startswith(tianji_metrics.PREFIX):
+            if name in OPERATOR_METRICS:
+                if labels - OPERATOR_METRICS[name]:
+                    problems.append(f"{where}: {name} has no label(s) {sorted(labels - OPERATOR_METRICS[name])}")
+            elif name.startswith(tianji_metrics.PREFIX):
                 if name not in exported:
                     problems.append(f"{where}: {name} is not exported by tianji.observability.metrics")
                 if labels - TIANJI_LABELS:
@@ -123,8 +138,8 @@ def test_every_dashboard_metric_is_exported():
                 base = name.removeprefix(tianji_metrics.PREFIX)
                 if "reason" in labels and base not in tianji_metrics.REASON_LABELED:
                     problems.append(f"{where}: {name} has no reason label")
-            elif name not in EXTERNAL_METRICS:
-                problems.append(f"{where}: {name} is neither a tianji_ metric nor on the external allow-list")
+            else:
+                problems.append(f"{where}: {name} is not a TianJi metric (the dashboard needs no other exporter)")
         for fn, metric in re.findall(r"\b(\w+)\s*\(\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*\{", _blank_strings(expr)):
             if fn in RANGE_FUNCS and not metric.endswith(COUNTER_SUFFIXES):
                 problems.append(f"{where}: {fn}() over {metric}, which is not a counter")
@@ -133,13 +148,12 @@ def test_every_dashboard_metric_is_exported():
     p = tianji_metrics.PREFIX
     must = {p + "env_frames_total", p + "samples_received_total", p + "samples_consumed_total",
             p + "policy_lag_bucket", p + "policy_version", p + "replay_ratio", p + "episode_return_mean",
-            p + "messages_rejected_total", p + "samples_dropped_total"} | EXTERNAL_METRICS
+            p + "messages_rejected_total", p + "samples_dropped_total"} | set(OPERATOR_METRICS)
     assert must <= used, sorted(must - used)
-    assert EXTERNAL_METRICS <= used, "an allow-listed external metric is no longer used: drop it from the list"
 
 
-def test_dashboard_reads_actor_statefulsets_by_the_operator_names():
-    from tianji.control.addressing import actor_set_name
-
-    text = DASHBOARD.read_text()
-    assert actor_set_name("$job", 0).replace("0", "$group") in text  # statefulset=~"$job-actor-$group"
+def test_operator_job_gauges_carry_the_labels_the_dashboard_filters_on():
+    assert set(OPERATOR_METRICS) == {"tianji_job_actors_desired", "tianji_job_actors_ready",
+                                     "tianji_job_container_restarts", "tianji_job_pods_recreated"}
+    for name, labels in OPERATOR_METRICS.items():
+        assert set(JOB_LABELS) <= labels, name  # namespace/job: the TianJiJob's, like the workers' series

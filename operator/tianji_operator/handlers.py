@@ -97,6 +97,7 @@ def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] =
         # Children go with the owner (ownerReferences); only in-memory state is ours to drop.
         op.jobs.pop((body["metadata"].get("namespace") or "", body["metadata"]["name"]), None)
         release_host_ports(op, body["metadata"].get("namespace"), body["metadata"]["name"])
+        op.metrics.forget_job(body["metadata"].get("namespace") or "", body["metadata"]["name"])
         op.metrics.reconciles.labels(handler="delete", result="ok").inc()
         logger.info("released %s", body["metadata"]["name"])
 

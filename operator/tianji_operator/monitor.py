@@ -290,6 +290,7 @@ async def _write_running(op: Operator, body: Any, resolved: Any, pods: list[dict
             fields["startTime"] = st.iso(now)
         if cur.get("startTime") or running:
             fields.update(counted_fields(acc, {**cur, **fields}, now))
+        op.metrics.job_status(ns or "", name, {**cur, **fields})
         return fields
 
     await update_status(op, ns, name, compute)
@@ -316,8 +317,10 @@ async def _after_end(op: Operator, body: Any, resolved: Any, pods: list[dict], a
         cur = fresh.get("status") or {}
         if cur.get("phase") not in st.TERMINAL:
             return None
-        return {**(final_counted_fields(acc, cur, now) or {}), "groups": groups, "actors": actors,
-                **_scale_status(name, groups)}
+        fields = {**(final_counted_fields(acc, cur, now) or {}), "groups": groups, "actors": actors,
+                  **_scale_status(name, groups)}
+        op.metrics.job_status(ns or "", name, {**cur, **fields})
+        return fields
 
     await update_status(op, ns, name, compute)
 

@@ -4,7 +4,10 @@ discovery, which Debian's package leaves out): it discovers pods through
 `prometheus`, allowed to list and watch pods by RBAC) and relabels them as prometheus-operator
 renders the chart's PodMonitor (charts/tianji-operator/templates/podmonitor.yaml): pods
 labelled by the operator, their container port named `metrics`, `honor_labels`, target labels
-namespace/pod/container. It listens on the cluster's bridge address, so pods reach it."""
+namespace/pod/container. It scrapes the operator as prometheus-operator renders the chart's
+ServiceMonitor (templates/servicemonitor.yaml, rendered by `helm template` and turned into a
+scrape config here): the metrics Service's endpoints, its selector and port, honorLabels, and job
+set to the Service's name. It listens on the cluster's bridge address, so pods reach it."""
 from __future__ import annotations
 
 import json
@@ -30,7 +33,7 @@ RBAC = """
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
 metadata: {name: tianji-test-prometheus}
-rules: [{apiGroups: [""], resources: [pods], verbs: [list, watch]}]
+rules: [{apiGroups: [""], resources: [pods, services, endpoints], verbs: [list, watch]}]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -40,14 +43,20 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: prometheus}]
 """
 
 
+def _sd(c: LocalCluster, cert, role: str, namespaces: Optional[list[str]] = None) -> list[dict]:
+    sd = {"role": role, "api_server": c.cp.server,
+          "tls_config": {"ca_file": str(c.cp.pki.ca.cert), "cert_file": str(cert.cert), "key_file": str(cert.key)}}
+    if namespaces:
+        sd["namespaces"] = {"names": namespaces}
+    return [sd]
+
+
 def pod_monitor_scrape_config(c: LocalCluster, cert, interval: str) -> dict:
     label = lambda name: f"__meta_kubernetes_pod_label_{name}"
     return {
         "job_name": "podMonitor/tianji-system/tianji-jobs/0", "honor_labels": True, "metrics_path": "/metrics",
         "scrape_interval": interval, "scrape_timeout": interval,
-        "kubernetes_sd_configs": [{"role": "pod", "api_server": c.cp.server,
-                                   "tls_config": {"ca_file": str(c.cp.pki.ca.cert), "cert_file": str(cert.cert),
-                                                  "key_file": str(cert.key)}}],
+        "kubernetes_sd_configs": _sd(c, cert, "pod"),
         "relabel_configs": [
             {"source_labels": [label("app_kubernetes_io_managed_by")], "regex": "tianji-operator", "action": "keep"},
             {"source_labels": ["__meta_kubernetes_pod_labelpresent_tianji_dev_job"], "regex": "true",
@@ -61,9 +70,42 @@ def pod_monitor_scrape_config(c: LocalCluster, cert, interval: str) -> dict:
     }
 
 
+def service_monitor_scrape_config(c: LocalCluster, cert, interval: str, sm: dict) -> dict:
+    """The scrape config prometheus-operator generates for `sm` (a rendered ServiceMonitor with
+    one endpoint, matchLabels and matchNames), role endpoints as it uses by default."""
+    (ep,) = sm["spec"]["endpoints"]
+    meta = sm["metadata"]
+    name = lambda k: "".join(ch if ch.isalnum() else "_" for ch in k)
+    keep = [{"source_labels": [f"__meta_kubernetes_service_label_{name(k)}",
+                               f"__meta_kubernetes_service_labelpresent_{name(k)}"],
+             "regex": f"({v});true", "action": "keep"} for k, v in sm["spec"]["selector"]["matchLabels"].items()]
+    target = lambda kind, label: {"source_labels": ["__meta_kubernetes_endpoint_address_target_kind",
+                                                    "__meta_kubernetes_endpoint_address_target_name"],
+                                  "separator": ";", "regex": f"{kind};(.*)", "replacement": "${1}",
+                                  "target_label": label}
+    return {
+        "job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/0",
+        "honor_labels": bool(ep.get("honorLabels", False)), "metrics_path": ep.get("path", "/metrics"),
+        "scrape_interval": interval, "scrape_timeout": interval,
+        "kubernetes_sd_configs": _sd(c, cert, "endpoints", sm["spec"]["namespaceSelector"]["matchNames"]),
+        "relabel_configs": [
+            *keep,
+            {"source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"], "action": "keep"},
+            target("Node", "node"), target("Pod", "pod"),
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+            {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"},
+            {"target_label": "endpoint", "replacement": ep["port"]},
+        ],
+    }
+
+
 class ClusterPrometheus:
-    def __init__(self, c: LocalCluster, root: Path, interval: str = "1s"):
-        self.c, self.root, self.interval = c, Path(root), interval
+    def __init__(self, c: LocalCluster, root: Path, interval: str = "1s", service_monitor: Optional[dict] = None):
+        self.c, self.root, self.interval, self.service_monitor = c, Path(root), interval, service_monitor
         self.proc: Optional[Proc] = None
         self.url = ""
 
@@ -77,6 +119,9 @@ class ClusterPrometheus:
         cfg = {"global": {"scrape_interval": self.interval, "evaluation_interval": self.interval,
                           "query_log_file": str(self.root / "queries.jsonl")},
                "scrape_configs": [pod_monitor_scrape_config(self.c, cert, self.interval)]}
+        if self.service_monitor:
+            cfg["scrape_configs"].append(service_monitor_scrape_config(self.c, cert, self.interval,
+                                                                       self.service_monitor))
         (self.root / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         self.url = prometheus_url(self.c)
         host, port = self.c.net.gateway, PORT

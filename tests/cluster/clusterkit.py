@@ -56,3 +56,10 @@ def install_operator(c: LocalCluster, prometheus_url: str) -> None:
     helm(c, "upgrade", "--install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
          *OPERATOR_VALUES, "--set-json", f'operator.prometheusAllowList=["{prometheus_url}"]',
          "--wait", "--timeout=180s")
+
+
+def rendered_service_monitor(c: LocalCluster) -> dict:
+    """The chart's ServiceMonitor as `helm install` of this release would create it."""
+    out = helm(c, "template", RELEASE, str(CHART), "-n", OPERATOR_NS, "--set", "monitoring.serviceMonitor.enabled=true")
+    (sm,) = [d for d in yaml.safe_load_all(out.stdout) if d and d.get("kind") == "ServiceMonitor"]
+    return sm

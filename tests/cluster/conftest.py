@@ -71,8 +71,9 @@ def cluster() -> LocalCluster:
 @pytest.fixture(scope="session")
 def prometheus(cluster: LocalCluster):
     from cluster_prometheus import ClusterPrometheus
+    from clusterkit import rendered_service_monitor
 
-    p = ClusterPrometheus(cluster, cluster.root / "prometheus").start()
+    p = ClusterPrometheus(cluster, cluster.root / "prometheus", service_monitor=rendered_service_monitor(cluster)).start()
     yield p
     p.stop()
 

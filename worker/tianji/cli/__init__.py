@@ -1,4 +1,4 @@
-"""`tianji` command line: run, worker, plan, profile, eval, plot, crd.
+"""`tianji` command line: run, worker, plan, profile, eval, plot, dashboard, crd.
 
 Each sub-command lives in its own module; this file only parses arguments
 and maps SpecError (bad input) to exit code 2 with a one-line message.
@@ -51,6 +51,12 @@ def _plot(a: argparse.Namespace) -> int:
     from tianji.observability.plot import plot_command
 
     return plot_command(a)
+
+
+def _dashboard(a: argparse.Namespace) -> int:
+    from tianji.cli.dashboard import dashboard_command
+
+    return dashboard_command(a)
 
 
 def _worker(a: argparse.Namespace) -> int:
@@ -151,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("run_dir")
     pt.add_argument("--out", help="PNG path (default RUN_DIR/plot.png)")
     pt.set_defaults(fn=_plot)
+
+    from tianji.cli.dashboard import add_arguments as dashboard_arguments
+
+    d = sub.add_parser("dashboard", help="PNG of the chart's Grafana dashboard for a job, from Prometheus (no Grafana)")
+    dashboard_arguments(d)
+    d.set_defaults(fn=_dashboard)
 
     c = sub.add_parser("crd", help="print the TianJiJob CustomResourceDefinition (generated from the spec)")
     c.set_defaults(fn=_crd)
