@@ -42,6 +42,14 @@ BAD_SPECS = {
                        "expected a number, got str '0.001'"),
     "pace-actors-as-an-integer": ({"staleness": {"paceActors": 1}}, "spec.staleness.paceActors",
                                   "expected a boolean, got int 1"),
+    # Unknown fields and wrong choices: "did you mean", not the validator's jargon (issue 25).
+    "algorithm-name-in-capitals": ({"algorithm": {"name": "PPO"}}, "spec.algorithm.name",
+                                   "'PPO' is not one of 'ppo', 'dqn'; did you mean 'ppo'?"),
+    "misspelled-field": ({"env": {"numEnv": 4}}, "spec.env.numEnv", "unknown field; did you mean numEnvs?"),
+    "other-algorithms-field": ({"algorithm": {"name": "ppo", "replayCapacity": 1000}}, "spec.algorithm.replayCapacity",
+                               "unknown field for ppo: replayCapacity is a field of dqn"),
+    "activation-misspelled": ({"model": {"activation": "Relu"}}, "spec.model.activation",
+                              "Input should be 'tanh' or 'relu'; did you mean 'relu'?"),
 }
 JSON_TYPE_CASES = [k for k in BAD_SPECS if "-as-a" in k]
 
@@ -181,12 +189,12 @@ def _write(tmp_path, text: str):
 
 
 def _top_level_typo(tmp_path):
-    return _write(tmp_path, PPO_TEXT.replace("spec:", "sepc:", 1)), "sepc: Extra inputs are not permitted"
+    return _write(tmp_path, PPO_TEXT.replace("spec:", "sepc:", 1)), "sepc: unknown field; did you mean spec?"
 
 
 def _metadata_unknown_key(tmp_path):
     return _write(tmp_path, PPO_TEXT.replace("  name: cartpole-ppo", "  name: cartpole-ppo\n  nmae: x")), \
-        "metadata.nmae: Extra inputs are not permitted"
+        "metadata.nmae: unknown field; did you mean name?"
 
 
 def _annotation_not_a_string(tmp_path):

@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from tianji.control.addressing import LAST_PORT_OFFSET, host_port_ranges
 from tianji.control.ratelimit import SampleToInsertRatio
+from tianji.control.suggest import better_message
 from tianji.control.yamlload import ManifestYAMLError, UnreadableManifest, read_manifest, safe_yaml, yaml_problem
 
 API_VERSION = "tianji.dev/v1alpha1"
@@ -282,6 +283,27 @@ class EnvSpaces(_Model):
     action: ActionSpace
 
 
+class EnvWrapper(_Model):
+    """A Gymnasium wrapper around each env: `Class(env, **kwargs)`, e.g. gymnasium.wrappers:FlattenObservation."""
+
+    entry_point: str = Field(..., max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
+                             description="module.path:Class of a gymnasium.Wrapper (or a function env -> env)")
+    kwargs: Annotated[dict[str, Any], _FREE_FORM] = Field(
+        default_factory=dict, description="its keyword arguments besides the env (plain data)")
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point(cls, v: str) -> str:
+        if not re.fullmatch(ENTRY_POINT_PATTERN, v):
+            raise ValueError(f"{v!r}: expected module.path:Class, e.g. gymnasium.wrappers:FlattenObservation")
+        return v
+
+    @field_validator("kwargs")
+    @classmethod
+    def _plain_kwargs(cls, v: dict) -> dict:
+        return check_json_like(v)
+
+
 class EnvConfig(_Model):
     id: str = Field("CartPole-v1", min_length=1, max_length=300,
                     description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5 (registered by env.imports), "
@@ -293,6 +315,11 @@ class EnvConfig(_Model):
                     "the evaluator and the profiler only")
     kwargs: Annotated[dict[str, Any], _FREE_FORM] = Field(
         default_factory=dict, description="keyword arguments of the env's constructor (plain data)")
+    wrappers: list[EnvWrapper] = Field(
+        default_factory=list, max_length=16,
+        description="Gymnasium wrappers applied to each env in order, innermost first, e.g. "
+                    "{entryPoint: gymnasium.wrappers:FlattenObservation} for a Dict observation; imported where "
+                    "envs are built, like env.imports")
     spaces: Optional[EnvSpaces] = Field(
         None, description="the env's observation and action spaces (tianji run fills them in); buffers and "
                           "learners read them here instead of building an env")
@@ -1021,8 +1048,15 @@ def _where(e: dict) -> str:
     return path
 
 
+def _line(e: dict, source: str) -> str:
+    better = better_message(e, TianJiJob)  # unknown fields and wrong choices: "did you mean"
+    if better is not None:
+        return f"{source}: {_where(e)}{better[0]}: {better[1]}"
+    return f"{source}: {_where(e)}: {_message(e)}"
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
-    return "\n".join(f"{source}: {_where(e)}: {_message(e)}" for e in err.errors())
+    return "\n".join(_line(e, source) for e in err.errors())
 
 
 def _parse_scalar(key: str, text: str) -> Any:

@@ -81,7 +81,8 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
     else:
         job, _ = resolve(load_job(job_path, overrides), profile)
         # before any process starts (needs Gymnasium: not in control)
-        info = check_env_spec(job.spec.env, str(job_path), job.spec.algorithm.name)
+        info = check_env_spec(job.spec.env, str(job_path), job.spec.algorithm.name,
+                              note=lambda text: print(f"tianji: note: {text}", file=sys.stderr))
         job.spec.env.spaces = spaces_of(info)  # buffers and learners read them; they build no env
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
