@@ -139,9 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pr.set_defaults(fn=_profile)
 
-    e = sub.add_parser("eval", help="mean/std return of a checkpoint's policy, a fixed number of episodes per env")
+    e = sub.add_parser("eval", help="mean/std return and mean length of a checkpoint's policy's episodes, the "
+                                    "same count from each env")
     e.add_argument("checkpoint", help="a ckpt-*.pt file, or a run dir (its newest learner checkpoint)")
-    e.add_argument("--episodes", type=int, default=10)
+    e.add_argument("--episodes", type=int, default=10,
+                   help="played on the most envs (at most 8) that divide it evenly: 20 is 4 from each of 5 envs")
     e.add_argument("--seed", type=int, default=12345)
     e.add_argument("--epsilon", type=float, default=None,
                    help="DQN: probability of a random action (default 0.05, Mnih et al. 2015); PPO: default 0")

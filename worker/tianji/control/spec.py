@@ -317,7 +317,7 @@ class EnvConfig(_Model):
         default_factory=dict, description="keyword arguments of the env's constructor (plain data)")
     wrappers: list[EnvWrapper] = Field(
         default_factory=list, max_length=16,
-        description="Gymnasium wrappers applied to each env in order, innermost first, e.g. "
+        description="Gymnasium wrappers applied to each env in order (the first wraps the env itself), e.g. "
                     "{entryPoint: gymnasium.wrappers:FlattenObservation} for a Dict observation; imported where "
                     "envs are built, like env.imports")
     spaces: Optional[EnvSpaces] = Field(
@@ -521,7 +521,8 @@ class EvaluationConfig(_Model):
 
     interval_seconds: Optional[float] = Field(
         None, gt=0, le=86_400, description="seconds between evaluations; unset or null: no evaluation")
-    episodes: int = Field(10, ge=1, le=1000, description="episodes per evaluation (a fixed count per env)")
+    episodes: int = Field(10, ge=1, le=1000, description="episodes per evaluation, the same count from each of "
+                                                          "the most envs (at most 8) that divide it")
     epsilon: float = Field(0.05, ge=0, le=1, description="DQN: exploration rate of the evaluation policy "
                                                           "(0.05: the Atari protocol); ignored by PPO")
 

@@ -101,6 +101,11 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
         130 if summary["exit_reason"] == "interrupted" else 1)
 
 
+def _length_text(summary: dict) -> str:
+    n = summary.get("mean_episode_length")
+    return "" if n is None else f", episode length {n:.1f}"
+
+
 class Launcher:
     def __init__(self, job: TianJiJob, run_dir: Path, max_seconds: Optional[float] = None, progress: bool = True,
                  resume: bool = False, metrics_port: Optional[int] = None, tensorboard_port: Optional[int] = None):
@@ -327,7 +332,8 @@ class Launcher:
             version = max(version, self.resumed_from["policy_version"])  # until the resumed learner reports
         return {"elapsed": self.t_offset + now - self.started, "env_frames": v["env_frames"], **v["rates"],
                 "policy_version": version, "lag": v["policy_lag"], "episodes": v["episodes"],
-                "mean_return": v["mean_return"], "dropped": sum(v["dropped_samples"].values()),
+                "mean_return": v["mean_return"], "mean_episode_length": v["mean_episode_length"],
+                "dropped": sum(v["dropped_samples"].values()),
                 "rejected": v["rejected_messages"], "restarts": self._restarts(), "checkpoint": self.acc.checkpoint(),
                 **({"eval_return": self.acc.eval_last["return_mean"]} if self.acc.eval_last else {})}
 
@@ -462,7 +468,8 @@ class Launcher:
         self._export()
         self._write_summary(summary)
         print(f"tianji: {self.job.name} ended ({reason}) after {wall:.1f}s: {int(summary['env_frames'])} frames, "
-              f"mean return {summary['mean_return']:.1f}; summary: {self.run_dir / 'summary.json'}",
+              f"mean return {summary['mean_return']:.1f}{_length_text(summary)}; "
+              f"summary: {self.run_dir / 'summary.json'}",
               file=sys.stderr)
         return summary
 

@@ -29,6 +29,7 @@ def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_ta
         "target_policy_version": target and target["policy_version"],
         "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
         "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
+        "mean_episode_length": v["mean_episode_length"],  # steps, last 100 episodes (null: none finished)
         "throughput": v["throughput"],
         "policy_lag": {k: (x if x is not None else 0.0) for k, x in v["policy_lag"].items()},
         "policy_lag_hist": lag_histogram(acc),
