@@ -40,7 +40,7 @@ from tianji.envs import check_env_spec, spaces_of
 from tianji.local import resume as resume_
 from tianji.local import runfiles, zygote
 from tianji.local.runfiles import MetricsLog, Warner
-from tianji.local.summary import run_summary
+from tianji.local.summary import ended_line, run_summary
 from tianji.local.supervisor import NO_HEARTBEAT, Child, count_failure, failed
 from tianji.local.worker_logs import last_exception
 from tianji.observability.exporter import JobExporter
@@ -99,11 +99,6 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
                        metrics_port=metrics_port, tensorboard_port=tensorboard_port).run()
     return 0 if summary["exit_reason"] in ("target", "frames", "seconds") else (
         130 if summary["exit_reason"] == "interrupted" else 1)
-
-
-def _length_text(summary: dict) -> str:
-    n = summary.get("mean_episode_length")
-    return "" if n is None else f", episode length {n:.1f}"
 
 
 class Launcher:
@@ -467,10 +462,7 @@ class Launcher:
         summary = self.summary(reason, wall)
         self._export()
         self._write_summary(summary)
-        print(f"tianji: {self.job.name} ended ({reason}) after {wall:.1f}s: {int(summary['env_frames'])} frames, "
-              f"mean return {summary['mean_return']:.1f}{_length_text(summary)}; "
-              f"summary: {self.run_dir / 'summary.json'}",
-              file=sys.stderr)
+        print(ended_line(self.job.name, reason, wall, summary, self.run_dir / "summary.json"), file=sys.stderr)
         return summary
 
 
