@@ -231,10 +231,34 @@ def test_an_actors_final_report_keeps_its_whole_window_in_a_termination_message(
         m.inc(name, v, **({"reason": reason} if reason else {}))
     for name, v in (("policy_version", 123456), ("episode_return_mean", -1234.5678), ("epsilon", 0.05)):
         m.set(name, v)
-    recent = [(1_763_957_412.123456 + 7.1 * i, -1234.56789 - i) for i in range(WINDOW)]
+    recent = [(1_763_957_412.123456 + 7.1 * i, -1234.56789 - i, 100_000 + i) for i in range(WINDOW)]  # lengths too
     r = build_report(job="halfcheetah-ppo-with-a-forty-char-name-x", role="actor", group=3, index=11, incarnation="0123456789abcdef",
                      pid=123456, started=1_763_957_000.123, seq=12345, time=1_763_958_000.5, final=True,
                      snapshot=m.snapshot(), episodes_total=12345, recent=recent,
                      extra={"version": 123456, "pace_fps": 1234.5678, "epsilon": 0.05})
     back = parse_report(json.loads(compact_json(r, 4096)), "halfcheetah-ppo-with-a-forty-char-name-x")
-    assert [list(e) for e in back.recent] == r["recent"] and len(back.recent) == WINDOW
+    assert [list(e)[:2] for e in back.recent] == [e[:2] for e in r["recent"]] and len(back.recent) == WINDOW
+    lengths = [e[2] for e in back.recent if len(e) > 2]  # what room is left carries the newest lengths
+    assert 0 < len(lengths) < WINDOW and lengths == [e[2] for e in r["recent"][-len(lengths):]]
+
+
+def test_episode_lengths_travel_with_the_returns_into_the_view_and_the_state():
+    """A report's episodes carry their length (steps); the view's mean_episode_length is the mean
+    over the same last-100 window as mean_return, and an older worker's length-less episodes
+    (or a state saved before lengths) count for the return only."""
+    d = worker_report("j", "actor", 0, 0, seq=1, incarnation="a", episodes=[1.0, 0.0, 1.0])
+    d["recent"] = [[1_800_000_000.0 + i, r, n] for i, (r, n) in enumerate([(1.0, 4), (0.0, 300), (1.0, 8)])]
+    acc = Accounting()
+    acc.take(parse_report(d, "j"))
+    v = acc.view(1.0)
+    assert v["mean_return"] == pytest.approx(2 / 3) and v["mean_episode_length"] == pytest.approx(104.0)
+    assert status_numbers(v)["meanEpisodeLength"] == 104.0
+    old = worker_report("j", "actor", 0, 1, seq=1, incarnation="b", episodes=[5.0])  # [time, return] only
+    acc.take(parse_report(old, "j"))
+    assert acc.view(1.0)["mean_episode_length"] == pytest.approx(104.0) and acc.episodes_total == 4
+    back = Accounting(json.loads(json.dumps(acc.state())))
+    assert back.view(1.0)["mean_episode_length"] == pytest.approx(104.0) and back.window == acc.window
+    for bad in (-1, 1.5, True, 2 ** 41):
+        d["recent"][0][2] = bad
+        with pytest.raises(ReportError, match=r"recent\[0\].length"):
+            parse_report(d, "j")

@@ -54,10 +54,10 @@ def test_names_scope_and_subresources():
         "plan", "accounting", "autoscale"}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert names == ["Phase", "Actors", "Frames", "Frames/s", "Episodes", "Mean return", "Policy version", "Start",
-                     "End", "Age", "Groups", "Learners", "Policy lag", "Eval return", "Restarts",
+                     "End", "Age", "Groups", "Learners", "Episode length", "Policy lag", "Eval return", "Restarts",
                      "Reason"]
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
-    assert wide == ["Groups", "Learners", "Policy lag", "Eval return", "Restarts", "Reason"]  # kubectl get tjj -o wide
+    assert wide == ["Groups", "Learners", "Episode length", "Policy lag", "Eval return", "Restarts", "Reason"]  # kubectl get tjj -o wide
     assert "all" in spec["names"]["categories"]  # kubectl get all
 
 

@@ -2,6 +2,7 @@
 spaces, user torch modules, and what a misbehaving user env may not do to a job."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -60,14 +61,17 @@ def test_user_code_fields_are_checked_by_the_spec():
 
 
 @pytest.mark.parametrize("kwargs, says", [
-    ({"a": {1, 2}}, "kwargs.a: set is not plain data"),
-    ({"a": float("nan")}, "kwargs.a: nan is not a finite number"),
-    ({"a": [[[[[[[[[[1]]]]]]]]]]}, "nested deeper than 8"),
-    ({"a": list(range(2000))}, "kwargs.a: more than 1024 items"),
+    ({"a": {1, 2}}, "spec.env.kwargs.a: set is not plain data"),
+    ({"a": float("nan")}, "spec.env.kwargs.a: nan is not a finite number"),
+    ({"a": [[[[[[[[[[1]]]]]]]]]]}, "spec.env.kwargs.a[0][0][0][0][0][0][0][0]: nested deeper than 8"),
+    ({"a": list(range(2000))}, "spec.env.kwargs.a: more than 1024 items"),
+    ({"a": {"b": [0.5, float("inf")]}}, "spec.env.kwargs.a.b[1]: inf is not a finite number"),
 ])
 def test_env_kwargs_must_be_plain_data(kwargs, says):
-    with pytest.raises(ValueError, match=says):
-        EnvConfig(kwargs=kwargs)
+    """Refused naming the item's own path, on both engines (the operator reads JSON through parse_job)."""
+    with pytest.raises(SpecError) as e:
+        parse_job({"metadata": {"name": "j"}, "spec": {"env": {"kwargs": kwargs}}})
+    assert str(e.value).startswith(f"<manifest>: {says}"), e.value
 
 
 def test_the_crd_keeps_kwargs_and_model_config():
@@ -280,6 +284,127 @@ def test_nonfinite_env_output_is_counted_and_never_sent(tmp_path, user_path, run
     assert "non-finite observations/rewards; fragment dropped" in (run.run_dir / "logs" / "actor-0-0.log").read_text()
 
 
+# ----------------------------------------------------------------- env.wrappers (issue 25)
+GRIDWORLD = CUSTOM / "gridworld-ppo.yaml"
+FLATTEN = {"entryPoint": "gymnasium.wrappers:FlattenObservation"}
+
+
+def gridworld_env(**env) -> EnvConfig:
+    cfg = yaml.safe_load(GRIDWORLD.read_text())["spec"]["env"]
+    return EnvConfig.model_validate({**cfg, **env})
+
+
+def test_wrapper_fields_are_checked_by_the_spec():
+    for wrappers, field, says in (
+            ([{"entryPoint": "FlattenObservation"}], "spec.env.wrappers[0].entryPoint",
+             "'FlattenObservation': expected module.path:Class, e.g. gymnasium.wrappers:FlattenObservation"),
+            ([FLATTEN, {"entryPoint": "gymnasium.wrappers:TimeLimit", "kwargs": {"n": float("nan")}}],
+             "spec.env.wrappers[1].kwargs.n", "nan is not a finite number"),
+            ([{"kwargs": {}}], "spec.env.wrappers[0].entryPoint", "Field required"),
+            ([{"entryPiont": "a:B"}], "spec.env.wrappers[0].entryPiont", "unknown field; did you mean entryPoint?")):
+        with pytest.raises(SpecError) as e:
+            parse_job({"metadata": {"name": "j"}, "spec": {"env": {"wrappers": wrappers}}})
+        assert f"<manifest>: {field}: {says}" in str(e.value), e.value
+    assert EnvConfig(wrappers=[FLATTEN]).wrappers[0].kwargs == {}
+
+
+def test_the_gymnasium_tutorial_env_runs_flattened_and_cast(user_path):
+    """GridWorldEnv's Dict of int64 Boxes: refused as it is (the message says which wrapper); with
+    FlattenObservation it is an int64 Box(4,), carried as float32 with a note."""
+    from tianji.envs import check_env_spec, make_vec_env
+
+    with pytest.raises(SpecError, match=r"not a Box: .*spec.env.wrappers: \[\{entryPoint: gymnasium.wrappers:"
+                                        r"FlattenObservation\}\]"):
+        check_env_spec(gridworld_env(wrappers=[]), "job.yaml")
+    notes = []
+    info = check_env_spec(gridworld_env(), "job.yaml", "ppo", note=notes.append)
+    assert (info.obs_shape, info.obs_dtype, info.n_actions) == ((4,), "float32", 4)
+    assert notes == ["spec.env.id 'gymnasium_env/GridWorld-v0': observations int64[4] are cast to float32 "
+                     "(TianJi carries uint8/float32/float64 arrays)"]
+    env = make_vec_env(gridworld_env(), 2, note=notes.append)
+    obs, _ = env.reset(seed=1)
+    assert obs.dtype == np.float32 and obs.shape == (2, 4) and set(np.unique(obs)) <= {0.0, 1.0, 2.0, 3.0, 4.0}
+    env.close()
+
+
+def test_wrappers_apply_in_order_with_their_kwargs(user_path):
+    """Flatten, then cast to float64 works; the other way round DtypeObservation meets a Dict."""
+    from tianji.envs import check_env_spec
+
+    to64 = {"entryPoint": "gymnasium.wrappers:DtypeObservation", "kwargs": {"dtype": "float64"}}
+    info = check_env_spec(gridworld_env(wrappers=[FLATTEN, to64]), "job.yaml")
+    assert info.obs_dtype == "float64"
+    with pytest.raises(SpecError, match=r"^job.yaml: spec.env.wrappers\[0\].entryPoint: "
+                                        r"'gymnasium.wrappers:DtypeObservation' cannot wrap the env"):
+        check_env_spec(gridworld_env(wrappers=[to64, FLATTEN]), "job.yaml")
+
+
+@pytest.mark.parametrize("wrapper, says", [
+    ({"entryPoint": "no_such_pkg.wrappers:W"},
+     "spec.env.wrappers[0].entryPoint: 'no_such_pkg.wrappers:W': cannot import 'no_such_pkg.wrappers'"),
+    ({"entryPoint": "gymnasium.wrappers:NoSuchWrapper"},
+     "spec.env.wrappers[0].entryPoint: 'gymnasium.wrappers:NoSuchWrapper': module 'gymnasium.wrappers' has no "
+     "attribute"),
+    ({"entryPoint": "gymnasium.wrappers:TimeLimit", "kwargs": {"steps": 5}},
+     "spec.env.wrappers[0].entryPoint: 'gymnasium.wrappers:TimeLimit' cannot wrap the env with kwargs {'steps': 5}: "
+     "TypeError"),
+])
+def test_a_wrapper_that_cannot_be_used_is_refused_naming_it(wrapper, says):
+    from tianji.envs import check_env_spec
+
+    with pytest.raises(SpecError) as e:
+        check_env_spec(EnvConfig(wrappers=[wrapper]), "job.yaml")
+    assert str(e.value).startswith(f"job.yaml: {says}"), e.value
+
+
+def test_a_native_vector_env_is_wrapped_per_env(user_path):
+    """CartPole's own vector env has no single envs: with wrappers it runs Gymnasium's per-env loop."""
+    from tianji.envs import make_vec_env
+
+    env = make_vec_env(EnvConfig(wrappers=[{"entryPoint": "gymnasium.wrappers:TimeLimit",
+                                            "kwargs": {"max_episode_steps": 3}}]), 2)
+    env.reset(seed=0)
+    truncated = [env.step(np.zeros(2, dtype=np.int64))[3] for _ in range(3)]
+    assert not truncated[1].any() and truncated[2].all()
+    env.close()
+
+
+def test_atari_ids_take_no_wrappers():
+    from tianji.envs import check_env_spec
+
+    with pytest.raises(SpecError, match="spec.env.wrappers: Atari ids are wrapped by TianJi's Atari maker"):
+        check_env_spec(EnvConfig(id="ALE/Pong-v5", wrappers=[FLATTEN]), "job.yaml")
+
+
+def test_tianji_run_notes_the_cast_and_reports_episode_length(tmp_path, user_path, running_tianji):
+    """The tutorial env through `tianji run` as a user runs it: the cast is noted before anything
+    starts; the run's episode length (the measure that shows a sparse reward's learning) is in
+    metrics.jsonl, summary.json and the last console line."""
+    run = running_tianji(str(GRIDWORLD), "--set", "spec.stop.envFrames=6000")
+    run.wait(timeout=300)
+    s, out = run.summary(), run.output()
+    assert "tianji: note: spec.env.id 'gymnasium_env/GridWorld-v0': observations int64[4] are cast to float32" in out
+    assert s["exit_reason"] == "frames" and s["episodes"] > 100, s
+    assert 1 <= s["mean_episode_length"] <= 300, s  # the tutorial's TimeLimit is 300 steps
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["mean_episode_length"] == pytest.approx(s["mean_episode_length"])
+    assert f"episode length {s['mean_episode_length']:.1f}" in out
+    job = yaml.safe_load((run.run_dir / "job.yaml").read_text())["spec"]["env"]
+    assert job["wrappers"] == [{**FLATTEN, "kwargs": {}}] and job["spaces"]["observation"] == {
+        "shape": [4], "dtype": "float32"}
+
+
+@pytest.mark.slow
+def test_the_gymnasium_tutorial_env_learns_shorter_episodes(user_path, running_tianji):
+    """The sparse reward is 1 at the target however long it takes: the learning shows in the episode
+    length, from a random walk's dozens of steps to about the Manhattan distance (~3.3 on 5x5)."""
+    run = running_tianji(str(GRIDWORLD))
+    run.wait(timeout=400)
+    s = run.summary()
+    assert s["exit_reason"] == "frames" and s["mean_return"] > 0.95, s
+    assert s["mean_episode_length"] < 6, s
+
+
 # ----------------------------------------------------------------- Kubernetes
 async def test_the_operator_needs_a_user_envs_spaces_declared(kube):
     """Pods cannot learn a user env's spaces (buffers and learners do not import it): without
@@ -300,3 +425,23 @@ async def test_the_operator_needs_a_user_envs_spaces_declared(kube):
         applied = yaml.safe_load(next(iter(cm["data"].values())))
         assert applied["spec"]["env"]["kwargs"] == env["kwargs"]  # not pruned by the CRD schema
         assert applied["spec"]["env"]["spaces"]["action"] == {"n": 3}
+
+
+async def test_the_operator_passes_wrappers_to_pods_unchanged(kube):
+    """One manifest, one meaning: the CRD admits spec.env.wrappers, a job with wrappers is a user
+    env (its spaces declared), and the ConfigMap the pods read carries the wrappers as written."""
+    from kube.operator_harness import RunningOperator, children, cond, eventually, job_manifest, status
+
+    wrappers = [FLATTEN, {"entryPoint": "gymnasium.wrappers:TimeLimit", "kwargs": {"max_episode_steps": 100}}]
+    env = {"id": "gymnasium_env/GridWorld-v0", "imports": ["gymnasium_env"], "kwargs": {"size": 5},
+           "wrappers": wrappers}
+    async with RunningOperator(kube):
+        await kube.create_job(job_manifest("undeclared", {"env": {**env, "imports": []}}))
+        await eventually(lambda: status(kube, "undeclared").get("phase") == "Failed", what="phase Failed")
+        assert cond(kube, "Failed", "undeclared")["message"].startswith("spec.env.spaces: a user env")
+        spaces = {"observation": {"shape": [4], "dtype": "float32"}, "action": {"n": 4}}
+        await kube.create_job(job_manifest("grid", {"env": {**env, "spaces": spaces}}))
+        await eventually(lambda: children(kube, "grid"), what="the job's children")
+        cm = next(o for (kind, _), o in children(kube, "grid").items() if kind == "ConfigMap")
+        applied = yaml.safe_load(next(iter(cm["data"].values())))
+        assert applied["spec"]["env"]["wrappers"] == [{"kwargs": {}, **w} for w in wrappers]  # kwargs' default filled

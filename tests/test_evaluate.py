@@ -33,6 +33,15 @@ def test_quota_takes_the_same_count_from_every_env_however_long_its_episodes():
         EpisodeQuota(0, 2)
 
 
+@pytest.mark.parametrize("episodes, envs", [(20, 5), (10, 5), (8, 8), (16, 8), (7, 7), (13, 1), (3, 3), (1, 1)])
+def test_eval_plays_the_same_count_on_each_env(episodes, envs):
+    """`tianji eval --episodes 20` takes 4 from each of 5 envs, not [3, 3, 3, 3, 2, 2, 2, 2] from 8."""
+    from tianji.cli.evaluate import eval_env_count
+
+    assert eval_env_count(episodes, 8) == envs
+    assert set(EpisodeQuota(episodes, envs).quota) == {episodes // envs}
+
+
 def test_epsilon_replaces_that_share_of_greedy_actions():
     scores = torch.zeros(20_000, 4)
     scores[:, 2] = 1.0  # greedy: always action 2
@@ -64,7 +73,9 @@ def dqn_checkpoint(tmp_path):
 def test_eval_counts_episodes_per_env_and_acts_at_epsilon(dqn_checkpoint, capsys):
     res = evaluate(dqn_checkpoint, episodes=6, seed=3, num_envs=4)
     assert res["epsilon"] == DQN_EVAL_EPSILON and res["policy_version"] == 7
-    assert res["episodes"] == 6 and res["episodes_per_env"] == [2, 2, 1, 1]
+    assert res["episodes"] == 6 and res["episodes_per_env"] == [2, 2, 2]  # 3 envs: the most <= 4 dividing 6
+    assert 8 <= res["mean_length"] <= 12  # always left: the pole falls in about 10 steps; a step earns 1
+    assert res["mean_length"] == pytest.approx(res["mean_return"])
     assert res == evaluate(dqn_checkpoint, episodes=6, seed=3, num_envs=4)  # seeded: repeatable
     greedy = evaluate(dqn_checkpoint, episodes=8, seed=3, epsilon=0.0)
     uniform = evaluate(dqn_checkpoint, episodes=8, seed=3, epsilon=1.0)

@@ -42,6 +42,14 @@ BAD_SPECS = {
                        "expected a number, got str '0.001'"),
     "pace-actors-as-an-integer": ({"staleness": {"paceActors": 1}}, "spec.staleness.paceActors",
                                   "expected a boolean, got int 1"),
+    # Unknown fields and wrong choices: "did you mean", not the validator's jargon (issue 25).
+    "algorithm-name-in-capitals": ({"algorithm": {"name": "PPO"}}, "spec.algorithm.name",
+                                   "'PPO' is not one of 'ppo', 'dqn'; did you mean 'ppo'?"),
+    "misspelled-field": ({"env": {"numEnv": 4}}, "spec.env.numEnv", "unknown field; did you mean numEnvs?"),
+    "other-algorithms-field": ({"algorithm": {"name": "ppo", "replayCapacity": 1000}}, "spec.algorithm.replayCapacity",
+                               "unknown field for ppo: replayCapacity is a field of dqn"),
+    "activation-misspelled": ({"model": {"activation": "Relu"}}, "spec.model.activation",
+                              "Input should be 'tanh' or 'relu'; did you mean 'relu'?"),
 }
 JSON_TYPE_CASES = [k for k in BAD_SPECS if "-as-a" in k]
 
@@ -181,12 +189,12 @@ def _write(tmp_path, text: str):
 
 
 def _top_level_typo(tmp_path):
-    return _write(tmp_path, PPO_TEXT.replace("spec:", "sepc:", 1)), "sepc: Extra inputs are not permitted"
+    return _write(tmp_path, PPO_TEXT.replace("spec:", "sepc:", 1)), "sepc: unknown field; did you mean spec?"
 
 
 def _metadata_unknown_key(tmp_path):
     return _write(tmp_path, PPO_TEXT.replace("  name: cartpole-ppo", "  name: cartpole-ppo\n  nmae: x")), \
-        "metadata.nmae: Extra inputs are not permitted"
+        "metadata.nmae: unknown field; did you mean name?"
 
 
 def _annotation_not_a_string(tmp_path):
@@ -195,7 +203,8 @@ def _annotation_not_a_string(tmp_path):
 
 
 def _duplicate_key(tmp_path):
-    return _write(tmp_path, PPO_TEXT.replace("    lr: 1.0e-3", "    lr: 1.0e-3\n    lr: 5")), "duplicate key 'lr'"
+    return _write(tmp_path, PPO_TEXT.replace("    lr: 1.0e-3", "    lr: 1.0e-3\n    lr: 5")), \
+        "spec.algorithm.lr: duplicate key 'lr'"
 
 
 def _billion_laughs(tmp_path):
@@ -203,19 +212,42 @@ def _billion_laughs(tmp_path):
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
     text = PPO_TEXT.replace("  name: cartpole-ppo", "  name: cartpole-ppo\n  annotations:\n" +
                             "\n".join("    " + line for line in lines))
-    return _write(tmp_path, text), "aliases (*name) are not allowed"
+    return _write(tmp_path, text), "metadata.annotations.a1[0]: aliases (*name) are not allowed"
+
+
+def _alias_bomb_in_env_id(tmp_path):
+    levels = ["&a0 [" + ", ".join(["lol"] * 9) + "]"]
+    levels += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    return _write(tmp_path, PPO_TEXT.replace("id: CartPole-v1", "id: [" + ", ".join(levels) + "]")), \
+        "spec.env.id[1][0]: aliases (*name) are not allowed"
 
 
 def _deep_nesting(tmp_path):
-    return _write(tmp_path, "spec: " + "[" * 10000 + "]" * 10000 + "\n"), "nested deeper than"
+    return _write(tmp_path, "spec: " + "[" * 10000 + "]" * 10000 + "\n"), "spec[0][0][0][0][0][0][0][0][0]...: nested deeper than 32 levels"
 
 
 def _huge_file(tmp_path):
-    return _write(tmp_path, PPO_TEXT + "#" * (2 << 20) + "\n"), "larger than 1024 KiB"
+    return _write(tmp_path, PPO_TEXT + "#" * (2 << 20) + "\n"), "2.0 MiB, larger than 1024 KiB"
+
+
+def _fifty_megabytes(tmp_path):
+    with open(tmp_path / "job.yaml", "w") as f:  # a valid manifest, then comments: only its size is wrong
+        f.write(PPO_TEXT)
+        f.write(("#" * 1023 + "\n") * (50 << 10))
+    return [str(tmp_path / "job.yaml")], "50.0 MiB, larger than 1024 KiB"
 
 
 def _mean_return_nan(tmp_path):
-    return _write(tmp_path, PPO_TEXT.replace("meanReturn: 475", "meanReturn: .nan")), "non-finite number '.nan'"
+    return _write(tmp_path, PPO_TEXT.replace("meanReturn: 475", "meanReturn: .nan")), \
+        "spec.stop.meanReturn: non-finite number '.nan'"
+
+
+def _lr_nan(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("lr: 1.0e-3", "lr: .NaN")), "spec.algorithm.lr: non-finite number '.NaN'"
+
+
+def _lr_overflowing_to_inf(tmp_path):
+    return _write(tmp_path, PPO_TEXT.replace("lr: 1.0e-3", "lr: 1e999")), "spec.algorithm.lr: non-finite number '1e999'"
 
 
 def _seed_1e30(tmp_path):
@@ -238,19 +270,22 @@ def _dqn_continuous_env(tmp_path):
 
 
 def _set_alias(tmp_path):
-    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.model.hidden=[&a 64, *a]"], "aliases (*name)"
+    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.model.hidden=[&a 64, *a]"], \
+        "--set spec.model.hidden[1]: aliases (*name)"
 
 
 def _set_nan(tmp_path):
-    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.stop.meanReturn=.inf"], "non-finite number '.inf'"
+    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.stop.meanReturn=.inf"], "--set spec.stop.meanReturn: non-finite number '.inf'"
 
 
 def _set_duplicate(tmp_path):
-    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.model={hidden: [8], hidden: [9]}"], "duplicate key"
+    return [str(EXAMPLES / "cartpole-ppo.yaml"), "--set", "spec.model={hidden: [8], hidden: [9]}"], \
+        "--set spec.model.hidden: duplicate key 'hidden'"
 
 
 @pytest.mark.parametrize("make", [_top_level_typo, _metadata_unknown_key, _annotation_not_a_string, _duplicate_key,
-                                  _billion_laughs, _deep_nesting, _huge_file, _mean_return_nan, _seed_1e30,
+                                  _billion_laughs, _alias_bomb_in_env_id, _deep_nesting, _huge_file, _fifty_megabytes,
+                                  _mean_return_nan, _lr_nan, _lr_overflowing_to_inf, _seed_1e30,
                                   _seed_past_31_bits, _unknown_env, _dqn_continuous_env, _set_alias, _set_nan,
                                   _set_duplicate], ids=lambda f: f.__name__.strip("_"))
 def test_tianji_run_refuses_hostile_manifests_quickly_in_one_line(tmp_path, make):
@@ -262,7 +297,7 @@ def test_tianji_run_refuses_hostile_manifests_quickly_in_one_line(tmp_path, make
     assert time.monotonic() - t0 < 5 + 3  # < 5 s on an idle machine; some slack for interpreter start-up
     assert says in message, message
     if not args[0].startswith(str(EXAMPLES)):
-        assert message.startswith(args[0] + ": "), message  # names the file
+        assert message.startswith(f"{args[0]}: {says}"), message  # the file, then the field
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
@@ -283,3 +318,59 @@ def test_metadata_labels_and_annotations_are_string_maps():
     job["metadata"]["labels"] = {"team": ["rl"]}
     with pytest.raises(SpecError, match="metadata.labels.team"):
         parse_job(job)
+
+
+# ----------------------------------------------------------------- the operator's own validation (issue 25)
+# The operator gets JSON from the apiserver: no aliases (kubectl expands them, with its own alias
+# limit), no duplicate keys (a decoded map), no NaN (JSON has none). What the CRD schema lets
+# through (free-form maps, an older looser CRD, a client that sends what it likes) is refused by
+# the operator's validation function naming the field, in the words `tianji run` uses.
+def _laughs(levels: int) -> list:
+    lol = ["lol"] * 9
+    for _ in range(levels):
+        lol = [lol] * 9  # shared, as an expanded alias bomb is: cheap to build, large as JSON
+    return lol
+
+
+def _nested(depth: int) -> list:
+    v: list = [1]
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+OPERATOR_CASES = {
+    "lr-nan": ({"algorithm": {"name": "ppo", "lr": float("nan")}}, "spec.algorithm.lr: Input should be a finite number"),
+    "mean-return-inf": ({"stop": {"meanReturn": float("inf")}}, "spec.stop.meanReturn: Input should be a finite number"),
+    "kwargs-nan": ({"env": {"kwargs": {"scale": [1.0, float("nan")]}}},
+                   "spec.env.kwargs.scale[1]: nan is not a finite number"),
+    "env-id-an-expanded-bomb": ({"env": {"id": _laughs(3)}}, "spec.env.id: Input should be a valid string"),
+    "kwargs-an-expanded-bomb": ({"env": {"kwargs": {"layout": _laughs(5)}}},
+                                "spec.env.kwargs.layout: the spec is 3"),  # 9^6 strings: 3.x MiB of JSON
+    "kwargs-nested-deep": ({"env": {"kwargs": {"grid": _nested(12)}}},
+                           "spec.env.kwargs.grid[0][0][0][0][0][0][0][0]: nested deeper than 8 levels"),
+    "model-config-not-plain-data": ({"model": {"config": {"w": {"x": [1, {2: 3}]}}}},
+                                    "spec.model.config.w.x[1]: key 2 is not a string"),
+}
+
+
+@pytest.mark.parametrize("case", OPERATOR_CASES)
+def test_the_operators_validation_names_the_field(case):
+    import time
+
+    from tianji_operator.context import InvalidSpec, checked_job
+
+    spec, says = OPERATOR_CASES[case]
+    t0 = time.monotonic()
+    with pytest.raises(InvalidSpec) as e:
+        checked_job({"metadata": {"name": "cartpole", "namespace": "default"}, "spec": spec})
+    assert time.monotonic() - t0 < 5  # a guard against expanding or walking the bomb slowly, not a benchmark
+    assert str(e.value).startswith(says) and "\n" not in str(e.value), e.value
+
+
+def test_the_operators_validation_passes_a_good_spec_through():
+    from tianji_operator.context import checked_job
+
+    spec = yaml.safe_load(PPO_TEXT)["spec"]
+    job = checked_job({"metadata": {"name": "cartpole-ppo", "namespace": "default"}, "spec": spec})
+    assert job.spec.algorithm.lr == 1e-3 and job.spec.stop.mean_return == 475

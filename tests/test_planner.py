@@ -366,6 +366,19 @@ def test_cli_plan_with_profile_and_set(job_yaml, tmp_path, capsys):
     assert out["bottleneck"] == SAMPLE_BOUND and out["profile"]["actor_fps_per_core"] == 10
 
 
+def test_cli_plan_takes_the_budget_from_the_spec_without_cpus(job_yaml, capsys):
+    """`tianji plan JOB.yaml` plans what `tianji run` and the operator would: resources.cpus/gpus."""
+    job_yaml.write_text(job_yaml.read_text() + "  resources: {cpus: 6, gpus: 0}\n")
+    assert main(["plan", str(job_yaml), "--json"]) == 0
+    from_spec = capsys.readouterr()
+    assert "budget 6 cores from spec.resources.cpus" in from_spec.err
+    assert main(["plan", str(job_yaml), "--cpus", "6", "--json"]) == 0
+    assert json.loads(from_spec.out) == json.loads(capsys.readouterr().out)
+    job_yaml.write_text(job_yaml.read_text().replace("resources: {cpus: 6, gpus: 0}", "resources: {gpus: 0}"))
+    assert main(["plan", str(job_yaml), "--json"]) == 0  # no cpus in the spec: tianji run's default
+    assert json.loads(capsys.readouterr().out)["cpus_used"] <= DEFAULT_PLAN_CPUS
+
+
 def test_cli_plan_table(job_yaml, capsys):
     assert main(["plan", str(job_yaml), "--cpus", "4"]) == 0
     out = capsys.readouterr().out
@@ -408,7 +421,7 @@ def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_
 # ----------------------------------------------------------------- cost model (issue 13)
 from tianji.control import costmodel  # noqa: E402
 from tianji.control.onhost import predict_on_host  # noqa: E402
-from tianji.control.plan import actors_for, load_profile, observed_bottleneck  # noqa: E402
+from tianji.control.plan import DEFAULT_PLAN_CPUS, actors_for, load_profile, observed_bottleneck  # noqa: E402
 
 # Measured here (issue 13): a CartPole PPO learner at 2 torch threads is slower than at 1.
 SLOWER_AT_2 = {2: 13.5 / 16.2}

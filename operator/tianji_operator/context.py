@@ -22,6 +22,8 @@ from tianji.control.accounting import Accounting
 from tianji.control.report import Report, ReportError
 from tianji.control.addressing import actor_set_name
 from tianji.control.spec import API_VERSION, KIND, JobSpec, RunPolicy, SpecError, TianJiJob, parse_job
+from tianji.control.userenv import missing_spaces
+from tianji.control.yamlload import MAX_MANIFEST_BYTES
 
 from . import builders as b
 from .config import OperatorConfig
@@ -182,6 +184,36 @@ def spec_error_message(err: SpecError, source: str = "TianJiJob") -> str:
     """One line naming each offending field path, e.g. `spec.topology: buffers (2) > actors (1) ...`."""
     lines = [ln[len(source) + 2:] if ln.startswith(source + ": ") else ln for ln in str(err).splitlines()]
     return "; ".join(lines)
+
+
+def bulkiest_field(spec: dict, path: str = "spec") -> str:
+    """The path down to the field that holds most of an oversized spec (for the refusal's message)."""
+    while isinstance(spec, dict) and spec:
+        key, value = max(spec.items(), key=lambda kv: len(json.dumps(kv[1], default=str)))
+        spec, path = value, f"{path}.{key}"
+    return path
+
+
+class InvalidSpec(ValueError):
+    """The job object cannot run; the message is one line naming each offending field path."""
+
+
+def checked_job(body: Any) -> TianJiJob:
+    """The operator's validation of a job object as the apiserver hands it over (JSON): the same
+    model `tianji run` validates a file with, so whatever the CRD schema lets through (free-form
+    maps, an older and looser CRD) is refused naming the field. Raises InvalidSpec."""
+    manifest = manifest_of(body)
+    size = len(json.dumps(manifest["spec"], default=str))
+    if size > MAX_MANIFEST_BYTES:  # as `tianji run` refuses such a file; the ConfigMap could not hold it
+        raise InvalidSpec(f"{bulkiest_field(manifest['spec'])}: the spec is {size / 2**20:.1f} MiB as JSON, "
+                          f"more than the {MAX_MANIFEST_BYTES // 1024} KiB a job manifest may be")
+    try:
+        job = parse_job(manifest, "TianJiJob")
+    except SpecError as e:
+        raise InvalidSpec(spec_error_message(e)) from None
+    if (problem := missing_spaces(job.spec.env)) is not None:  # pods cannot learn a user env's spaces
+        raise InvalidSpec(problem)
+    return job
 
 
 def current_spec(body: Any) -> Optional[JobSpec]:

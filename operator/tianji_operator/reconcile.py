@@ -14,15 +14,15 @@ import kopf
 
 from tianji.control.plan import PlanError, resolve
 from tianji.control.ports import HOST_PORT_REASONS, HostPortError, PortBlock, block_of, is_pinned, with_block
-from tianji.control.spec import SpecError, TianJiJob, deprecated_fields, parse_job
-from tianji.control.userenv import missing_spaces
+from tianji.control.spec import SpecError, TianJiJob, deprecated_fields
 
 from . import builders as b
 from . import hostports as hp
 from . import state
 from . import status as st
 from .children import creation_refused, delete_role_pods, refused_for_good
-from .context import Operator, actor_sets, adopt, is_mutable, manifest_of, read_applied, spec_error_message, update_status
+from .context import (InvalidSpec, Operator, actor_sets, adopt, checked_job, is_mutable, read_applied,
+                      update_status)
 from .kube import ApiError
 
 
@@ -65,11 +65,9 @@ async def reconcile(op: Operator, body: Any, patch: Any, logger: logging.Logger,
         logger.warning("%s: %s", reason, message)
 
     try:
-        job = parse_job(manifest_of(body), "TianJiJob")
-    except SpecError as e:
-        return await refuse("InvalidSpec", spec_error_message(e))
-    if (problem := missing_spaces(job.spec.env)) is not None:  # pods cannot learn a user env's spaces
-        return await refuse("InvalidSpec", problem)
+        job = checked_job(body)
+    except InvalidSpec as e:
+        return await refuse("InvalidSpec", str(e))
 
     new_spec = json.loads(b.spec_json(job.spec))
     plan_json: Optional[dict] = None  # a new plan, made now

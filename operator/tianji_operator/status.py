@@ -7,7 +7,7 @@
     plan                the planner's output (topology, per-role requests, predictions)
     groups[]            {group, actors|buffers|learners: {desired, ready}}
     actors              "ready/desired" over all groups (printer column)
-    envFrames, episodes, meanReturn, policyVersion, policyLag, throughput, rates, bytesSent,
+    envFrames, episodes, meanReturn, meanEpisodeLength, policyVersion, policyLag, throughput, rates, bytesSent,
     droppedSamples, rejectedMessages, reportTime
                         tianji.control.accounting's view (summary.json's numbers, camelCase)
     accounting          the accounting's state (an operator restart continues from it)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tianji.control.plan import PlanError
+from tianji.control.plan import DEFAULT_PLAN_CPUS, PlanError
 from tianji.control.spec import SpecError
 from tianji.runtime.worker import add_arguments as worker_arguments
 
@@ -120,10 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="size a job with the balance planner")
     pl.add_argument("job")
-    pl.add_argument("--cpus", type=float, required=True, help="total cores M")
-    pl.add_argument("--gpus", type=int, default=0)
-    pl.add_argument("--nodes", type=int, default=1)
-    pl.add_argument("--cpus-per-node", type=float)
+    pl.add_argument("--cpus", type=float, help="total cores M (default: the job's spec.resources.cpus, else "
+                                               f"{DEFAULT_PLAN_CPUS:g}, as tianji run plans)")
+    pl.add_argument("--gpus", type=int, help="default: spec.resources.gpus")
+    pl.add_argument("--nodes", type=int, help="default: spec.resources.nodes")
+    pl.add_argument("--cpus-per-node", type=float, help="default: spec.resources.cpusPerNode")
     pl.add_argument("--profile", help="profile JSON from `tianji profile` (default: built-in estimates)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -144,9 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pr.set_defaults(fn=_profile)
 
-    e = sub.add_parser("eval", help="mean/std return of a checkpoint's policy, a fixed number of episodes per env")
+    e = sub.add_parser("eval", help="mean/std return and mean length of a checkpoint's policy's episodes, the "
+                                    "same count from each env")
     e.add_argument("checkpoint", help="a ckpt-*.pt file, or a run dir (its newest learner checkpoint)")
-    e.add_argument("--episodes", type=int, default=10)
+    e.add_argument("--episodes", type=int, default=10,
+                   help="played on the most envs (at most 8) that divide it evenly: 20 is 4 from each of 5 envs")
     e.add_argument("--seed", type=int, default=12345)
     e.add_argument("--epsilon", type=float, default=None,
                    help="DQN: probability of a random action (default 0.05, Mnih et al. 2015); PPO: default 0")

@@ -1,7 +1,8 @@
-"""`tianji eval CHECKPOINT --episodes N`: mean/std return of the policy in a checkpoint.
+"""`tianji eval CHECKPOINT --episodes N`: mean/std return and mean length of the policy in a checkpoint.
 
-N episodes split evenly over the envs, each env contributing a fixed count (EpisodeQuota);
-DQN acts ε-greedily (--epsilon, default DQN_EVAL_EPSILON), PPO at its mode.
+N episodes from the largest number of envs (at most 8) that divides N, the same count from
+each (EpisodeQuota): 20 episodes are 4 from each of 5 envs, 7 are 7 from one. DQN acts
+ε-greedily (--epsilon, default DQN_EVAL_EPSILON), PPO at its mode.
 
 The checkpoint carries its job manifest, so the model and env are rebuilt
 exactly; it is read with `torch.load(weights_only=True)` (checkpoint.load).
@@ -51,10 +52,12 @@ class EpisodeQuota:
             raise ValueError("episodes and num_envs must be >= 1")
         self.quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
         self.returns: list[list[float]] = [[] for _ in range(num_envs)]
+        self.lengths: list[list[int]] = [[] for _ in range(num_envs)]
 
-    def add(self, env: int, episode_return: float) -> None:
+    def add(self, env: int, episode_return: float, length: int = 0) -> None:
         if len(self.returns[env]) < self.quota[env]:
             self.returns[env].append(float(episode_return))
+            self.lengths[env].append(int(length))
 
     @property
     def done(self) -> bool:
@@ -62,6 +65,14 @@ class EpisodeQuota:
 
     def all_returns(self) -> np.ndarray:
         return np.array([x for r in self.returns for x in r])
+
+    def all_lengths(self) -> np.ndarray:
+        return np.array([x for n in self.lengths for x in n])
+
+
+def eval_env_count(episodes: int, limit: int) -> int:
+    """The most envs, at most `limit`, over which `episodes` split evenly (the same count from each)."""
+    return max(n for n in range(1, max(1, min(episodes, limit)) + 1) if episodes % n == 0)
 
 
 def eval_actions(scores, epsilon: float, rng: np.random.Generator):
@@ -86,6 +97,8 @@ def play_episodes(model, env, info, algo: str, episodes: int, epsilon: float, se
     quota = EpisodeQuota(episodes, env.num_envs)
     obs, _ = env.reset(seed=int(seed))
     ret = np.zeros(env.num_envs)
+    steps = np.zeros(env.num_envs, dtype=np.int64)
+    resetting = np.zeros(env.num_envs, dtype=bool)  # NEXT_STEP autoreset: the step after a done only resets
     with torch.inference_mode():
         while not quota.done and not (should_stop and should_stop()):
             x = torch.from_numpy(obs)
@@ -94,10 +107,12 @@ def play_episodes(model, env, info, algo: str, episodes: int, epsilon: float, se
                  else eval_actions(scores, epsilon, rng))
             obs, r, term, trunc, inf = env.step(a)
             ret += r
+            steps += ~resetting
+            resetting = np.asarray(term | trunc)
             ended = inf.get("episode_end", term | trunc) if isinstance(inf, dict) else term | trunc
             for i in np.nonzero(ended)[0]:
-                quota.add(int(i), ret[i])
-                ret[i] = 0.0
+                quota.add(int(i), ret[i], steps[i])
+                ret[i], steps[i] = 0.0, 0
     return quota
 
 
@@ -117,7 +132,7 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float]
     eps = (DQN_EVAL_EPSILON if algo == "dqn" else 0.0) if epsilon is None else epsilon
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"--epsilon {eps} is not in [0, 1]")
-    env = make_vec_env(job.spec.env, min(episodes, num_envs))
+    env = make_vec_env(job.spec.env, eval_env_count(episodes, num_envs))
     info = env_info(env)
     model = build_model(job.spec.algorithm, job.spec.model, info, job.spec.env.seed, job.spec.env.imports)
     model.load_state_dict(state["model"])
@@ -129,7 +144,8 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float]
             "policy_version": int(state["policy_version"]), "episodes": int(rets.size), "epsilon": eps,
             "episodes_per_env": [len(r) for r in quota.returns],
             "mean_return": float(rets.mean()), "std_return": float(rets.std()),
-            "min_return": float(rets.min()), "max_return": float(rets.max())}
+            "min_return": float(rets.min()), "max_return": float(rets.max()),
+            "mean_length": float(quota.all_lengths().mean())}
 
 
 def eval_command(a: argparse.Namespace) -> int:
@@ -146,5 +162,6 @@ def eval_command(a: argparse.Namespace) -> int:
     else:
         print(f"{res['job']} v{res['policy_version']}: {res['episodes']} episodes, "
               f"return {res['mean_return']:.1f} ± {res['std_return']:.1f} (min {res['min_return']:.0f}, "
-              f"max {res['max_return']:.0f}; epsilon {res['epsilon']:g})")
+              f"max {res['max_return']:.0f}; epsilon {res['epsilon']:g}), mean length {res['mean_length']:.1f} steps "
+              f"({res['episodes'] // len(res['episodes_per_env'])} from each of {len(res['episodes_per_env'])} envs)")
     return 0

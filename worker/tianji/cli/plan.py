@@ -1,4 +1,4 @@
-"""`tianji plan JOB.yaml --cpus M [--gpus G] [--nodes K --cpus-per-node C] [--profile FILE] [--json]`.
+"""`tianji plan JOB.yaml [--cpus M] [--gpus G] [--nodes K --cpus-per-node C] [--profile FILE] [--json]`.
 
 Loads the job and an optional profile (from `tianji profile`; otherwise the
 built-in estimates), runs the balance planner and prints a table, the runners-up
@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Optional
 
 from tianji.control.onhost import plan_on_host
-from tianji.control.plan import Plan, PlanError, default_profile, load_profile, plan
+from tianji.control.plan import DEFAULT_PLAN_CPUS, Plan, PlanError, default_profile, load_profile, plan
 from tianji.control.spec import load_job
 
 
@@ -102,8 +103,24 @@ def _print_table(name: str, p: Plan, source: str, cpus: float, gpus: int, host: 
         c.print(_runners_up_table(p))
 
 
+def budget(args: argparse.Namespace, job) -> tuple[float, int, int, Optional[float]]:
+    """(cpus, gpus, nodes, cpus per node): each flag given, else the job's spec.resources, as
+    `tianji run` and the operator plan it (cpus: resources.cpus, else DEFAULT_PLAN_CPUS)."""
+    res = job.spec.resources
+    cpus = args.cpus if args.cpus is not None else (res.cpus or DEFAULT_PLAN_CPUS)
+    gpus = args.gpus if args.gpus is not None else res.gpus
+    nodes = args.nodes if args.nodes is not None else res.nodes
+    per_node = args.cpus_per_node if args.cpus_per_node is not None else res.cpus_per_node
+    if args.cpus is None:
+        origin = "spec.resources.cpus" if res.cpus else f"the default {DEFAULT_PLAN_CPUS:g} (no spec.resources.cpus)"
+        print(f"tianji plan: budget {cpus:g} cores from {origin}, {gpus} GPUs; --cpus M plans for another",
+              file=sys.stderr)
+    return cpus, gpus, nodes, per_node
+
+
 def plan_command(args: argparse.Namespace) -> int:
     job = load_job(args.job, getattr(args, "set", None) or [])
+    cpus, gpus, nodes, cpus_per_node = budget(args, job)
     source = "built-in estimates"
     try:
         if getattr(args, "profile", None):
@@ -111,8 +128,7 @@ def plan_command(args: argparse.Namespace) -> int:
             source = args.profile
         else:
             profile = default_profile(job)
-        result = plan(job, cpus=args.cpus, gpus=args.gpus or 0, nodes=args.nodes or 1,
-                      cpus_per_node=args.cpus_per_node, profile=profile)
+        result = plan(job, cpus=cpus, gpus=gpus, nodes=nodes, cpus_per_node=cpus_per_node, profile=profile)
     except PlanError as e:
         print(f"tianji plan: infeasible: {e}", file=sys.stderr)
         return 2
@@ -121,8 +137,8 @@ def plan_command(args: argparse.Namespace) -> int:
         return 2
     # One machine, no GPU learner: what `tianji run` would see, the roles sharing its cores.
     host = None
-    if (args.nodes or 1) == 1 and not result.learner.gpu:
-        h = plan_on_host(job, result, profile, float(args.cpus))
+    if nodes == 1 and not result.learner.gpu:
+        h = plan_on_host(job, result, profile, float(cpus))
         host = {k: h[k] for k in ("produced_fps", "consumed_sps", "bottleneck", "actor_share", "learner_share",
                                   "group_sync")}
     if args.json:
@@ -132,5 +148,5 @@ def plan_command(args: argparse.Namespace) -> int:
             out["on_host"] = host
         print(json.dumps(out, indent=2))
     else:
-        _print_table(job.name, result, source, args.cpus, args.gpus or 0, host)
+        _print_table(job.name, result, source, cpus, gpus, host)
     return 0

@@ -62,6 +62,11 @@ def _merge_lag(parts: list[dict]) -> dict[str, Optional[float]]:
             "max": float(max(x["max"] for x in parts))}
 
 
+def _episode(t: float, r: float, *length: int) -> tuple:
+    """(finish time, return[, length]) as the window keeps it."""
+    return (float(t), float(r), *(int(n) for n in length[:1]))
+
+
 class Accounting:
     """Reports in, job numbers out. `state()` / `Accounting(state)` persist it (the operator
     keeps it in the TianJiJob status, so an operator restart loses nothing)."""
@@ -74,7 +79,7 @@ class Accounting:
         self.retired: dict[tuple[str, int], dict[str, float]] = {}  # (role, group) -> counts
         self.retired_reasons: dict[str, dict[str, float]] = {}
         self.retired_lag: dict[str, Any] = {"count": 0, "sum": 0.0, "min": None, "max": None}
-        self.window: list[tuple[float, float]] = []  # last WINDOW episodes (finish time, return), by time
+        self.window: list[tuple] = []  # last WINDOW episodes (finish time, return[, length]), by time
         self.window_since = 0.0  # episodes that finished before this (a learner's fresh start) do not count
         self.episodes_total = 0
         self.history: list[tuple[float, dict[str, float], dict[int, dict[str, float]]]] = []
@@ -183,7 +188,7 @@ class Accounting:
     def _add_episode(self, ep: tuple[float, float]) -> None:
         if ep[0] < self.window_since or len(self.window) >= WINDOW and ep[0] < self.window[0][0]:
             return  # before the learner's fresh start, or older than all of the last 100
-        bisect.insort(self.window, (float(ep[0]), float(ep[1])))
+        bisect.insort(self.window, _episode(*ep))
         del self.window[:-WINDOW]
 
     def _retire(self, role: str, p: Report) -> None:
@@ -223,7 +228,12 @@ class Accounting:
         return out
 
     def mean_return(self) -> Optional[float]:
-        return sum(r for _, r in self.window) / len(self.window) if self.window else None
+        return sum(e[1] for e in self.window) / len(self.window) if self.window else None
+
+    def mean_episode_length(self) -> Optional[float]:
+        """Mean length (steps) of the window's episodes that carry one (an older worker's do not)."""
+        lengths = [e[2] for e in self.window if len(e) > 2]
+        return sum(lengths) / len(lengths) if lengths else None
 
     def policy_version(self) -> int:
         v = [int(p.extra.get("version", 0) or 0) for (r, _, _), p in self.procs.items() if r == "learner"]
@@ -285,6 +295,7 @@ class Accounting:
             "env_frames": int(tot["env_frames"]),
             "episodes": int(self.episodes_total),
             "mean_return": None if mean is None else float(mean),
+            "mean_episode_length": self.mean_episode_length(),
             "policy_version": self.policy_version(),
             "policy_lag": self.lag(),
             "throughput": {v: tot[k] / w for k, v in RATE_KEYS.items()},
@@ -318,7 +329,7 @@ class Accounting:
     def _load(self, s: dict) -> None:
         try:
             self.episodes_total = int(s.get("episodesTotal", 0))
-            self.window = sorted((float(t), float(r)) for t, r in s.get("window", []))[-WINDOW:]
+            self.window = sorted(_episode(*e) for e in s.get("window", []))[-WINDOW:]
             self.window_since = float(s.get("windowSince", 0.0))
             self.retired = {(x["role"], int(x["group"])): {k: float(v) for k, v in x["counts"].items()}
                             for x in s.get("retired", [])}
@@ -388,6 +399,8 @@ def status_numbers(view: dict) -> dict:
     }
     if view["mean_return"] is not None:
         out["meanReturn"] = view["mean_return"]
+    if view.get("mean_episode_length") is not None:
+        out["meanEpisodeLength"] = round(view["mean_episode_length"], 2)
     ev = view.get("evaluation")
     if ev and ev["last"] is not None:
         out["evalReturn"] = ev["last"]["return_mean"]

@@ -228,10 +228,13 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
     return make_plan(job, c.shape, c.pred, x, choice.runners_up)
 
 
+DEFAULT_PLAN_CPUS = 2.0  # topology: auto without resources.cpus
+
+
 def plan_for_job(job: TianJiJob, profile: Optional[Profile] = None) -> Plan:
     """The plan a launcher or the operator uses for `job`.
 
-    topology.auto: plan(job, cpus = resources.cpus or 2, gpus, nodes, cpus_per_node).
+    topology.auto: plan(job, cpus = resources.cpus or DEFAULT_PLAN_CPUS, gpus, nodes, cpus_per_node).
     Otherwise the explicit topology and per-role requests (resources.actor/buffer/
     learner) are described as a Plan with the same predictions. PlanError if the
     explicit topology has more learners than resources.cpus cores, needs more
@@ -244,10 +247,10 @@ def plan_for_job(job: TianJiJob, profile: Optional[Profile] = None) -> Plan:
     # spec.evaluation's evaluator takes resources.evaluator.cpu of the cores, not the planner's to give
     evaluator = res.evaluator.cpu if s.evaluation.enabled else 0.0
     if s.topology.auto:
-        cpus = (res.cpus or 2) - evaluator
+        cpus = (res.cpus or DEFAULT_PLAN_CPUS) - evaluator
         if cpus <= 0:
             raise PlanError(f"resources.evaluator.cpu ({evaluator:g}) leaves no cores of resources.cpus "
-                            f"({res.cpus or 2:g}) for training")
+                            f"({res.cpus or DEFAULT_PLAN_CPUS:g}) for training")
         return plan(job, cpus=cpus, gpus=res.gpus, nodes=res.nodes,
                     cpus_per_node=res.cpus_per_node, profile=profile)
     p = profile or default_profile(job)

@@ -4,7 +4,7 @@
                    names are `tianji_` + these)
     report         the snapshot a role process produces: cumulative counters of this
                    incarnation (one process start; id `incarnation`, ordered by `started`),
-                   its last 100 finished episodes (finish time, return), gauges, `seq`.
+                   its last 100 finished episodes (finish time, return, length), gauges, `seq`.
                    `tianji run` gets it pushed over ipc; the operator reads it from the
                    pod's /report and, for the counts made after the last read, from the
                    pod's termination message (`compact_json` fits its 4096 bytes)
@@ -82,6 +82,7 @@ WINDOW = 100  # episodes in the mean return (and carried in a report)
 REPORT_VERSION = 1
 MAX_COUNT = 2.0 ** 62  # larger counters are hostile or broken, not real
 MAX_EPISODES_PER_REPORT = WINDOW
+MAX_EPISODE_LENGTH = 1 << 40  # steps; beyond this a report is hostile or broken
 
 
 class ReportError(ValueError):
@@ -105,7 +106,7 @@ class Report:
     gauges: dict[str, float]
     lag: dict[str, Any]
     episodes_total: int
-    recent: list[tuple[float, float]]  # (finish time, return) of the last <= 100 episodes, oldest first
+    recent: list[tuple]  # (finish time, return[, length]) of the last <= 100 episodes, oldest first
     extra: dict[str, Any] = field(default_factory=dict)  # version, pace_fps, epsilon, capacity_sps, checkpoint
 
     @property
@@ -125,7 +126,7 @@ def build_report(*, job: str, role: str, group: int, index: int, incarnation: st
             "incarnation": incarnation, "pid": pid, "started": started, "seq": seq, "time": time, "final": final,
             "counts": snapshot["counts"], "reasons": snapshot["reasons"], "gauges": snapshot["gauges"],
             "lag": snapshot["lag"], "episodes_total": int(episodes_total),
-            "recent": [episode(t, r) for t, r in recent[-MAX_EPISODES_PER_REPORT:]], "extra": extra}
+            "recent": [episode(*e) for e in recent[-MAX_EPISODES_PER_REPORT:]], "extra": extra}
 
 
 def report_doc(r: Report, job: str = "") -> dict:
@@ -136,22 +137,30 @@ def report_doc(r: Report, job: str = "") -> dict:
                         episodes_total=r.episodes_total, recent=r.recent, extra=r.extra)
 
 
-def episode(t: float, r: float) -> list[float]:
+def episode(t: float, r: float, length: Optional[int] = None) -> list:
     """One recent episode as every report carries it: finish time to 0.01 s, return to 6
-    significant digits. Rounded at the source, so that a scraped report and the compact
-    termination message (which must be short) carry the same values: the mean-100 window is
-    ordered by these, and two copies that differed could order a near-tie differently."""
-    return [round(float(t), 2), float(f"{float(r):.6g}")]
+    significant digits, and its length in steps (absent from an older worker's reports).
+    Rounded at the source, so that a scraped report and the compact termination message (which
+    must be short) carry the same values: the mean-100 window is ordered by these, and two
+    copies that differed could order a near-tie differently."""
+    out = [round(float(t), 2), float(f"{float(r):.6g}")]
+    return out if length is None else [*out, int(length)]
 
 
 def compact_json(report: dict, limit: int) -> bytes:
-    """JSON of `report` in at most `limit` bytes (a pod's termination message keeps 4096):
-    the oldest recent episodes go first; counters are never dropped."""
-    doc = dict(report, recent=[episode(t, r) for t, r in report.get("recent", [])])
+    """JSON of `report` in at most `limit` bytes (a pod's termination message keeps 4096): the
+    oldest episodes' lengths go first (the mean-100 return needs every episode, the mean length
+    is a secondary view of them), then the oldest episodes; counters are never dropped."""
+    doc = dict(report, recent=[episode(*e) for e in report.get("recent", [])])
     while True:
         out = json.dumps(doc, separators=(",", ":")).encode()
         if len(out) <= limit or not doc["recent"]:
             return out
+        long = [i for i, e in enumerate(doc["recent"]) if len(e) > 2]
+        if long:  # a length takes 2 (",1") to 15 bytes: strip a few at a time, the oldest first
+            for i in long[:max(1, (len(out) - limit) // 15)]:
+                doc["recent"][i] = doc["recent"][i][:2]
+            continue
         doc["recent"] = doc["recent"][max(1, (len(out) - limit) // 24):]
 
 
@@ -239,9 +248,10 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
         raise ReportError(f"recent: expected a list of at most {MAX_EPISODES_PER_REPORT} episodes")
     recent = []
     for i, e in enumerate(recent_in):
-        if not isinstance(e, (list, tuple)) or len(e) != 2:
-            raise ReportError(f"recent[{i}]: expected [finish time, return]")
-        recent.append((_num(e[0], f"recent[{i}].time", 0.0, 1e11), _num(e[1], f"recent[{i}].return", -MAX_RETURN, MAX_RETURN)))
+        if not isinstance(e, (list, tuple)) or len(e) not in (2, 3):
+            raise ReportError(f"recent[{i}]: expected [finish time, return, length]")
+        ep = (_num(e[0], f"recent[{i}].time", 0.0, 1e11), _num(e[1], f"recent[{i}].return", -MAX_RETURN, MAX_RETURN))
+        recent.append(ep if len(e) == 2 else (*ep, _int(e[2], f"recent[{i}].length", 0, MAX_EPISODE_LENGTH)))
     extra_in = _dict(d.get("extra", {}), "extra")
     extra: dict[str, Any] = {}
     if extra_in.get("version") is not None:

@@ -21,6 +21,8 @@ from pydantic.alias_generators import to_camel
 
 from tianji.control.addressing import LAST_PORT_OFFSET, host_port_ranges
 from tianji.control.ratelimit import SampleToInsertRatio
+from tianji.control.suggest import better_message
+from tianji.control.yamlload import ManifestYAMLError, UnreadableManifest, read_manifest, safe_yaml, yaml_problem
 
 API_VERSION = "tianji.dev/v1alpha1"
 KIND = "TianJiJob"
@@ -209,29 +211,30 @@ MAX_JSON_DEPTH = 8
 MAX_JSON_ITEMS = 1024
 
 
-def check_json_like(value: Any, where: str, depth: int = 0) -> Any:
+def check_json_like(value: Any, where: str = "", depth: int = 0) -> Any:
     """`value` is plain data (null, bool, finite number, string, list, string-keyed mapping),
-    at most MAX_JSON_DEPTH deep and MAX_JSON_ITEMS wide: what a manifest and the CRD carry."""
+    at most MAX_JSON_DEPTH deep and MAX_JSON_ITEMS wide: what a manifest and the CRD carry.
+    A refusal names the offending item's path below the field (`where`, e.g. `a[1]`)."""
     if depth > MAX_JSON_DEPTH:
-        raise ValueError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
+        raise _FieldError(where, f"nested deeper than {MAX_JSON_DEPTH} levels")
     if value is None or isinstance(value, (bool, str, int)):
         return value
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"{where}: {value} is not a finite number")
+            raise _FieldError(where, f"{value} is not a finite number")
         return value
     if isinstance(value, (list, tuple)):
         if len(value) > MAX_JSON_ITEMS:
-            raise ValueError(f"{where}: more than {MAX_JSON_ITEMS} items")
+            raise _FieldError(where, f"more than {MAX_JSON_ITEMS} items")
         return [check_json_like(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, dict):
         if len(value) > MAX_JSON_ITEMS:
-            raise ValueError(f"{where}: more than {MAX_JSON_ITEMS} keys")
+            raise _FieldError(where, f"more than {MAX_JSON_ITEMS} keys")
         for k in value:
             if not isinstance(k, str):
-                raise ValueError(f"{where}: key {k!r} is not a string")
-        return {k: check_json_like(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
-    raise ValueError(f"{where}: {type(value).__name__} is not plain data (null, bool, number, string, list, map)")
+                raise _FieldError(where, f"key {k!r} is not a string")
+        return {k: check_json_like(v, f"{where}.{k}" if where else k, depth + 1) for k, v in value.items()}
+    raise _FieldError(where, f"{type(value).__name__} is not plain data (null, bool, number, string, list, map)")
 
 
 def import_allowed(module: str, listed) -> bool:
@@ -280,6 +283,27 @@ class EnvSpaces(_Model):
     action: ActionSpace
 
 
+class EnvWrapper(_Model):
+    """A Gymnasium wrapper around each env: `Class(env, **kwargs)`, e.g. gymnasium.wrappers:FlattenObservation."""
+
+    entry_point: str = Field(..., max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
+                             description="module.path:Class of a gymnasium.Wrapper (or a function env -> env)")
+    kwargs: Annotated[dict[str, Any], _FREE_FORM] = Field(
+        default_factory=dict, description="its keyword arguments besides the env (plain data)")
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point(cls, v: str) -> str:
+        if not re.fullmatch(ENTRY_POINT_PATTERN, v):
+            raise ValueError(f"{v!r}: expected module.path:Class, e.g. gymnasium.wrappers:FlattenObservation")
+        return v
+
+    @field_validator("kwargs")
+    @classmethod
+    def _plain_kwargs(cls, v: dict) -> dict:
+        return check_json_like(v)
+
+
 class EnvConfig(_Model):
     id: str = Field("CartPole-v1", min_length=1, max_length=300,
                     description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5 (registered by env.imports), "
@@ -291,6 +315,11 @@ class EnvConfig(_Model):
                     "the evaluator and the profiler only")
     kwargs: Annotated[dict[str, Any], _FREE_FORM] = Field(
         default_factory=dict, description="keyword arguments of the env's constructor (plain data)")
+    wrappers: list[EnvWrapper] = Field(
+        default_factory=list, max_length=16,
+        description="Gymnasium wrappers applied to each env in order (the first wraps the env itself), e.g. "
+                    "{entryPoint: gymnasium.wrappers:FlattenObservation} for a Dict observation; imported where "
+                    "envs are built, like env.imports")
     spaces: Optional[EnvSpaces] = Field(
         None, description="the env's observation and action spaces (tianji run fills them in); buffers and "
                           "learners read them here instead of building an env")
@@ -312,7 +341,7 @@ class EnvConfig(_Model):
     @field_validator("kwargs")
     @classmethod
     def _plain_kwargs(cls, v: dict) -> dict:
-        return check_json_like(v, "kwargs")
+        return check_json_like(v)
 
 
 class ModelConfig(_Model):
@@ -343,7 +372,7 @@ class ModelConfig(_Model):
     @field_validator("config")
     @classmethod
     def _plain_config(cls, v: dict) -> dict:
-        return check_json_like(v, "config")
+        return check_json_like(v)
 
 
 # ----------------------------------------------------------------- topology
@@ -492,7 +521,8 @@ class EvaluationConfig(_Model):
 
     interval_seconds: Optional[float] = Field(
         None, gt=0, le=86_400, description="seconds between evaluations; unset or null: no evaluation")
-    episodes: int = Field(10, ge=1, le=1000, description="episodes per evaluation (a fixed count per env)")
+    episodes: int = Field(10, ge=1, le=1000, description="episodes per evaluation, the same count from each of "
+                                                          "the most envs (at most 8) that divide it")
     epsilon: float = Field(0.05, ge=0, le=1, description="DQN: exploration rate of the evaluation policy "
                                                           "(0.05: the Atari protocol); ignored by PPO")
 
@@ -1012,95 +1042,33 @@ def _message(e: dict) -> str:
 
 def _where(e: dict) -> str:
     path, err = _path_str(e["loc"]), (e.get("ctx") or {}).get("error")
-    if isinstance(err, _FieldError):
-        return err.key if path == "(root)" else f"{path}.{err.key}"
+    if isinstance(err, _FieldError) and err.key:
+        if path == "(root)":
+            return err.key
+        return f"{path}{err.key}" if err.key.startswith("[") else f"{path}.{err.key}"
     return path
 
 
+def _line(e: dict, source: str) -> str:
+    better = better_message(e, TianJiJob)  # unknown fields and wrong choices: "did you mean"
+    if better is not None:
+        return f"{source}: {_where(e)}{better[0]}: {better[1]}"
+    return f"{source}: {_where(e)}: {_message(e)}"
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
-    return "\n".join(f"{source}: {_where(e)}: {_message(e)}" for e in err.errors())
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """One line for a YAML error: where and what (PyYAML's own text spans several lines)."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or getattr(err, "context", None) or "cannot parse"
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else str(problem)
-
-
-MAX_MANIFEST_BYTES = 1 << 20
-MAX_DEPTH = 32
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses what a job manifest never needs and an attacker would use:
-    aliases (billion laughs), duplicate keys (the last one silently winning), nesting deeper
-    than MAX_DEPTH (PyYAML recurses), and non-finite floats (`.nan`, `.inf`)."""
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            ev = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a job manifest",
-                                              ev.start_mark)
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
-                                                  self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                dup = key in seen
-            except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a scalar",
-                                                        key_node.start_mark) from None
-            if dup:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-    def construct_yaml_float(self, node):
-        v = super().construct_yaml_float(node)
-        if v != v or v in (float("inf"), float("-inf")):
-            raise yaml.constructor.ConstructorError(None, None, f"non-finite number {node.value!r}",
-                                                    node.start_mark)
-        return v
-
-
-_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
-# YAML 1.2 (and kubectl) read `3e-4` as a number; PyYAML's 1.1 rules need a dot and make it a string.
-_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
-_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
-
-
-def safe_yaml(text: str) -> Any:
-    """One YAML document with the strict loader (aliases, duplicate keys, deep nesting and
-    non-finite floats refused); raises yaml.YAMLError."""
-    loader = _StrictLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
+    return "\n".join(_line(e, source) for e in err.errors())
 
 
 def _parse_scalar(key: str, text: str) -> Any:
     if text == "":
         return ""
     try:
-        return safe_yaml(text)
+        return safe_yaml(text, root=key.strip())
+    except ManifestYAMLError as e:
+        raise SpecError(f"--set {e.field}: {e.problem}") from None
     except yaml.YAMLError as e:
-        raise SpecError(f"--set {key}: value {text!r} is not valid YAML: {_yaml_problem(e)}") from None
+        raise SpecError(f"--set {key}: value {text!r} is not valid YAML: {yaml_problem(e)}") from None
     except RecursionError:
         raise SpecError(f"--set {key}: value nested too deeply") from None
 
@@ -1137,37 +1105,13 @@ def parse_job(doc: Any, source: str = "<manifest>") -> TianJiJob:
         raise SpecError(format_validation_error(e, source)) from None
 
 
-def _read_yaml(path: Path) -> Any:
-    """The one YAML document in `path`; every way this fails is a one-line SpecError."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise SpecError(f"{path}: larger than {MAX_MANIFEST_BYTES // 1024} KiB; is it a job manifest?")
-        text = raw.decode("utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise SpecError(f"{path}: is a directory, not a job manifest") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); is it a YAML manifest?") from None
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        doc = safe_yaml(text)
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
-    except RecursionError:
-        raise SpecError(f"{path}: nested too deeply") from None
-    if doc is None:
-        raise SpecError(f"{path}: empty; expected a TianJiJob manifest")
-    return doc
-
-
 def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> TianJiJob:
     """Read, override and validate a manifest. Raises SpecError naming file and field."""
     path = Path(path)
-    doc = _read_yaml(path)
+    try:
+        doc = read_manifest(path)
+    except UnreadableManifest as e:
+        raise SpecError(str(e)) from None
     if isinstance(doc, dict):
         for o in overrides:
             apply_override(doc, o)

@@ -8,14 +8,19 @@ actor marks that step invalid (see roles/actor.py).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.wrappers.vector import DtypeObservation
 
 from tianji.control.spec import EnvConfig, EnvSpaces
 from tianji.control.userenv import missing_spaces
-from tianji.envs.custom import UserCodeError, carried_observation_problem, gym_id
+from tianji.envs.custom import UserCodeError, carried_observation_problem, cast_observation_note, gym_id, wrapper_fns
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,28 +42,48 @@ class EnvInfo:
 
 
 ATARI_KWARGS = "spec.env.kwargs: Atari ids take frameStack, episodicLife and clipRewards, not kwargs"
+ATARI_WRAPPERS = ("spec.env.wrappers: Atari ids are wrapped by TianJi's Atari maker (frameStack, episodicLife, "
+                  "clipRewards), not by env.wrappers")
 
 
 def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or "NoFrameskip" in env_id
 
 
-def make_vec_env(cfg: EnvConfig, num_envs: int | None = None, halves: bool = False) -> gym.vector.VectorEnv:
-    """`halves`: Atari (native backend) as two halves an actor steps double-buffered (envs/split.py)."""
+def atari_problem(cfg: EnvConfig) -> str | None:
+    """The Atari maker sets its own kwargs (frameskip, repeat_action_probability) and wrappers: a
+    job's are refused, not silently ignored."""
+    if is_atari(cfg.id) and cfg.kwargs:
+        return ATARI_KWARGS
+    if is_atari(cfg.id) and cfg.wrappers:
+        return ATARI_WRAPPERS
+    return None
+
+
+def make_vec_env(cfg: EnvConfig, num_envs: int | None = None, halves: bool = False,
+                 note: Callable[[str], None] = log.info) -> gym.vector.VectorEnv:
+    """`halves`: Atari (native backend) as two halves an actor steps double-buffered (envs/split.py).
+    `note` hears what TianJi changed about the env (integer observations cast to float32)."""
     n = num_envs or cfg.num_envs
     if is_atari(cfg.id):
-        if cfg.kwargs:  # the Atari maker sets its own (frameskip, repeat_action_probability): not silently ignored
-            raise ValueError(ATARI_KWARGS)
+        if (problem := atari_problem(cfg)) is not None:
+            raise ValueError(problem)
         from tianji.envs.atari import make_atari_vec
 
         return make_atari_vec(cfg, n, halves=halves)
     target = gym_id(cfg)  # imports env.imports; an entry point becomes an EnvSpec
+    wrappers = wrapper_fns(cfg)
     try:
         spec = gym.spec(target) if isinstance(target, str) else target
     except gym.error.Error as e:
         raise ValueError(f"env.id {cfg.id!r}: {e}") from None
-    mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    return gym.make_vec(target, num_envs=n, vectorization_mode=mode, **cfg.kwargs)
+    # A native vector env (CartPole's) has no single envs to wrap: wrappers need the per-env loop.
+    mode = "vector_entry_point" if spec.vector_entry_point is not None and not wrappers else "sync"
+    env = gym.make_vec(target, num_envs=n, vectorization_mode=mode, wrappers=wrappers or None, **cfg.kwargs)
+    if (cast := cast_observation_note(env.single_observation_space)) is not None:
+        note(f"spec.env.id {cfg.id!r}: {cast}")
+        env = DtypeObservation(env, np.float32)
+    return env
 
 
 def env_info(env: gym.vector.VectorEnv) -> EnvInfo:
@@ -107,25 +132,27 @@ def check_declared(cfg: EnvConfig, info: EnvInfo) -> None:
                          f"has {spaces_of(info).model_dump()}")
 
 
-def probe_env(cfg: EnvConfig) -> EnvInfo:
-    env = make_vec_env(cfg, 1)
+def probe_env(cfg: EnvConfig, note: Callable[[str], None] = log.info) -> EnvInfo:
+    env = make_vec_env(cfg, 1, note=note)
     try:
         return env_info(env)
     finally:
         env.close()
 
 
-def check_env_spec(cfg: EnvConfig, source: str, algorithm: str | None = None) -> EnvInfo:
+def check_env_spec(cfg: EnvConfig, source: str, algorithm: str | None = None,
+                   note: Callable[[str], None] = log.info) -> EnvInfo:
     """Resolve `env.id` and check its spaces before anything starts (`tianji run`): an unknown id,
     an action space that is neither Discrete nor a 1-D Box, a continuous one for DQN, or an
     observation space without a fixed shape is a SpecError naming the file and the field. The
     operator cannot do this (it has no Gymnasium); its workers fail the same way at start."""
     from tianji.control.spec import SpecError
 
-    if is_atari(cfg.id) and cfg.kwargs:
-        raise SpecError(f"{source}: {ATARI_KWARGS}")
+    if (problem := atari_problem(cfg)) is not None:
+        raise SpecError(f"{source}: {problem}")
     try:
         target = None if is_atari(cfg.id) else gym_id(cfg)
+        wrapper_fns(cfg)  # importable, before the env is built
     except UserCodeError as e:
         raise SpecError(f"{source}: {e}") from None
     try:
@@ -135,7 +162,9 @@ def check_env_spec(cfg: EnvConfig, source: str, algorithm: str | None = None) ->
                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     del spec
     try:
-        info = probe_env(cfg)
+        info = probe_env(cfg, note)
+    except UserCodeError as e:  # a wrapper that cannot wrap: its own field
+        raise SpecError(f"{source}: {e}") from None
     except Exception as e:  # noqa: BLE001
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, TypeError) and cfg.kwargs:  # most likely a keyword the constructor does not take

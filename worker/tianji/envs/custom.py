@@ -9,8 +9,9 @@ process starts and a worker's log says which field to fix.
 """
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import gymnasium as gym
 import numpy as np
@@ -69,11 +70,48 @@ def gym_id(cfg) -> "str | gym.envs.registration.EnvSpec":
     return gym.envs.registration.EnvSpec(id=name, entry_point=entry)
 
 
+def wrapper_fns(cfg) -> list[Callable[[gym.Env], gym.Env]]:
+    """`spec.env.wrappers` as what gym.make_vec applies to each env, in order (imports their modules).
+    Raises UserCodeError naming `spec.env.wrappers[i].entryPoint`."""
+    fns = []
+    for i, w in enumerate(cfg.wrappers):
+        field = f"spec.env.wrappers[{i}].entryPoint"
+        wrapper = load_entry_point(w.entry_point, field)
+        if not callable(wrapper):
+            raise UserCodeError(f"{field}: {w.entry_point!r} is not a class or function that wraps an env")
+        fns.append(functools.partial(_wrap, wrapper, dict(w.kwargs), field, w.entry_point))
+    return fns
+
+
+def _wrap(wrapper: Callable, kwargs: dict, field: str, entry_point: str, env: gym.Env) -> gym.Env:
+    try:
+        out = wrapper(env, **kwargs)
+    except TypeError as e:  # most likely a keyword it does not take
+        raise UserCodeError(f"{field}: {entry_point!r} cannot wrap the env with kwargs {kwargs}: "
+                            f"{_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - e.g. FlattenObservation on a space it cannot flatten
+        raise UserCodeError(f"{field}: {entry_point!r} cannot wrap the env: {_first_line(e)}") from None
+    if not isinstance(out, gym.Env):
+        raise UserCodeError(f"{field}: {entry_point!r} returned {type(out).__name__}, not a gymnasium.Env")
+    return out
+
+
+def cast_observation_note(space: gym.Space) -> str | None:
+    """A Box of integers (not uint8: images stay bytes) is carried as float32; this says so (None:
+    nothing to cast). Integers up to 2**24 are exact in float32, far beyond a grid or a count."""
+    if isinstance(space, gym.spaces.Box) and space.shape and space.dtype != np.uint8 and (
+            np.issubdtype(space.dtype, np.integer) or space.dtype == np.bool_):
+        return (f"observations {np.dtype(space.dtype).name}{list(space.shape)} are cast to float32 "
+                f"(TianJi carries {'/'.join(CARRIED_OBS_DTYPES)} arrays)")
+    return None
+
+
 def carried_observation_problem(space: gym.Space) -> str | None:
     """Why an observation space cannot travel as one fixed-shape array per step (None if it can)."""
     if not isinstance(space, gym.spaces.Box):
-        return (f"observation space {space} is not a Box: Dict, Tuple, Text, Graph and other "
-                "structured spaces are not carried (flatten it with a wrapper in your env package)")
+        return (f"observation space {space} is not a Box: Dict, Tuple, Text, Graph and other structured spaces "
+                "are not carried (flatten it: spec.env.wrappers: [{entryPoint: gymnasium.wrappers:"
+                "FlattenObservation}])")
     if not space.shape or np.dtype(space.dtype).name not in CARRIED_OBS_DTYPES:
         return (f"observation space {space}: observations must be a fixed-shape "
                 f"{'/'.join(CARRIED_OBS_DTYPES)} array")

@@ -40,7 +40,7 @@ from tianji.envs import check_env_spec, spaces_of
 from tianji.local import resume as resume_
 from tianji.local import runfiles, zygote
 from tianji.local.runfiles import MetricsLog, Warner
-from tianji.local.summary import run_summary
+from tianji.local.summary import ended_line, run_summary
 from tianji.local.supervisor import NO_HEARTBEAT, Child, count_failure, failed
 from tianji.local.worker_logs import last_exception
 from tianji.observability.exporter import JobExporter
@@ -81,7 +81,8 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
     else:
         job, _ = resolve(load_job(job_path, overrides), profile)
         # before any process starts (needs Gymnasium: not in control)
-        info = check_env_spec(job.spec.env, str(job_path), job.spec.algorithm.name)
+        info = check_env_spec(job.spec.env, str(job_path), job.spec.algorithm.name,
+                              note=lambda text: print(f"tianji: note: {text}", file=sys.stderr))
         job.spec.env.spaces = spaces_of(info)  # buffers and learners read them; they build no env
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
@@ -326,7 +327,8 @@ class Launcher:
             version = max(version, self.resumed_from["policy_version"])  # until the resumed learner reports
         return {"elapsed": self.t_offset + now - self.started, "env_frames": v["env_frames"], **v["rates"],
                 "policy_version": version, "lag": v["policy_lag"], "episodes": v["episodes"],
-                "mean_return": v["mean_return"], "dropped": sum(v["dropped_samples"].values()),
+                "mean_return": v["mean_return"], "mean_episode_length": v["mean_episode_length"],
+                "dropped": sum(v["dropped_samples"].values()),
                 "rejected": v["rejected_messages"], "restarts": self._restarts(), "checkpoint": self.acc.checkpoint(),
                 **({"eval_return": self.acc.eval_last["return_mean"]} if self.acc.eval_last else {})}
 
@@ -460,9 +462,7 @@ class Launcher:
         summary = self.summary(reason, wall)
         self._export()
         self._write_summary(summary)
-        print(f"tianji: {self.job.name} ended ({reason}) after {wall:.1f}s: {int(summary['env_frames'])} frames, "
-              f"mean return {summary['mean_return']:.1f}; summary: {self.run_dir / 'summary.json'}",
-              file=sys.stderr)
+        print(ended_line(self.job.name, reason, wall, summary, self.run_dir / "summary.json"), file=sys.stderr)
         return summary
 
 

@@ -29,6 +29,7 @@ def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_ta
         "target_policy_version": target and target["policy_version"],
         "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
         "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
+        "mean_episode_length": v["mean_episode_length"],  # steps, last 100 episodes (null: none finished)
         "throughput": v["throughput"],
         "policy_lag": {k: (x if x is not None else 0.0) for k, x in v["policy_lag"].items()},
         "policy_lag_hist": lag_histogram(acc),
@@ -50,3 +51,17 @@ def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_ta
         **({"error": error} if error else {}),
         **({"warnings": warnings} if warnings else {}),
     }
+
+
+def ended_line(job: str, reason: str, wall: float, summary: dict, path) -> str:
+    """The console's last line. After a target, the mean that met it comes first: the summary's
+    mean_return also counts the episodes that finished while the run stopped, and can be a
+    little below the target, which alone would read as a miss."""
+    mean, at = summary["mean_return"], summary.get("mean_return_at_target")
+    text = f"mean return {mean:.1f}"
+    if reason == "target" and at is not None and f"{at:.1f}" != f"{mean:.1f}":
+        text = f"mean return {at:.1f} at the target ({mean:.1f} with the episodes that ended while it stopped)"
+    if summary.get("mean_episode_length") is not None:
+        text += f", episode length {summary['mean_episode_length']:.1f}"
+    return f"tianji: {job} ended ({reason}) after {wall:.1f}s: {int(summary['env_frames'])} frames, {text}; " \
+           f"summary: {path}"

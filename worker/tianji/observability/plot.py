@@ -1,5 +1,5 @@
-"""`tianji plot RUN_DIR`: return vs time and vs frames, throughput by role, and PPO's clip fraction
-and approx-KL against policy lag, from metrics.jsonl."""
+"""`tianji plot RUN_DIR`: return vs time and vs frames, episode length vs frames, throughput by role,
+and PPO's clip fraction and approx-KL against policy lag, from metrics.jsonl."""
 from __future__ import annotations
 
 import argparse
@@ -20,21 +20,26 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     t = [r["t"] for r in recs]
     ret = [r["mean_return"] if r["mean_return"] is not None else float("nan") for r in recs]
     frames = [r["env_frames"] for r in recs]
-    fig, ax = plt.subplots(1, 4, figsize=(20, 4))
-    ax[0].plot(t, ret, label="training: mean of the last 100 episodes")
+    length = [r.get("mean_episode_length") if r.get("mean_episode_length") is not None else float("nan")
+              for r in recs]
+    fig, ax = plt.subplots(1, 5, figsize=(25, 4))
+    _curve(ax[0], t, ret, label="training: mean of the last 100 episodes")
     ev = [(r["t"], r["eval_return"]) for r in recs if r.get("eval_return") is not None]
     if ev:  # spec.evaluation: the last evaluation's mean (greedy policy), a step per evaluation
-        ax[0].step(*zip(*ev), where="post", label="evaluation (greedy policy)")
+        ax[0].step(*zip(*ev), where="post", label="evaluation (greedy policy)",
+                   marker="o" if len(ev) <= MARKERS_UP_TO else None, markersize=4)
         ax[0].legend(fontsize=8)
     ax[0].set(xlabel="seconds", ylabel="mean return", title="return vs time")
-    ax[1].plot(frames, ret)
+    _curve(ax[1], frames, ret)
     ax[1].set(xlabel="env frames", ylabel="mean return (last 100)", title="return vs frames")
+    _curve(ax[2], frames, length)  # for a sparse reward, what shows the learning
+    ax[2].set(xlabel="env frames", ylabel="mean episode length (last 100), steps", title="episode length vs frames")
     for key, label in (("produced_fps", "actors: produced frames/s"), ("received_fps", "buffers: received samples/s"),
                        ("consumed_sps", "learners: consumed samples/s")):
-        ax[2].plot(t, [r[key] for r in recs], label=label)
-    ax[2].set(xlabel="seconds", ylabel="per second", title="throughput by role")
-    ax[2].legend(fontsize=8)
-    _stats_vs_lag(ax[3], recs)
+        _curve(ax[3], t, [r[key] for r in recs], label=label)
+    ax[3].set(xlabel="seconds", ylabel="per second", title="throughput by role")
+    ax[3].legend(fontsize=8)
+    _stats_vs_lag(ax[4], recs)
     for a in ax:
         a.grid(alpha=0.3)
     fig.suptitle(str(run_dir.name))
@@ -42,6 +47,24 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+MARKERS_UP_TO = 60  # points: a short run's curve is drawn with a marker on each record
+
+
+def _curve(ax, xs: list, ys: list, **kw) -> None:
+    """A line, with markers where a line alone would not show a point: on every point of a short
+    run, and on a point whose neighbours are missing (NaN), which a line draws as nothing."""
+    finite = [y == y for y in ys]
+    if sum(finite) <= MARKERS_UP_TO:
+        ax.plot(xs, ys, marker="o", markersize=4, **kw)
+        return
+    line = ax.plot(xs, ys, **kw)[0]
+    alone = [i for i, ok in enumerate(finite) if ok and not (i > 0 and finite[i - 1])
+             and not (i + 1 < len(ys) and finite[i + 1])]
+    if alone:
+        ax.plot([xs[i] for i in alone], [ys[i] for i in alone], linestyle="none", marker="o", markersize=4,
+                color=line.get_color())
 
 
 def interval_lags(recs: list[dict]) -> list[float]:

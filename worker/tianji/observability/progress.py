@@ -26,6 +26,7 @@ def status_fields(row: dict) -> list[tuple[str, str]]:
         ("policy lag mean/max", f"{_fmt(lag['mean'], '.1f')} / {_fmt(lag['max'])}"),
         ("episodes", _fmt(row["episodes"])),
         ("mean return (100)", _fmt(row["mean_return"], ".1f")),
+        ("episode length", _fmt(row.get("mean_episode_length"), ".1f")),
         ("dropped / rejected", f"{_fmt(row['dropped'])} / {_fmt(row['rejected'])}"),
         ("restarts", ", ".join(f"{k} {v}" for k, v in row["restarts"].items() if v) or "0"),
         ("checkpoint", row.get("checkpoint") or "-"),

@@ -28,6 +28,7 @@ def scalars(row: dict) -> dict[str, float]:
             out[tag] = float(v)
 
     put("charts/episode_return_mean", row.get("mean_return"))
+    put("charts/episode_length_mean", row.get("mean_episode_length"))
     put("charts/episodes", row.get("episodes"))
     put("charts/env_frames", row.get("env_frames"))
     put("eval/return_mean", row.get("eval_return"))  # the last periodic evaluation (spec.evaluation)

@@ -49,6 +49,7 @@ class Rollout:
         self.seed += 1_000_003  # a later reset must not replay the same episodes
         self.prev_done = np.zeros(self.env.num_envs, dtype=bool)
         self.ep_return = np.zeros(self.env.num_envs, dtype=np.float64)
+        self.ep_length = np.zeros(self.env.num_envs, dtype=np.int64)  # valid steps (a reset step is none)
 
     def epsilon(self) -> float:
         """DQN exploration now. The learner's count lags by a publish and counts only frames that
@@ -84,13 +85,13 @@ class Rollout:
         real = info.get("episode_end") if isinstance(info, dict) else None
         return np.asarray(real, dtype=bool) if real is not None else done
 
-    def fragment(self) -> tuple[dict[str, np.ndarray], list[float]]:
+    def fragment(self) -> tuple[dict[str, np.ndarray], list[tuple[float, int]]]:
         """Step T times. Returns the fragment's arrays (`last_obs` is `self.obs` after it) and
-        the raw returns of the episodes that ended during it."""
+        the raw return and the length (steps) of each episode that ended during it."""
         if hasattr(self.env, "halves"):
             return self._fragment_double_buffered()
         buf = self._new_fragment()
-        finished: list[float] = []
+        finished: list[tuple[float, int]] = []
         for t in range(self.T):
             obs = self.obs
             actions, extra = self.act(obs)
@@ -104,22 +105,23 @@ class Rollout:
             buf["terminated"][t] = term
             raw = np.asarray(reward, dtype=np.float64)
             self.ep_return += raw
+            self.ep_length += ~self.prev_done
             buf["rewards"][t] = np.sign(raw) if self.clip_rewards else raw
             if "logp" in extra:
                 buf["logp"][t] = extra["logp"]
             ended = self._episode_ends(done, info)
             if ended.any():
-                finished.extend(self.ep_return[ended].tolist())
-                self.ep_return[ended] = 0.0
+                finished.extend(zip(self.ep_return[ended].tolist(), self.ep_length[ended].tolist()))
+                self.ep_return[ended], self.ep_length[ended] = 0.0, 0
             self.prev_done, self.obs = done, next_obs
             self.frames += self.n
         return buf, finished
 
-    def _fragment_double_buffered(self) -> tuple[dict[str, np.ndarray], list[float]]:
+    def _fragment_double_buffered(self) -> tuple[dict[str, np.ndarray], list[tuple[float, int]]]:
         """As fragment(), with the policy for one half of the envs computed while the other half
         steps in ALE's threads (envs/split.py). Each env's transitions are those of fragment()."""
         buf = self._new_fragment()
-        finished: list[float] = []
+        finished: list[tuple[float, int]] = []
         self.obs = self.obs.copy()  # updated in place below; the previous fragment's last_obs may be in flight
         halves, slices = self.env.halves, self.env.slices
 
@@ -141,13 +143,14 @@ class Rollout:
             buf["dones"][t, s] = done
             buf["terminated"][t, s] = term
             raw = np.asarray(reward, dtype=np.float64)
-            ret = self.ep_return[s]
+            ret, length = self.ep_return[s], self.ep_length[s]
             ret += raw
+            length += ~self.prev_done[s]
             buf["rewards"][t, s] = np.sign(raw) if self.clip_rewards else raw
             ended = self._episode_ends(done, info)
             if ended.any():
-                finished.extend(ret[ended].tolist())
-                ret[ended] = 0.0
+                finished.extend(zip(ret[ended].tolist(), length[ended].tolist()))
+                ret[ended], length[ended] = 0.0, 0
             self.prev_done[s] = done
             self.obs[s] = next_obs
             self.frames += s.stop - s.start

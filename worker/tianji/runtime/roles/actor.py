@@ -222,9 +222,9 @@ class Actor(ParamFollower, Role):
         version = self.version
         arrays, finished = self.rollout.fragment()
         frames = self.rollout.n * self.rollout.T
-        finished = [r for r in finished if math.isfinite(r)]  # a return summed over a NaN reward is no return
+        finished = [(r, n) for r, n in finished if math.isfinite(r)]  # a return summed over a NaN reward is no return
         if finished:
-            self.recent.extend(finished)
+            self.recent.extend(r for r, _ in finished)
             self.add_episodes(finished)
             self.metrics.inc("episodes_total", len(finished))
             self.metrics.set("episode_return_mean", float(np.mean(self.recent)))

@@ -71,7 +71,7 @@ class Role:
         self.incarnation = uuid.uuid4().hex[:12]  # this process; a restart is a new incarnation
         self.started_at = time.time()
         self._report_seq = 0
-        self._recent: deque = deque(maxlen=WINDOW)  # (finish time, return) of the last episodes
+        self._recent: deque = deque(maxlen=WINDOW)  # (finish time, return, length) of the last episodes
         self._report_json = b"{}"  # the newest report, served on /report (swapped whole: thread-safe)
         self.started = time.monotonic()
         self.status = "starting"
@@ -190,9 +190,10 @@ class Role:
             log.warning("%s: rejected message (%s) %s [%d so far]", self.sender, reason, detail, int(n))
 
     # ------------------------------------------------------------ reports
-    def add_episodes(self, returns: Iterable[float]) -> None:
+    def add_episodes(self, episodes: Iterable[tuple[float, int]]) -> None:
+        """Episodes that just finished, each (return, length in steps)."""
         now = time.time()
-        self._recent.extend((now, float(r)) for r in returns)
+        self._recent.extend((now, float(r), int(n)) for r, n in episodes)
 
     def report_extra(self) -> dict[str, Any]:
         return {}

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from tianji.algos.models import build_model
-from tianji.cli.evaluate import play_episodes
+from tianji.cli.evaluate import eval_env_count, play_episodes
 from tianji.control.report import eval_summary
 from tianji.envs import env_info, make_vec_env
 from tianji.runtime.roles.actor import ParamFollower
@@ -49,7 +49,7 @@ class Evaluator(ParamFollower, Role):
             raise ValueError("spec.evaluation.intervalSeconds is not set: this job has no evaluator")
         self.algo = s.algorithm.name
         self.epsilon = self.cfg.epsilon if self.algo == "dqn" else 0.0
-        self.env = make_vec_env(s.env, min(self.cfg.episodes, MAX_EVAL_ENVS))
+        self.env = make_vec_env(s.env, eval_env_count(self.cfg.episodes, MAX_EVAL_ENVS))
         self.info = env_info(self.env)
         self.model = build_model(s.algorithm, s.model, self.info, s.env.seed, s.env.imports)
         self.model.eval()
