@@ -1,11 +1,16 @@
 """Reading a job manifest's YAML: one document, strictly, and every refusal names the field.
 
-PyYAML's SafeLoader builds no objects, but it still expands aliases (a billion-laughs
-manifest of a few hundred bytes becomes gigabytes), lets a repeated key silently win
-(YAML 1.2 says a mapping's keys are unique), recurses once per nesting level, and reads
-`.nan` and `.inf` as numbers. The loader here refuses all four; the composer keeps the
-path of every node (`spec.env.id`, `spec.model.hidden[1]`), so the refusal names the field
-like a validation error does, with the line and column.
+PyYAML's SafeLoader builds no objects, but it still lets aliases multiply a document (a
+billion-laughs manifest of a few hundred bytes is gigabytes once anything walks it), lets a
+repeated key silently win (YAML 1.2 says a mapping's keys are unique), recurses once per
+nesting level, and reads `.nan` and `.inf` as numbers. The loader here refuses each of them;
+the composer keeps the path of every node (`spec.env.id`, `spec.model.hidden[1]`), so the
+refusal names the field like a validation error does, with the line and column.
+
+Aliases themselves are allowed, as kubectl allows them (a manifest kubectl applies must mean
+the same to `tianji run`): what is refused is an alias inside its own anchor (a recursive
+document) and aliases that together expand to more than MAX_ALIAS_NODES nodes, the way
+go-yaml refuses "excessive aliasing".
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 MAX_MANIFEST_BYTES = 1 << 20  # refused by size before parsing (a manifest is a few KiB)
 MAX_DEPTH = 32
+MAX_ALIAS_NODES = 10_000  # nodes all aliases of a document may expand to (a whole manifest is a few hundred)
 _SHOWN_PATH_PARTS = 10  # of a too-deep path, the first parts (the field) are enough
 
 
@@ -40,14 +46,17 @@ def _join(parts: list[str]) -> str:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases, duplicate keys, nesting deeper than MAX_DEPTH and
-    non-finite floats, naming the field of each."""
+    """SafeLoader that refuses recursive or excessive aliases, duplicate keys, nesting deeper
+    than MAX_DEPTH and non-finite floats, naming the field of each."""
 
     def __init__(self, stream, root: Optional[str] = None):
         super().__init__(stream)
         self._parts: list[str] = [root] if root else []
         self._paths: dict[int, str] = {}  # id(node) -> its field path, for the constructor's refusals
         self._nodes: list = []  # keeps the nodes (and so their ids) alive while the document is read
+        self._open: set[str] = set()  # anchors whose node is being composed
+        self._sizes: dict[int, int] = {}  # id(node) -> nodes in it, once composed
+        self._expanded = 0  # nodes the document's aliases stand for so far
 
     def _part(self, parent, index) -> Optional[str]:
         if isinstance(parent, SequenceNode):
@@ -62,19 +71,51 @@ class _StrictLoader(yaml.SafeLoader):
             self._parts.append(part)
         try:
             if self.check_event(yaml.AliasEvent):
-                ev = self.peek_event()
-                raise ManifestYAMLError(_join(self._parts), f"aliases (*name) are not allowed in a job manifest "
-                                        f"(found *{ev.anchor}; write the value out)", ev.start_mark)
+                self._count_alias(self.peek_event())
             if len(self._parts) > MAX_DEPTH:
                 raise ManifestYAMLError(_join(self._parts), f"nested deeper than {MAX_DEPTH} levels",
                                         self.peek_event().start_mark)
-            node = super().compose_node(parent, index)
+            anchor = getattr(self.peek_event(), "anchor", None)
+            if anchor is not None:
+                self._open.add(anchor)
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._open.discard(anchor)
             self._paths[id(node)] = _join(self._parts)
             self._nodes.append(node)
             return node
         finally:
             if part is not None:
                 self._parts.pop()
+
+    def _count_alias(self, ev) -> None:
+        """Refuses an alias to an anchor still being composed, or one that takes the document's
+        aliases past MAX_ALIAS_NODES."""
+        if ev.anchor in self._open:
+            raise ManifestYAMLError(_join(self._parts), f"*{ev.anchor} refers to its own anchor (a recursive "
+                                    "document)", ev.start_mark)
+        node = self.anchors.get(ev.anchor)
+        if node is None:
+            return  # PyYAML's own "found undefined alias"
+        self._expanded += self._size(node)
+        if self._expanded > MAX_ALIAS_NODES:
+            raise ManifestYAMLError(_join(self._parts), f"aliases expand to more than {MAX_ALIAS_NODES} values "
+                                    f"(at *{ev.anchor}; an alias bomb?)", ev.start_mark)
+
+    def _size(self, node) -> int:
+        """Nodes in a composed node, aliases counted as what they stand for (memoised: a composed
+        node holds no open anchor, so no cycle)."""
+        got = self._sizes.get(id(node))
+        if got is None:
+            if isinstance(node, SequenceNode):
+                got = 1 + sum(self._size(n) for n in node.value)
+            elif isinstance(node, MappingNode):
+                got = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+            else:
+                got = 1
+            self._sizes[id(node)] = got
+        return got
 
     def _path(self, node) -> str:
         return self._paths.get(id(node), "(root)")
