@@ -1,0 +1,45 @@
+#!/bin/sh
+# `make images`: build the worker and operator images from the repository root with Docker
+# (when an engine answers) or buildah (no daemon; Debian's package, `make image-tools`).
+#   BASE_IMAGE=...       base of both images (default: the Dockerfiles' python:3.11-slim-bookworm);
+#                        with no registry, make one first: images/local-base.sh (make image-base)
+#   TORCH_INDEX_URL=...  the worker's torch wheel index (default: download.pytorch.org's CPU index)
+#   ENGINE=docker|buildah, VERSION (0.1.0), WORKER_TAG, OPERATOR_TAG, ONLY=worker|operator
+set -eu
+cd "$(dirname "$0")/.."
+VERSION=${VERSION:-0.1.0}
+WORKER_TAG=${WORKER_TAG:-tianji-worker:$VERSION}
+OPERATOR_TAG=${OPERATOR_TAG:-tianji-operator:$VERSION}
+ENGINE=${ENGINE:-}
+if [ -z "$ENGINE" ]; then
+  if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then ENGINE=docker
+  elif command -v buildah >/dev/null 2>&1; then ENGINE=buildah
+  else
+    echo "images/build.sh: no Docker engine answers ('docker info' failed) and buildah is not installed;" >&2
+    echo "  start Docker, or install buildah (Debian/Ubuntu: make image-tools)" >&2
+    exit 1
+  fi
+fi
+# chroot isolation: RUN steps need no cgroup setup (hybrid cgroup hosts and containers refuse crun's).
+export BUILDAH_ISOLATION="${BUILDAH_ISOLATION:-chroot}"
+common=""
+[ -z "${BASE_IMAGE:-}" ] || common="--build-arg BASE_IMAGE=$BASE_IMAGE"
+
+build() {  # NAME TAG [extra build args]
+  name=$1 tag=$2; shift 2
+  echo "images/build.sh: $ENGINE: $tag from images/$name.Dockerfile" >&2
+  case $ENGINE in
+    # BuildKit reads images/NAME.Dockerfile.dockerignore by itself.
+    docker) DOCKER_BUILDKIT=1 docker build -f "images/$name.Dockerfile" -t "$tag" $common "$@" . ;;
+    buildah) buildah build --layers --ignorefile "images/$name.Dockerfile.dockerignore" \
+               -f "images/$name.Dockerfile" -t "$tag" $common "$@" . ;;
+    *) echo "images/build.sh: ENGINE must be docker or buildah, not '$ENGINE'" >&2; exit 2 ;;
+  esac
+}
+
+ONLY=${ONLY:-all}
+case $ONLY in all|operator) build operator "$OPERATOR_TAG" ;; esac
+case $ONLY in all|worker)
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then build worker "$WORKER_TAG" --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"
+  else build worker "$WORKER_TAG"; fi ;;
+esac
