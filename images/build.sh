@@ -4,7 +4,8 @@
 #   BASE_IMAGE=...       base of both images (default: the Dockerfiles' python:3.11-slim-bookworm);
 #                        with no registry, make one first: images/local-base.sh (make image-base)
 #   TORCH_INDEX_URL=...  the worker's torch wheel index (default: download.pytorch.org's CPU index)
-#   ENGINE=docker|buildah, VERSION (0.1.0), WORKER_TAG, OPERATOR_TAG, ONLY=worker|operator
+#   ENGINE=docker|buildah, VERSION (0.1.0), WORKER_TAG, OPERATOR_TAG, ONLY=worker|operator,
+#   BUILD_FLAGS (more options for every build, e.g. --label k=v; word-split)
 set -eu
 cd "$(dirname "$0")/.."
 VERSION=${VERSION:-0.1.0}
@@ -22,8 +23,8 @@ if [ -z "$ENGINE" ]; then
 fi
 # chroot isolation: RUN steps need no cgroup setup (hybrid cgroup hosts and containers refuse crun's).
 export BUILDAH_ISOLATION="${BUILDAH_ISOLATION:-chroot}"
-common=""
-[ -z "${BASE_IMAGE:-}" ] || common="--build-arg BASE_IMAGE=$BASE_IMAGE"
+common="${BUILD_FLAGS:-}"
+[ -z "${BASE_IMAGE:-}" ] || common="$common --build-arg BASE_IMAGE=$BASE_IMAGE"
 
 build() {  # NAME TAG [extra build args]
   name=$1 tag=$2; shift 2
