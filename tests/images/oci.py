@@ -134,15 +134,18 @@ class Container:
         r = crun("state", self.cid, check=False)
         return json.loads(r.stdout).get("pid") if r.returncode == 0 else None
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            crun("kill", self.cid, "KILL", check=False)
+    def stop(self, grace: float = 20.0) -> Optional[int]:
+        """SIGTERM, SIGKILL after `grace` seconds (a kubelet's stop); the exit code."""
+        for sig, wait in (("TERM", grace), ("KILL", 20.0)):
+            if self.proc is None or self.proc.poll() is not None:
+                break
+            crun("kill", self.cid, sig, check=False)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                pass
         crun("delete", "--force", self.cid, check=False)
+        return None if self.proc is None else self.proc.poll()
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""

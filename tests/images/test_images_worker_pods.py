@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 import uuid
 from pathlib import Path
@@ -109,8 +110,15 @@ async def test_cartpole_trains_in_worker_containers(worker_image, worker_rootfs,
                                           tmp_path / n, f"tianji-img-{run}-{n}").start()
         why, acc = await _train(resolved, pods, containers)
     finally:
-        for c in containers.values():
-            c.stop()
+        codes = {n: c.stop() for n, c in containers.items()}
     assert why == "target", (why, acc.mean_return(), acc.totals())
     assert acc.mean_return() >= resolved.spec.stop.mean_return and acc.policy_version() > 0
+    # Stopped as a kubelet stops them: exit 0 on SIGTERM, the final report in the termination log.
+    assert codes == {n: 0 for n in containers}, codes
+    learner = containers["cartpole-ppo-learner-0-0"]
+    final = json.loads(learner.termination.read_text())
+    assert final["final"] and final["extra"]["version"] >= acc.policy_version() > 0, final
+    # Its checkpoint is on the state volume (TIANJI_STATE_DIR), written as uid 10001.
+    ckpt = learner.bundle / "volumes" / "state" / "checkpoints" / "0-0" / final["extra"]["checkpoint"]
+    assert ckpt.stat().st_uid == WORKER_UID, ckpt
     assert not crun("list").stdout.count(f"tianji-img-{run}"), "containers left behind"
