@@ -6,6 +6,8 @@
 #   TORCH_INDEX_URL=...  the worker's torch wheel index (default: download.pytorch.org's CPU index)
 #   ENGINE=docker|buildah, VERSION (0.1.0), WORKER_TAG, OPERATOR_TAG, ONLY=worker|operator,
 #   BUILD_FLAGS (more options for every build, e.g. --label k=v; word-split)
+#   USER_PACKAGE_DIR=dir, USER_IMPORTS="mod ..."  the worker with your package (docs/custom-envs.md):
+#                        the named build context user_package, installed under the image's pins
 set -eu
 cd "$(dirname "$0")/.."
 VERSION=${VERSION:-0.1.0}
@@ -24,6 +26,10 @@ fi
 # chroot isolation: RUN steps need no cgroup setup (hybrid cgroup hosts and containers refuse crun's).
 export BUILDAH_ISOLATION="${BUILDAH_ISOLATION:-chroot}"
 common="${BUILD_FLAGS:-}"
+if [ -z "${BASE_IMAGE:-}" ]; then
+  echo "images/build.sh: base image python:3.11-slim-bookworm from Docker Hub; with no registry reachable," \
+       "make image-base and set BASE_IMAGE=localhost/tianji-base:bookworm-py3.11 (images/README.md)" >&2
+fi
 [ -z "${BASE_IMAGE:-}" ] || common="$common --build-arg BASE_IMAGE=$BASE_IMAGE"
 
 build() {  # NAME TAG [extra build args]
@@ -41,6 +47,10 @@ build() {  # NAME TAG [extra build args]
 ONLY=${ONLY:-all}
 case $ONLY in all|operator) build operator "$OPERATOR_TAG" ;; esac
 case $ONLY in all|worker)
-  if [ -n "${TORCH_INDEX_URL:-}" ]; then build worker "$WORKER_TAG" --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"
-  else build worker "$WORKER_TAG"; fi ;;
+  set --
+  [ -z "${TORCH_INDEX_URL:-}" ] || set -- "$@" --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"
+  [ -z "${USER_PACKAGE_DIR:-}" ] || set -- "$@" --build-context "user_package=$USER_PACKAGE_DIR" \
+                                        --build-arg USER_PACKAGE=/src/user
+  [ -z "${USER_IMPORTS:-}" ] || set -- "$@" --build-arg "USER_IMPORTS=$USER_IMPORTS"
+  build worker "$WORKER_TAG" "$@" ;;
 esac

@@ -14,7 +14,10 @@ import pytest
 
 from imagekit import ensure_image, buildah
 
-TAGS = {"worker": "localhost/tianji-worker:test", "operator": "localhost/tianji-operator:test"}
+TAGS = {"worker": "localhost/tianji-worker:test", "operator": "localhost/tianji-operator:test",
+        "reach-goal": "localhost/reach-goal-worker:test"}
+# The user-package path of docs/custom-envs.md: examples/custom-env in the worker image.
+REACH_GOAL = {"USER_PACKAGE_DIR": "examples/custom-env", "USER_IMPORTS": "reach_goal reach_goal.models"}
 
 
 def pytest_configure(config):
@@ -36,11 +39,11 @@ def image_logs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("image-builds")
 
 
-def _image(name: str, logs: Path):
+def _image(name: str, logs: Path, dockerfile: str = "", **settings: str):
     missing = [t for t in ("buildah", "crun", "debootstrap") if shutil.which(t) is None]
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: make image-tools")
-    built = ensure_image(name, TAGS[name], logs / f"{name}.log")
+    built = ensure_image(dockerfile or name, TAGS[name], logs / f"{name}.log", **settings)
     print(f"\n{TAGS[name]}: " + ("reused (inputs unchanged)" if built.seconds is None else f"built in {built.seconds:.0f} s"))
     return built
 
@@ -48,6 +51,11 @@ def _image(name: str, logs: Path):
 @pytest.fixture(scope="session")
 def worker_image(image_logs):
     return _image("worker", image_logs)
+
+
+@pytest.fixture(scope="session")
+def reach_goal_image(image_logs):
+    return _image("reach-goal", image_logs, "worker", **REACH_GOAL)
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +76,11 @@ def _rootfs(tag: str):
 @pytest.fixture(scope="session")
 def worker_rootfs(worker_image):
     yield from _rootfs(worker_image.tag)
+
+
+@pytest.fixture(scope="session")
+def reach_goal_rootfs(reach_goal_image):
+    yield from _rootfs(reach_goal_image.tag)
 
 
 @pytest.fixture(scope="session")

@@ -56,10 +56,18 @@ def _context_files(name: str) -> list[Path]:
     return out
 
 
+def _package_files(directory: str) -> list[Path]:
+    """A user package's source files (USER_PACKAGE_DIR), without build leftovers."""
+    junk = ("__pycache__", "build", "dist")
+    return [f for f in sorted((ROOT / directory).rglob("*")) if f.is_file() and not f.suffix == ".pyc"
+            and not any(p in junk or p.endswith(".egg-info") for p in f.relative_to(ROOT).parts)]
+
+
 def inputs_hash(name: str, build_env: dict[str, str]) -> str:
     h = hashlib.sha256()
+    package = _package_files(build_env["USER_PACKAGE_DIR"]) if build_env.get("USER_PACKAGE_DIR") else []
     for f in [IMAGES / f"{name}.Dockerfile", IMAGES / f"{name}.Dockerfile.dockerignore", IMAGES / "build.sh",
-              *_context_files(name)]:
+              *_context_files(name), *package]:
         h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(json.dumps(sorted(build_env.items())).encode())
     return h.hexdigest()[:32]
@@ -82,10 +90,11 @@ def ensure_base() -> str:
     return LOCAL_BASE
 
 
-def ensure_image(name: str, tag: str, log: Path) -> Built:
-    """`tag` built from images/NAME.Dockerfile, unless an image of that tag has the same inputs."""
+def ensure_image(name: str, tag: str, log: Path, **settings: str) -> Built:
+    """`tag` built from images/NAME.Dockerfile, unless an image of that tag has the same inputs.
+    `settings`: more of images/build.sh's variables (USER_PACKAGE_DIR, USER_IMPORTS)."""
     base = ensure_base()
-    build_env = {"BASE_IMAGE": base, "BASE_ID": image_id(base)}
+    build_env = {"BASE_IMAGE": base, "BASE_ID": image_id(base), **settings}
     if name == "worker" and os.environ.get("TORCH_INDEX_URL"):
         build_env["TORCH_INDEX_URL"] = os.environ["TORCH_INDEX_URL"]
     digest = inputs_hash(name, build_env)

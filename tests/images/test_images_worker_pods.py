@@ -2,7 +2,8 @@
 operator's own builders: learner, buffer, the actor StatefulSet's two pods), each a crun container
 of the image as uid 10001 with a read-only root filesystem, no capabilities and the pod's
 volumes, train CartPole to its stop.meanReturn, counted as the operator counts it (each pod's
-/report, StopRule)."""
+/report, StopRule). The same for the user-package image (examples/custom-env built in with
+USER_PACKAGE/USER_IMPORTS) and its job, with the spaces declared as docs/custom-envs.md asks."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import aiohttp
+import pytest
 import yaml
 
 from oci import crun, pod_container, proc_status
@@ -32,10 +34,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 480
 
 
-def job_pods() -> tuple[object, list[dict], dict, list[dict]]:
-    """(resolved job, pods, {(kind, name): ConfigMap/Secret}, services) for cartpole-ppo."""
-    doc = yaml.safe_load((ROOT / "examples" / "cartpole-ppo.yaml").read_text())
+REACH_GOAL_SPACES = {"observation": {"shape": [2], "dtype": "float32"}, "action": {"n": 3}}
+JOBS = {  # job file, image fixture, env patch
+    "cartpole": ("examples/cartpole-ppo.yaml", "worker", {}),
+    "reach-goal": ("examples/custom-env/reach-goal-ppo.yaml", "reach_goal", {"spaces": REACH_GOAL_SPACES}),
+}
+
+
+def job_pods(path: str, env_patch: dict) -> tuple[object, list[dict], dict, list[dict]]:
+    """(resolved job, pods, {(kind, name): ConfigMap/Secret}, services) for the job file."""
+    doc = yaml.safe_load((ROOT / path).read_text())
     doc["metadata"]["namespace"] = "default"
+    doc["spec"]["env"].update(env_patch)
     job = parse_job(doc)
     resolved, _plan = resolve(job)
     objs = b.children(resolved, job.spec, {}, scrapers=DEFAULT_SCRAPERS, command=WORKER_COMMAND)
@@ -90,11 +100,16 @@ async def _train(resolved, pods: list[dict], containers: dict) -> tuple[str, Acc
         f"--- {n}\n{c.log_tail()}" for n, c in containers.items()))
 
 
-async def test_cartpole_trains_in_worker_containers(worker_image, worker_rootfs, tmp_path):
-    cfg = worker_image.config
+@pytest.mark.parametrize("case", sorted(JOBS))
+async def test_a_job_trains_in_worker_containers(case, request, tmp_path):
+    path, image, env_patch = JOBS[case]
+    cfg = request.getfixturevalue(f"{image}_image").config
+    rootfs = request.getfixturevalue(f"{image}_rootfs")
     assert cfg["User"] == f"{WORKER_UID}:{WORKER_UID}" and cfg["Entrypoint"] == ["tianji"]
-    resolved, pods, refs, services = job_pods()
-    assert sorted(p["metadata"]["labels"][b.LABEL_ROLE] for p in pods) == ["actor", "actor", "buffer", "learner"]
+    resolved, pods, refs, services = job_pods(path, env_patch)
+    t = resolved.spec.topology
+    roles = sorted(p["metadata"]["labels"][b.LABEL_ROLE] for p in pods)
+    assert roles == sorted(["actor"] * t.actors + ["buffer"] * t.buffers + ["learner"] * t.learners)
     ipam = LoopbackIPAM()
     for pod in pods:
         pod["status"] = {"podIP": ipam.allocate(), "phase": "Running",
@@ -106,7 +121,7 @@ async def test_cartpole_trains_in_worker_containers(worker_image, worker_rootfs,
     try:
         for pod in pods:
             n = pod["metadata"]["name"]
-            containers[n] = pod_container(pod, cfg, worker_rootfs, pod["status"]["podIP"], refs, dns.path,
+            containers[n] = pod_container(pod, cfg, rootfs, pod["status"]["podIP"], refs, dns.path,
                                           tmp_path / n, f"tianji-img-{run}-{n}").start()
         why, acc = await _train(resolved, pods, containers)
     finally:
@@ -115,7 +130,7 @@ async def test_cartpole_trains_in_worker_containers(worker_image, worker_rootfs,
     assert acc.mean_return() >= resolved.spec.stop.mean_return and acc.policy_version() > 0
     # Stopped as a kubelet stops them: exit 0 on SIGTERM, the final report in the termination log.
     assert codes == {n: 0 for n in containers}, codes
-    learner = containers["cartpole-ppo-learner-0-0"]
+    learner = containers[f"{resolved.metadata.name}-learner-0-0"]
     final = json.loads(learner.termination.read_text())
     assert final["final"] and final["extra"]["version"] >= acc.policy_version() > 0, final
     # Its checkpoint is on the state volume (TIANJI_STATE_DIR), written as uid 10001.
