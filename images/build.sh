@@ -4,6 +4,7 @@
 #   BASE_IMAGE=...       base of both images (default: the Dockerfiles' python:3.11-slim-bookworm);
 #                        with no registry, make one first: images/local-base.sh (make image-base)
 #   TORCH_INDEX_URL=...  the worker's torch wheel index (default: download.pytorch.org's CPU index)
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST  passed to pip in the build where set
 #   ENGINE=docker|buildah, VERSION (0.1.0), WORKER_TAG, OPERATOR_TAG, ONLY=worker|operator,
 #   BUILD_FLAGS (more options for every build, e.g. --label k=v; word-split)
 #   USER_PACKAGE_DIR=dir, USER_IMPORTS="mod ..."  the worker with your package (docs/custom-envs.md):
@@ -25,21 +26,26 @@ if [ -z "$ENGINE" ]; then
 fi
 # chroot isolation: RUN steps need no cgroup setup (hybrid cgroup hosts and containers refuse crun's).
 export BUILDAH_ISOLATION="${BUILDAH_ISOLATION:-chroot}"
-common="${BUILD_FLAGS:-}"
 if [ -z "${BASE_IMAGE:-}" ]; then
   echo "images/build.sh: base image python:3.11-slim-bookworm from Docker Hub; with no registry reachable," \
        "make image-base and set BASE_IMAGE=localhost/tianji-base:bookworm-py3.11 (images/README.md)" >&2
 fi
-[ -z "${BASE_IMAGE:-}" ] || common="$common --build-arg BASE_IMAGE=$BASE_IMAGE"
 
 build() {  # NAME TAG [extra build args]
   name=$1 tag=$2; shift 2
+  # shellcheck disable=SC2086  # BUILD_FLAGS is a list of options
+  set -- "$@" ${BUILD_FLAGS:-}
+  [ -z "${BASE_IMAGE:-}" ] || set -- "$@" --build-arg "BASE_IMAGE=$BASE_IMAGE"
+  # pip in the build uses the host's index settings
+  [ -z "${PIP_INDEX_URL:-}" ] || set -- "$@" --build-arg "PIP_INDEX_URL=$PIP_INDEX_URL"
+  [ -z "${PIP_EXTRA_INDEX_URL:-}" ] || set -- "$@" --build-arg "PIP_EXTRA_INDEX_URL=$PIP_EXTRA_INDEX_URL"
+  [ -z "${PIP_TRUSTED_HOST:-}" ] || set -- "$@" --build-arg "PIP_TRUSTED_HOST=$PIP_TRUSTED_HOST"
   echo "images/build.sh: $ENGINE: $tag from images/$name.Dockerfile" >&2
   case $ENGINE in
     # BuildKit reads images/NAME.Dockerfile.dockerignore by itself.
-    docker) DOCKER_BUILDKIT=1 docker build -f "images/$name.Dockerfile" -t "$tag" $common "$@" . ;;
+    docker) DOCKER_BUILDKIT=1 docker build -f "images/$name.Dockerfile" -t "$tag" "$@" . ;;
     buildah) buildah build --layers --ignorefile "images/$name.Dockerfile.dockerignore" \
-               -f "images/$name.Dockerfile" -t "$tag" $common "$@" . ;;
+               -f "images/$name.Dockerfile" -t "$tag" "$@" . ;;
     *) echo "images/build.sh: ENGINE must be docker or buildah, not '$ENGINE'" >&2; exit 2 ;;
   esac
 }

@@ -32,6 +32,10 @@ RUN if ! command -v python3 >/dev/null 2>&1; then \
     fi
 
 FROM base AS build
+# The host's index settings, passed by images/build.sh where set (unset ARGs stay out of the env).
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_TRUSTED_HOST
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN python3 -m venv /opt/venv

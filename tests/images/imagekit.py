@@ -95,8 +95,9 @@ def ensure_image(name: str, tag: str, log: Path, **settings: str) -> Built:
     `settings`: more of images/build.sh's variables (USER_PACKAGE_DIR, USER_IMPORTS)."""
     base = ensure_base()
     build_env = {"BASE_IMAGE": base, "BASE_ID": image_id(base), **settings}
-    if name == "worker" and os.environ.get("TORCH_INDEX_URL"):
-        build_env["TORCH_INDEX_URL"] = os.environ["TORCH_INDEX_URL"]
+    for var in ("TORCH_INDEX_URL", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST"):
+        if os.environ.get(var):
+            build_env[var] = os.environ[var]
     digest = inputs_hash(name, build_env)
     cfg = image_config(tag)
     if cfg is not None and (cfg.get("Labels") or {}).get(LABEL) == digest:
