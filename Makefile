@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 export PATH := $(PATH):/usr/local/go/bin
 CLUSTER := PYTHONPATH=cluster $(PY) -m localcluster
 
-.PHONY: install cluster cluster-up cluster-down train test test-fast test-cluster bench crd lint e2e images clean
+.PHONY: install cluster cluster-up cluster-down train test test-fast test-cluster bench crd lint e2e images image-tools image-base test-images clean
 
 install: $(STAMP)
 
@@ -61,11 +61,27 @@ crd: install
 e2e: install
 	$(PY) -m pytest -q -ra tests/e2e --e2e
 
+# Both images (images/README.md): `docker build` where an engine answers, else buildah (no daemon),
+# else a message naming what is missing. Settings pass through: BASE_IMAGE, TORCH_INDEX_URL, ENGINE,
+# VERSION, ONLY=worker|operator. No registry reachable: `make image-base` first, then
+# `make images BASE_IMAGE=localhost/tianji-base:bookworm-py3.11` (and a reachable TORCH_INDEX_URL).
 images:
-	@if docker info >/dev/null 2>&1; then \
-	  docker build -f images/worker.Dockerfile -t tianji-worker:0.1.0 . && \
-	  docker build -f images/operator.Dockerfile -t tianji-operator:0.1.0 . ; \
-	else echo "make images: no Docker engine reachable here (docker info failed); build on a machine with one." ; fi
+	images/build.sh
+
+# buildah, crun and debootstrap from the distribution (Debian/Ubuntu; root).
+image-tools:
+	@command -v apt-get >/dev/null 2>&1 || { echo "make image-tools: no apt-get; install buildah, crun and debootstrap yourself"; exit 2; }
+	apt-get install -y --no-install-recommends buildah crun debootstrap || { apt-get update && apt-get install -y --no-install-recommends buildah crun debootstrap; }
+
+# A python3 base image from Debian's packages (debootstrap), for machines with no registry.
+image-base:
+	images/local-base.sh
+
+# The image tier (tests/images): builds both images (skipped when their inputs did not change) and
+# runs them with crun: a CartPole job in worker containers, the operator's /healthz. Minutes, and
+# gigabytes the first time: not part of `make test`.
+test-images: install
+	TIANJI_TEST_IMAGES=1 $(PY) -m pytest -q -ra -s tests/images $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

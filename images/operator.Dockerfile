@@ -9,18 +9,21 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 FROM base AS build
+# The host's index settings, passed by images/build.sh where set (unset ARGs stay out of the env).
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_TRUSTED_HOST
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY images/constraints.txt images/operator-requirements.txt /tmp/
-RUN pip install -c /tmp/constraints.txt -r /tmp/operator-requirements.txt
+RUN --mount=type=cache,target=/root/.cache/pip pip install -c /tmp/constraints.txt -r /tmp/operator-requirements.txt
 COPY pyproject.toml README.md /src/
 COPY worker /src/worker
 COPY operator /src/operator
-RUN pip install --no-deps /src \
+RUN --mount=type=cache,target=/root/.cache/pip pip install --no-deps /src \
     && python -c "import tianji_operator.__main__, tianji_operator.handlers" \
     && python -m compileall -q /opt/venv
 

@@ -1,0 +1,193 @@
+"""Run a pod the operator built as a crun container, as a kubelet would run it: the image's
+root filesystem (buildah mount, shared read-only by every container of the image), the
+container's command/args in place of the image's ENTRYPOINT/CMD, the image's env then the
+pod's (downward-API fieldRefs resolved), the pod's runAsUser/runAsGroup/fsGroup, no
+capabilities, no privilege escalation, `readOnlyRootFilesystem`, and the pod's volumes:
+configMap and secret items as files (secrets root-owned, group fsGroup, mode 0440 like a
+kubelet with fsGroup), emptyDirs as fresh directories (medium Memory as tmpfs), the
+termination message file, and a cluster hosts file at /etc/hosts in place of cluster DNS.
+
+Network: the node's (no network namespace), one loopback address per pod (status.podIP),
+like the emulator's kubelet. Not modelled: cgroup limits (hybrid cgroups here; see CRUN), the RuntimeDefault seccomp profile."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+CRUN_ROOT = "/run/tianji-images-crun"  # this tier's container state, apart from anyone else's
+MASKED = ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+          "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"]
+READONLY = ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
+# crun refuses hybrid cgroup hosts (v1 controllers, plus a v2 hierarchy with controllers at
+# /sys/fs/cgroup/unified), even with cgroups disabled: it runs in a mount namespace of its own
+# without the v2 mount, where it sees plain v1, and leaves cgroups alone.
+CRUN = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+        'if mountpoint -q /sys/fs/cgroup/unified; then umount -l /sys/fs/cgroup/unified; fi; exec "$@"',
+        "crun", "crun", "--root", CRUN_ROOT, "--cgroup-manager=disabled"]
+
+
+def crun(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([*CRUN, *args], capture_output=True, text=True, check=check)
+
+
+def _field(pod: dict, path: str, ip: str) -> str:
+    meta = pod["metadata"]
+    m = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+    if m:
+        return str((meta.get("labels") or {}).get(m.group(1), ""))
+    values = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"], "status.podIP": ip}
+    assert path in values, f"fieldRef {path} not modelled"
+    return values[path]
+
+
+def container_env(pod: dict, container: dict, image_env: list[str], ip: str) -> list[str]:
+    env = dict(e.split("=", 1) for e in image_env)
+    env["HOSTNAME"] = pod["spec"].get("hostname") or pod["metadata"]["name"]
+    for e in container.get("env") or []:
+        ref = (e.get("valueFrom") or {}).get("fieldRef")
+        assert ref or "valueFrom" not in e, f"env {e['name']}: only fieldRef is modelled"
+        env[e["name"]] = _field(pod, ref["fieldPath"], ip) if ref else str(e.get("value", ""))
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+def _items(source: dict, data: dict[str, bytes]) -> dict[str, bytes]:
+    items = source.get("items") or [{"key": k, "path": k} for k in data]
+    return {it["path"]: data[it["key"]] for it in items}
+
+
+def _object_data(obj: dict) -> dict[str, bytes]:
+    if obj["kind"] == "Secret":
+        out = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+        out.update({k: v.encode() for k, v in (obj.get("stringData") or {}).items()})
+        return out
+    return {k: v.encode() for k, v in (obj.get("data") or {}).items()}
+
+
+def volume_mounts(pod: dict, container: dict, objects: dict, vol_dir: Path) -> list[dict]:
+    """OCI mounts for the container's volumeMounts; `objects`: (kind, name) -> ConfigMap/Secret."""
+    sc = pod["spec"].get("securityContext") or {}
+    fs_group = sc.get("fsGroup", 0)
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+    mounts = []
+    for vm in container.get("volumeMounts") or []:
+        vol = volumes[vm["name"]]
+        src = vol_dir / vm["name"]
+        opts = ["rbind", "ro" if vm.get("readOnly") else "rw", "nosuid", "nodev"]
+        if (vol.get("emptyDir") or {}).get("medium") == "Memory":
+            mounts.append({"destination": vm["mountPath"], "type": "tmpfs", "source": "tmpfs",
+                           "options": ["nosuid", "nodev", "mode=1777", "size=256m"]})
+            continue
+        src.mkdir(parents=True, exist_ok=True)
+        if "emptyDir" in vol:
+            os.chown(src, 0, fs_group)
+            src.chmod(0o2777)  # a kubelet's emptyDir: writable by the pod's user, setgid fsGroup
+        elif "configMap" in vol or "secret" in vol:
+            kind, ref = ("ConfigMap", vol["configMap"]) if "configMap" in vol else ("Secret", vol["secret"])
+            obj = objects[(kind, ref.get("name") or ref.get("secretName"))]
+            mode = 0o440 if kind == "Secret" else 0o444
+            for path, data in _items(ref, _object_data(obj)).items():
+                (src / path).write_bytes(data)
+                os.chown(src / path, 0, fs_group)
+                (src / path).chmod(mode)
+        else:
+            raise AssertionError(f"volume {vm['name']}: {sorted(vol)} not modelled")
+        mounts.append({"destination": vm["mountPath"], "type": "bind", "source": str(src), "options": opts})
+    return mounts
+
+
+def _base_mounts() -> list[dict]:
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+    ]
+
+
+@dataclass
+class Container:
+    """One running container: `crun run` in the foreground, its output in `log`."""
+    cid: str
+    bundle: Path
+    log: Path
+    termination: Path
+    proc: Optional[subprocess.Popen] = None
+    extra: dict = field(default_factory=dict)
+
+    def start(self) -> "Container":
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([*CRUN, "run", "--bundle", str(self.bundle), self.cid],
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def pid(self) -> Optional[int]:
+        r = crun("state", self.cid, check=False)
+        return json.loads(r.stdout).get("pid") if r.returncode == 0 else None
+
+    def stop(self, grace: float = 20.0) -> Optional[int]:
+        """SIGTERM, SIGKILL after `grace` seconds (a kubelet's stop); the exit code."""
+        for sig, wait in (("TERM", grace), ("KILL", 20.0)):
+            if self.proc is None or self.proc.poll() is not None:
+                break
+            crun("kill", self.cid, sig, check=False)
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+        crun("delete", "--force", self.cid, check=False)
+        return None if self.proc is None else self.proc.poll()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+def pod_container(pod: dict, image_cfg: dict, rootfs: str, ip: str, objects: dict, hosts: Path,
+                  work: Path, cid: str) -> Container:
+    """A crun bundle under `work` for the pod's first container (not started)."""
+    spec = pod["spec"]
+    (c,) = spec["containers"]
+    sc, csc = spec.get("securityContext") or {}, c.get("securityContext") or {}
+    assert not (csc.get("capabilities") or {}).get("add"), "added capabilities are not modelled"
+    work.mkdir(parents=True)
+    termination = work / "termination-log"
+    termination.write_bytes(b"")
+    termination.chmod(0o666)
+    uid, gid = csc.get("runAsUser", sc.get("runAsUser")), csc.get("runAsGroup", sc.get("runAsGroup"))
+    argv = [*(c.get("command") or image_cfg.get("Entrypoint") or []), *(c.get("args") or image_cfg.get("Cmd") or [])]
+    no_caps = {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")}
+    config = {
+        "ociVersion": "1.0.2",
+        "process": {"terminal": False, "args": argv, "cwd": c.get("workingDir") or image_cfg.get("WorkingDir") or "/",
+                    "env": container_env(pod, c, image_cfg.get("Env") or [], ip),
+                    "user": {"uid": uid, "gid": gid, "additionalGids": [sc["fsGroup"]] if "fsGroup" in sc else []},
+                    "capabilities": no_caps, "noNewPrivileges": csc.get("allowPrivilegeEscalation") is False},
+        "root": {"path": rootfs, "readonly": bool(csc.get("readOnlyRootFilesystem"))},
+        "hostname": (spec.get("hostname") or pod["metadata"]["name"])[:63],
+        "mounts": [*_base_mounts(), *volume_mounts(pod, c, objects, work / "volumes"),
+                   {"destination": "/etc/hosts", "type": "bind", "source": str(hosts), "options": ["rbind", "ro"]},
+                   {"destination": c.get("terminationMessagePath", "/dev/termination-log"), "type": "bind",
+                    "source": str(termination), "options": ["rbind", "rw"]}],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")],
+                  "maskedPaths": MASKED, "readonlyPaths": READONLY},
+    }
+    (work / "config.json").write_text(json.dumps(config, indent=1))
+    return Container(cid, work, work / "container.log", termination)
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as a map (Uid, Gid, CapEff, NoNewPrivs, ...)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        out[k] = v.strip()
+    return out
