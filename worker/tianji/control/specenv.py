@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import (Field, WithJsonSchema, field_validator, model_validator)
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
 
 
 from tianji.control.specbase import _FieldError, _Model, immutable
@@ -55,6 +55,16 @@ def import_allowed(module: str, listed) -> bool:
 
 # kwargs/config maps: free-form in the CRD (the apiserver keeps them), checked by check_json_like.
 _FREE_FORM = WithJsonSchema({"type": "object", "default": {}, "x-kubernetes-preserve-unknown-fields": True})
+PlainData = Annotated[dict[str, Any], _FREE_FORM, AfterValidator(check_json_like)]
+
+
+def entry_point_of(example: str) -> AfterValidator:
+    """A `module.path:Name` field's check, its error showing `example`."""
+    def check(v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.fullmatch(ENTRY_POINT_PATTERN, v):
+            raise ValueError(f"{v!r}: expected module.path:Class, e.g. {example}")
+        return v
+    return AfterValidator(check)
 
 
 class ObservationSpace(_Model):
@@ -97,22 +107,10 @@ class EnvSpaces(_Model):
 class EnvWrapper(_Model):
     """A Gymnasium wrapper around each env: `Class(env, **kwargs)`, e.g. gymnasium.wrappers:FlattenObservation."""
 
-    entry_point: str = Field(..., max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
-                             description="module.path:Class of a gymnasium.Wrapper (or a function env -> env)")
-    kwargs: Annotated[dict[str, Any], _FREE_FORM] = Field(
-        default_factory=dict, description="its keyword arguments besides the env (plain data)")
-
-    @field_validator("entry_point")
-    @classmethod
-    def _entry_point(cls, v: str) -> str:
-        if not re.fullmatch(ENTRY_POINT_PATTERN, v):
-            raise ValueError(f"{v!r}: expected module.path:Class, e.g. gymnasium.wrappers:FlattenObservation")
-        return v
-
-    @field_validator("kwargs")
-    @classmethod
-    def _plain_kwargs(cls, v: dict) -> dict:
-        return check_json_like(v)
+    entry_point: Annotated[str, entry_point_of("gymnasium.wrappers:FlattenObservation")] = Field(
+        ..., max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
+        description="module.path:Class of a gymnasium.Wrapper (or a function env -> env)")
+    kwargs: PlainData = Field(default_factory=dict, description="its keyword arguments besides the env (plain data)")
 
 
 class EnvConfig(_Model):
@@ -124,8 +122,8 @@ class EnvConfig(_Model):
         default_factory=list, max_length=64,
         description="modules imported before the env is made (they register Gymnasium ids), in actors, "
                     "the evaluator and the profiler only")
-    kwargs: Annotated[dict[str, Any], _FREE_FORM] = Field(
-        default_factory=dict, description="keyword arguments of the env's constructor (plain data)")
+    kwargs: PlainData = Field(default_factory=dict,
+                              description="keyword arguments of the env's constructor (plain data)")
     wrappers: list[EnvWrapper] = Field(
         default_factory=list, max_length=16,
         description="Gymnasium wrappers applied to each env in order (the first wraps the env itself), e.g. "
@@ -149,11 +147,6 @@ class EnvConfig(_Model):
             raise ValueError(f"{v!r}: an entry point is module.path:Name, e.g. mypkg.envs:MyEnv")
         return v
 
-    @field_validator("kwargs")
-    @classmethod
-    def _plain_kwargs(cls, v: dict) -> dict:
-        return check_json_like(v)
-
 
 class ModelConfig(_Model):
     hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(default_factory=lambda: [64, 64])
@@ -164,23 +157,10 @@ class ModelConfig(_Model):
                                "of the parameters (faster where the CPU has bf16 dot products); the stored "
                                "behaviour log-probs are those of that bf16 policy, so the learner sees slightly "
                                "off-policy data")
-    entry_point: Optional[str] = Field(
+    entry_point: Annotated[Optional[str], entry_point_of("mypkg.models:Net")] = Field(
         None, max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
         description="a user's torch module, module.path:Class, built as Class(observation_space, action_space, "
                     "config) (docs/custom-envs.md); its module must be listed in env.imports or model.imports")
     imports: list[ModulePath] = Field(default_factory=list, max_length=64,
                                       description="modules that may provide model.entryPoint")
-    config: Annotated[dict[str, Any], _FREE_FORM] = Field(
-        default_factory=dict, description="plain-data configuration passed to model.entryPoint")
-
-    @field_validator("entry_point")
-    @classmethod
-    def _entry_point(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.fullmatch(ENTRY_POINT_PATTERN, v):
-            raise ValueError(f"{v!r}: expected module.path:Class, e.g. mypkg.models:Net")
-        return v
-
-    @field_validator("config")
-    @classmethod
-    def _plain_config(cls, v: dict) -> dict:
-        return check_json_like(v)
+    config: PlainData = Field(default_factory=dict, description="plain-data configuration passed to model.entryPoint")
