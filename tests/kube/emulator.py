@@ -1,4 +1,7 @@
 """A Kubernetes API emulator for the operator tests: kmock 0.8 plus the gaps it leaves.
+(Over 500 lines on purpose: it is one request path, each rule below a few lines of it; the
+schema rules live in structural.py. The real control plane of tests/cluster checks the same
+behaviour end to end.)
 
 Stock `kmock.KubernetesEmulator` stores objects and serves list/watch/fetch,
 but assigns no uid,
