@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--index", type=int, default=0, help="cluster number 0-15 (separate addresses and folder)")
     ap.add_argument("--dir", type=Path, default=None, help="state folder (default /tmp/tianji-cluster-INDEX)")
+    ap.add_argument("--runtime", choices=["process", "crun"], default="process",
+                    help="how the nodes run pods: processes (fast) or crun containers from local images")
     a = ap.parse_args(argv)
     root = a.dir or Path(f"/tmp/tianji-cluster-{a.index}")
     net = network.Addressing(a.index)
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if (root / "logs").is_dir():
         _kill_all(root)
-    c = LocalCluster(a.nodes, index=a.index, root=root)
+    c = LocalCluster(a.nodes, index=a.index, root=root, agent_args=(f"--runtime={a.runtime}",))
     try:
         c.up()
     except Exception as e:

@@ -137,6 +137,7 @@ class Incarnation:
     exit_code: Optional[int] = None
     signals: list[str] = field(default_factory=list)  # what the kubelet sent (SIGTERM, SIGKILL)
     proc: Any = field(default=None, repr=False)
+    runtime: Any = field(default=None, repr=False)  # a container runtime's handle (kill, finish); None: a process group
 
     @property
     def running(self) -> bool:
@@ -239,11 +240,18 @@ def _killpg(pgid: int, sig: int) -> bool:
         return False
 
 
+def _signal(inc: Incarnation, sig: int) -> bool:
+    """Signal the container: its process group, or through its runtime (crun kill)."""
+    return inc.runtime.kill(sig) if inc.runtime is not None else _killpg(inc.pid, sig)
+
+
 async def reap(inc: Incarnation) -> int:
     """Wait for the container's main process; then SIGKILL whatever is left in its process group
     (the container's cgroup goes with it: no stragglers)."""
     rc = await inc.proc.wait()
-    _killpg(inc.pid, signal.SIGKILL)
+    _signal(inc, signal.SIGKILL)
+    if inc.runtime is not None:
+        await asyncio.to_thread(inc.runtime.finish)
     if inc.exit_code is None:
         inc.exit_code, inc.finished = _exit_code(rc), time.time()
     return inc.exit_code
@@ -253,12 +261,12 @@ async def stop_container(inc: Incarnation, grace: float) -> int:
     """SIGTERM the container's process group, SIGKILL it after `grace` seconds (the kubelet's kill)."""
     if inc.exit_code is not None:
         return inc.exit_code
-    if inc.proc.returncode is None and _killpg(inc.pid, signal.SIGTERM):
+    if inc.proc.returncode is None and _signal(inc, signal.SIGTERM):
         inc.signals.append("SIGTERM")
     try:
         await asyncio.wait_for(asyncio.shield(inc.proc.wait()), max(grace, 0.0))
     except asyncio.TimeoutError:
-        if _killpg(inc.pid, signal.SIGKILL):
+        if _signal(inc, signal.SIGKILL):
             inc.signals.append("SIGKILL")
     return await reap(inc)
 
@@ -450,7 +458,7 @@ class PodWorker:
         return str(int(math.ceil(_quantity(value) / divisor)))
 
     async def _env(self) -> dict[str, str]:
-        env = dict(self.kubelet.image_env)
+        env = dict(await self.kubelet.base_env(self))
         env["HOSTNAME"] = self.hostname
         env.update(self.kubelet.pod_env(self))
         if self.container.get("envFrom"):
@@ -530,11 +538,7 @@ class PodWorker:
         inc = Incarnation(self.namespace, self.name, self.uid, cname, restart, dict(self.labels),
                           argv=[], env=env, log_path=self.dir / "logs" / f"{cname}-{restart}.log",
                           termination_path=termination)
-        inc.argv = self._argv(mounts, termination, env)
-        with open(inc.log_path, "ab") as logf:
-            inc.proc = await asyncio.create_subprocess_exec(
-                *inc.argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=asyncio.subprocess.STDOUT,
-                env=env, start_new_session=True)
+        await self.kubelet.launch(self, inc, mounts)
         inc.pid, inc.started = inc.proc.pid, time.time()
         self.kubelet.pgids.add(inc.pid)
         self.kubelet.incarnations.append(inc)
@@ -764,6 +768,19 @@ class Node:
     async def volume_source(self, worker: PodWorker, vol: dict) -> Optional[Path]:
         """A volume kind this node provides (projected, ...); None: not one of them."""
         return None
+
+    async def base_env(self, worker: PodWorker) -> dict[str, str]:
+        """The image's variables, under everything else (here: this host's Python's)."""
+        return self.image_env
+
+    async def launch(self, worker: PodWorker, inc: Incarnation, mounts: list[tuple[Path, str, bool]]) -> None:
+        """Start the container (sets `inc.proc`): here a process in a mount and UTS namespace of
+        its own (a container runtime overrides this; crunruntime.py)."""
+        inc.argv = worker._argv(mounts, inc.termination_path, inc.env)
+        with open(inc.log_path, "ab") as logf:
+            inc.proc = await asyncio.create_subprocess_exec(
+                *inc.argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=asyncio.subprocess.STDOUT,
+                env=inc.env, start_new_session=True)
 
     async def read(self, resource: str, namespace: str, name: str) -> Optional[dict]:
         """A ConfigMap or Secret (`resource` configmaps|secrets) the pod refers to; None if absent."""
