@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import network
 from .cluster import BIN, LocalCluster, missing_programs
+from .crunruntime import sweep
 
 
 def _kill_all(root: Path, grace: float = 10.0) -> int:
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                     except ProcessLookupError:
                         pass
         network.down_all(net)
+        for node_root in sorted((root / "nodes").glob("*")):  # containers of a --runtime=crun cluster
+            sweep(node_root)
         print(f"local cluster {a.index}: stopped {n} processes, network removed")
         return 0
     if a.command == "status":

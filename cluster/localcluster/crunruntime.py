@@ -19,9 +19,11 @@ bookkeeping, as in the process mode), the RuntimeDefault seccomp profile, image 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,11 +78,36 @@ def _image_user(cfg: dict) -> tuple[Optional[int], Optional[int]]:
     return (int(user) if user.isdigit() else None), (int(group) if group.isdigit() else None)
 
 
+def _node_key(node_root: Path) -> str:
+    return hashlib.sha1(str(Path(node_root).resolve()).encode()).hexdigest()[:12]
+
+
+def crun_root(node_root: Path) -> str:
+    """crun's state folder of the node whose agent has --root `node_root` (short: crun keeps sockets there)."""
+    return f"/run/tianji-crun/{_node_key(node_root)}"
+
+
+def sweep(node_root: Path) -> None:
+    """Remove what a node's pods left (an agent killed before it cleaned up): crun containers,
+    the pods' buildah working containers (named after the node), crun's folder."""
+    root = crun_root(node_root)
+    for cid in os.listdir(root) if os.path.isdir(root) else []:
+        crun("delete", "--force", cid, check=False, root=root)
+    with contextlib.suppress(OSError):
+        os.rmdir(root)
+    if shutil.which("buildah") is None:
+        return
+    prefix = f"tianji-pod-{_node_key(node_root)}-"
+    names = buildah("containers", "--format", "{{.ContainerName}}").stdout.split()
+    for name in (n for n in names if n.startswith(prefix)):
+        buildah("rm", name)
+
+
 class CrunRuntime:
     def __init__(self, node: "Node"):
         self.node = node
-        # crun's state, one folder per node (short: crun keeps sockets under it)
-        self.root = f"/run/tianji-crun/{hashlib.sha1(str(node.root.resolve()).encode()).hexdigest()[:12]}"
+        self.root = crun_root(node.root)
+        self.prefix = f"tianji-pod-{_node_key(node.root)}-"
         self.pods: dict[str, PodImage] = {}
 
     async def image(self, w: "PodWorker") -> PodImage:
@@ -95,7 +122,7 @@ class CrunRuntime:
             raise PodStartError("ErrImageNeverPull", f'image "{ref}" is not in this node\'s storage '
                                 f'(`buildah images`; this node pulls nothing: build it with images/build.sh)')
         cfg = json.loads(r.stdout)["OCIv1"]["config"]
-        name = f"tianji-pod-{w.uid}"
+        name = f"{self.prefix}{w.uid}"
         await asyncio.to_thread(buildah, "rm", name)  # a leftover of a killed agent
         made = await asyncio.to_thread(buildah, "from", "--pull-never", "--name", name, ref)
         mounted = await asyncio.to_thread(buildah, "mount", name) if made.returncode == 0 else made
@@ -137,23 +164,39 @@ class CrunRuntime:
             raise PodStartError("CreateContainerConfigError", "no command and the image has no ENTRYPOINT or CMD")
         return [_expand(str(a), env) for a in argv]
 
-    def _share_volumes(self, w: "PodWorker", fs_group: Optional[int]) -> None:
-        """emptyDirs as a kubelet makes them: world-writable, setgid fsGroup (the process mode runs
-        as root and needs neither)."""
+    def _volume_dirs(self, w: "PodWorker") -> list[tuple[Path, bool]]:
+        """(host folder, written by the pod) of the pod's volumes that pods.py made."""
+        kinds = {"emptyDir": "empty-dir", "configMap": "configmap", "secret": "secret", "projected": "projected"}
+        out = []
         for vol in w.spec.get("volumes") or []:
-            if "emptyDir" not in vol:
+            kind = next((k for k in kinds if k in vol), None)
+            if kind is not None:
+                out.append((w.dir / "volumes" / kinds[kind] / vol["name"], kind == "emptyDir"))
+                if kind == "emptyDir":
+                    out.append((self.node.shm_root / f"{w.uid[:8]}-{vol['name']}", True))
+        return [(d, rw) for d, rw in out if d.is_dir()]
+
+    def _own_volumes(self, w: "PodWorker", fs_group: Optional[int]) -> None:
+        """Volume ownership as a kubelet sets it (the process mode runs as root and needs none):
+        emptyDirs world-writable; with fsGroup every file group-owned by it, readable (0440) in
+        configMap/secret/projected volumes, writable (0660) in emptyDirs, folders setgid."""
+        for top, rw in self._volume_dirs(w):
+            if rw:
+                top.chmod(0o777)
+            if fs_group is None:
                 continue
-            for d in (w.dir / "volumes" / "empty-dir" / vol["name"], self.node.shm_root / f"{w.uid[:8]}-{vol['name']}"):
-                if d.is_dir():
-                    if fs_group is not None:
-                        os.chown(d, -1, fs_group)
-                    d.chmod(0o2777 if fs_group is not None else 0o777)
+            for path in [top, *top.rglob("*")]:
+                os.lchown(path, -1, fs_group)
+                if path.is_dir():
+                    path.chmod(path.stat().st_mode & 0o7777 | 0o2000 | (0o070 if rw else 0o050))
+                elif path.is_file():
+                    path.chmod(path.stat().st_mode & 0o7777 | (0o660 if rw else 0o440))
 
     async def launch(self, w: "PodWorker", inc: "Incarnation", mounts: list[tuple[Path, str, bool]]) -> None:
         img = await self.image(w)
         csc = w.container.get("securityContext") or {}
         user = self._user(w, img.config)
-        self._share_volumes(w, (w.spec.get("securityContext") or {}).get("fsGroup"))
+        self._own_volumes(w, (w.spec.get("securityContext") or {}).get("fsGroup"))
         inc.termination_path.chmod(0o666)
         binds = [*mounts, *self.node.sandbox_files(w)]
         tpath = w.container.get("terminationMessagePath", "/dev/termination-log")
@@ -182,5 +225,9 @@ class CrunRuntime:
         """The pod is gone: its working container (and root filesystem) too."""
         img = self.pods.pop(w.uid, None)
         if img is not None:
-            await asyncio.to_thread(buildah, "umount", img.name)
             await asyncio.to_thread(buildah, "rm", img.name)
+
+    async def close(self) -> None:
+        """The agent stops (its pods are stopped): what is left of them."""
+        self.pods.clear()
+        await asyncio.to_thread(sweep, self.node.root)

@@ -286,6 +286,8 @@ class NodeAgent(Node):
             if not t.cancelled() and t.exception() is not None:
                 log.error("node agent: %s failed: %r", t.get_name(), t.exception())
         await self.stop_pods(grace=5.0)
+        if self.crun is not None:
+            await self.crun.close()
         await self.http.close()
 
 
