@@ -23,17 +23,16 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from . import network
 from .ocibundle import bind, crun, crun_argv, oci_config
-
-if TYPE_CHECKING:
-    from .pods import Incarnation, Node, PodWorker
+from .pods import Incarnation, Node, PodStartError, PodWorker, _expand
 
 # What containerd gives a container unless its securityContext drops or adds capabilities.
 DEFAULT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
@@ -66,7 +65,12 @@ class CrunContainer:
 
 
 def capabilities(csc: dict) -> list[str]:
+    """The container's capability set: containerd's default less `drop` plus `add`."""
     caps = csc.get("capabilities") or {}
+    names = [str(c) for c in [*(caps.get("drop") or []), *(caps.get("add") or [])]]
+    bad = [c for c in names if not re.fullmatch(r"(CAP_)?[A-Z_]{2,32}", c.upper())]
+    if bad:
+        raise PodStartError("CreateContainerConfigError", f"capabilities: not capability names: {bad}")
     drop = {c.upper().removeprefix("CAP_") for c in caps.get("drop") or []}
     keep = [] if "ALL" in drop else [c for c in DEFAULT_CAPS if c not in drop]
     add = [c.upper().removeprefix("CAP_") for c in caps.get("add") or []]
@@ -104,21 +108,21 @@ def sweep(node_root: Path) -> None:
 
 
 class CrunRuntime:
-    def __init__(self, node: "Node"):
+    def __init__(self, node: Node):
         self.node = node
         self.root = crun_root(node.root)
         self.prefix = f"tianji-pod-{_node_key(node.root)}-"
         self.pods: dict[str, PodImage] = {}
 
-    async def image(self, w: "PodWorker") -> PodImage:
+    async def image(self, w: PodWorker) -> PodImage:
         """The pod's working container, made on first use; ErrImageNeverPull if the image is absent."""
-        from .pods import PodStartError
-
         if w.uid in self.pods:
             return self.pods[w.uid]
-        ref = w.container.get("image") or ""
+        ref = str(w.container.get("image") or "")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}", ref):  # (never a buildah option)
+            raise PodStartError("InvalidImageName", f'image "{ref[:100]}" is not an image reference')
         r = await asyncio.to_thread(buildah, "inspect", "--type", "image", ref)
-        if not ref or r.returncode != 0:
+        if r.returncode != 0:
             raise PodStartError("ErrImageNeverPull", f'image "{ref}" is not in this node\'s storage '
                                 f'(`buildah images`; this node pulls nothing: build it with images/build.sh)')
         cfg = json.loads(r.stdout)["OCIv1"]["config"]
@@ -131,15 +135,13 @@ class CrunRuntime:
         self.pods[w.uid] = PodImage(name, mounted.stdout.strip(), cfg)
         return self.pods[w.uid]
 
-    async def base_env(self, w: "PodWorker") -> dict[str, str]:
+    async def base_env(self, w: PodWorker) -> dict[str, str]:
         cfg = (await self.image(w)).config
         env = dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
         env.setdefault("HOME", "/")
         return env
 
-    def _user(self, w: "PodWorker", cfg: dict) -> tuple[int, int, list[int]]:
-        from .pods import PodStartError
-
+    def _user(self, w: PodWorker, cfg: dict) -> tuple[int, int, list[int]]:
         sc, csc = w.spec.get("securityContext") or {}, w.container.get("securityContext") or {}
         img_uid, img_gid = _image_user(cfg)
         uid = csc.get("runAsUser", sc.get("runAsUser", img_uid))
@@ -152,9 +154,7 @@ class CrunRuntime:
         groups = [*([sc["fsGroup"]] if "fsGroup" in sc else []), *(sc.get("supplementalGroups") or [])]
         return int(uid), int(gid or 0), [int(g) for g in groups]
 
-    def _argv(self, w: "PodWorker", cfg: dict, env: dict[str, str]) -> list[str]:
-        from .pods import PodStartError, _expand
-
+    def _argv(self, w: PodWorker, cfg: dict, env: dict[str, str]) -> list[str]:
         c = w.container
         if c.get("command"):
             argv = [*c["command"], *(c.get("args") or [])]
@@ -164,7 +164,7 @@ class CrunRuntime:
             raise PodStartError("CreateContainerConfigError", "no command and the image has no ENTRYPOINT or CMD")
         return [_expand(str(a), env) for a in argv]
 
-    def _volume_dirs(self, w: "PodWorker") -> list[tuple[Path, bool]]:
+    def _volume_dirs(self, w: PodWorker) -> list[tuple[Path, bool]]:
         """(host folder, written by the pod) of the pod's volumes that pods.py made."""
         kinds = {"emptyDir": "empty-dir", "configMap": "configmap", "secret": "secret", "projected": "projected"}
         out = []
@@ -176,7 +176,7 @@ class CrunRuntime:
                     out.append((self.node.shm_root / f"{w.uid[:8]}-{vol['name']}", True))
         return [(d, rw) for d, rw in out if d.is_dir()]
 
-    def _own_volumes(self, w: "PodWorker", fs_group: Optional[int]) -> None:
+    def _own_volumes(self, w: PodWorker, fs_group: Optional[int]) -> None:
         """Volume ownership as a kubelet sets it (the process mode runs as root and needs none):
         emptyDirs world-writable; with fsGroup every file group-owned by it, readable (0440) in
         configMap/secret/projected volumes, writable (0660) in emptyDirs, folders setgid."""
@@ -192,7 +192,7 @@ class CrunRuntime:
                 elif path.is_file():
                     path.chmod(path.stat().st_mode & 0o7777 | (0o660 if rw else 0o440))
 
-    async def launch(self, w: "PodWorker", inc: "Incarnation", mounts: list[tuple[Path, str, bool]]) -> None:
+    async def launch(self, w: PodWorker, inc: Incarnation, mounts: list[tuple[Path, str, bool]]) -> None:
         img = await self.image(w)
         csc = w.container.get("securityContext") or {}
         user = self._user(w, img.config)
@@ -221,7 +221,7 @@ class CrunRuntime:
                 *inc.argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True)
 
-    async def release(self, w: "PodWorker") -> None:
+    async def release(self, w: PodWorker) -> None:
         """The pod is gone: its working container (and root filesystem) too."""
         img = self.pods.pop(w.uid, None)
         if img is not None:

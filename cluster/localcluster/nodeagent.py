@@ -23,6 +23,7 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any, Optional
@@ -317,6 +318,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--runtime", choices=["process", "crun"], default="process",
                     help="pods as processes from this host's Python, or as crun containers from their images")
     a = ap.parse_args(argv)
+    missing = [t for t in ("crun", "buildah", "unshare") if a.runtime == "crun" and shutil.which(t) is None]
+    if missing:
+        ap.error(f"--runtime=crun needs {', '.join(missing)} (make image-tools)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = NodeSpec(a.name, a.ip, cpu=a.cpu, memory=a.memory, gpus=a.gpus,
                     extended=dict(r.split("=", 1) for r in a.resource), labels=dict(x.split("=", 1) for x in a.label))

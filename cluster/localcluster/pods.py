@@ -1,6 +1,7 @@
 """What a kubelet does for a pod, shared by the local cluster's node agent (real API server,
 `nodeagent.py`) and the tests' emulator kubelet (tests/kube/kubelet.py): every Pod runs as a
-local process started from its spec.
+local process started from its spec (`Node.launch`; the node agent's `--runtime=crun` runs a
+container from the pod's image instead: crunruntime.py).
 
 * container: `command` + `args` (the "image" is this host's Python: there is no ENTRYPOINT,
   `command` is required), env with `$(VAR)` expansion and the downward API (`fieldRef`,
