@@ -28,9 +28,10 @@ cluster:
 	@command -v go >/dev/null 2>&1 || { echo "make cluster: needs Go >= 1.26 (go not found on PATH)"; exit 2; }
 	bash cluster/build.sh
 
-# A local cluster (2 nodes as network namespaces, pods as processes) for people; see docs/local-cluster.md.
+# A local cluster (2 nodes as network namespaces, pods as processes; RUNTIME=crun: containers from
+# the images in buildah storage) for people; see docs/local-cluster.md.
 cluster-up: install cluster
-	$(CLUSTER) up
+	$(CLUSTER) up $(if $(RUNTIME),--runtime=$(RUNTIME))
 
 cluster-down:
 	$(CLUSTER) down

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import network
 from .cluster import BIN, LocalCluster, missing_programs
+from .crunruntime import sweep
 
 
 def _kill_all(root: Path, grace: float = 10.0) -> int:
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--index", type=int, default=0, help="cluster number 0-15 (separate addresses and folder)")
     ap.add_argument("--dir", type=Path, default=None, help="state folder (default /tmp/tianji-cluster-INDEX)")
+    ap.add_argument("--runtime", choices=["process", "crun"], default="process",
+                    help="how the nodes run pods: processes (fast) or crun containers from local images")
     a = ap.parse_args(argv)
     root = a.dir or Path(f"/tmp/tianji-cluster-{a.index}")
     net = network.Addressing(a.index)
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                     except ProcessLookupError:
                         pass
         network.down_all(net)
+        for node_root in sorted((root / "nodes").glob("*")):  # containers of a --runtime=crun cluster
+            sweep(node_root)
         print(f"local cluster {a.index}: stopped {n} processes, network removed")
         return 0
     if a.command == "status":
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if (root / "logs").is_dir():
         _kill_all(root)
-    c = LocalCluster(a.nodes, index=a.index, root=root)
+    c = LocalCluster(a.nodes, index=a.index, root=root, agent_args=(f"--runtime={a.runtime}",))
     try:
         c.up()
     except Exception as e:

@@ -132,6 +132,10 @@ class NodeHandle:
         for ns in network.namespaces():
             if ns.startswith(self.netns + "-"):
                 network.delete_ns(ns)
+        if "--runtime=crun" in self.cluster.agent_args:  # pods' containers an agent killed left behind
+            from .crunruntime import sweep
+
+            sweep(self.root)
 
     def shutdown(self, grace: float = 15.0) -> None:
         """A clean stop: the agent stops its pods (SIGTERM, grace), then everything left is killed."""

@@ -49,6 +49,7 @@ class Incarnation:
     exit_code: Optional[int] = None
     signals: list[str] = field(default_factory=list)  # what the kubelet sent (SIGTERM, SIGKILL)
     proc: Any = field(default=None, repr=False)
+    runtime: Any = field(default=None, repr=False)  # a container runtime's handle (kill, finish); None: a process group
 
     @property
     def running(self) -> bool:
@@ -128,11 +129,18 @@ def kill_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def _signal(inc: Incarnation, sig: int) -> bool:
+    """Signal the container: its process group, or through its runtime (crun kill)."""
+    return inc.runtime.kill(sig) if inc.runtime is not None else kill_group(inc.pid, sig)
+
+
 async def reap(inc: Incarnation) -> int:
     """Wait for the container's main process; then SIGKILL whatever is left in its process group
     (the container's cgroup goes with it: no stragglers)."""
     rc = await inc.proc.wait()
-    kill_group(inc.pid, signal.SIGKILL)
+    _signal(inc, signal.SIGKILL)
+    if inc.runtime is not None:
+        await asyncio.to_thread(inc.runtime.finish)
     if inc.exit_code is None:
         inc.exit_code, inc.finished = _exit_code(rc), time.time()
     return inc.exit_code
@@ -142,11 +150,11 @@ async def stop_container(inc: Incarnation, grace: float) -> int:
     """SIGTERM the container's process group, SIGKILL it after `grace` seconds (the kubelet's kill)."""
     if inc.exit_code is not None:
         return inc.exit_code
-    if inc.proc.returncode is None and kill_group(inc.pid, signal.SIGTERM):
+    if inc.proc.returncode is None and _signal(inc, signal.SIGTERM):
         inc.signals.append("SIGTERM")
     try:
         await asyncio.wait_for(asyncio.shield(inc.proc.wait()), max(grace, 0.0))
     except asyncio.TimeoutError:
-        if kill_group(inc.pid, signal.SIGKILL):
+        if _signal(inc, signal.SIGKILL):
             inc.signals.append("SIGKILL")
     return await reap(inc)

@@ -10,7 +10,10 @@ network namespace on the node IP, any other pod in a namespace of its own with a
 node's podCIDR (allocated by the controller manager's node IPAM). Every pod gets /etc/hosts,
 /etc/resolv.conf pointing at the cluster DNS (dnsPolicy honoured), the service-account token
 through its projected volume (TokenRequest, bound to the pod), and KUBERNETES_SERVICE_HOST/PORT.
-Its identity is `system:node:<name>`, so the Node authorizer limits it to its own pods' objects."""
+Its identity is `system:node:<name>`, so the Node authorizer limits it to its own pods' objects.
+
+`--runtime=crun`: each pod's container runs from its image under crun instead (crunruntime.py),
+in the same network namespace, with the same volumes, env, stop and log file."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +23,7 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any, Optional
@@ -30,8 +34,9 @@ import aiohttp
 from . import network
 from .api import Api, ApiError
 from .nodeobject import NodeSpec
+from .crunruntime import CrunRuntime
 from .kubeletserver import KubeletServer
-from .pods import Node, PodWorker, iso
+from .pods import Incarnation, Node, PodWorker, iso
 
 log = logging.getLogger("tianji.localcluster.nodeagent")
 LEASE_S, RENEW_S, STATUS_S = 40, 2.0, 10.0
@@ -44,8 +49,9 @@ def pod_path(namespace: str, name: str, sub: str = "") -> str:
 
 class NodeAgent(Node):
     def __init__(self, api: Api, spec: NodeSpec, root: Path, *, cluster_ns: str, dns_ip: str, domain: str,
-                 api_host: str, api_port: int, **kwargs: Any):
+                 api_host: str, api_port: int, runtime: str = "process", **kwargs: Any):
         super().__init__(root, node_name=spec.name, host_ip=spec.ip, **kwargs)
+        self.crun: Optional[CrunRuntime] = CrunRuntime(self) if runtime == "crun" else None
         self.api, self.spec = api, spec
         self.net_api: Optional[Api] = None  # the network plugin's identity (routes between nodes)
         self.node_ns, self.dns_ip, self.domain = cluster_ns, dns_ip, domain
@@ -160,6 +166,8 @@ class NodeAgent(Node):
         return ip
 
     async def release_sandbox(self, w: PodWorker) -> None:
+        if self.crun is not None:
+            await self.crun.release(w)
         ns = w.sandbox_ns
         if ns:
             await asyncio.to_thread(network.down_pod, ns)
@@ -216,6 +224,15 @@ class NodeAgent(Node):
         target = w.dir / "volumes" / "projected" / vol["name"]
         return await project(self, w, vol["projected"], target)
 
+    async def base_env(self, w: PodWorker) -> dict[str, str]:
+        return await self.crun.base_env(w) if self.crun is not None else await super().base_env(w)
+
+    async def launch(self, w: PodWorker, inc: Incarnation, mounts: list[tuple[Path, str, bool]]) -> None:
+        if self.crun is not None:
+            await self.crun.launch(w, inc, mounts)
+        else:
+            await super().launch(w, inc, mounts)
+
     async def read(self, resource: str, namespace: str, name: str) -> Optional[dict]:
         return await self.api.get(f"/api/v1/namespaces/{quote(namespace)}/{resource}/{quote(name)}")
 
@@ -271,6 +288,8 @@ class NodeAgent(Node):
             if not t.cancelled() and t.exception() is not None:
                 log.error("node agent: %s failed: %r", t.get_name(), t.exception())
         await self.stop_pods(grace=5.0)
+        if self.crun is not None:
+            await self.crun.close()
         await self.http.close()
 
 
@@ -299,7 +318,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--backoff-base", type=float, default=10.0)
     ap.add_argument("--backoff-max", type=float, default=300.0)
     ap.add_argument("--probe-period-cap", type=float, default=None)
+    ap.add_argument("--runtime", choices=["process", "crun"], default="process",
+                    help="pods as processes from this host's Python, or as crun containers from their images")
     a = ap.parse_args(argv)
+    missing = [t for t in ("crun", "buildah", "unshare") if a.runtime == "crun" and shutil.which(t) is None]
+    if missing:
+        ap.error(f"--runtime=crun needs {', '.join(missing)} (make image-tools)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = NodeSpec(a.name, a.ip, cpu=a.cpu, memory=a.memory, gpus=a.gpus,
                     extended=dict(r.split("=", 1) for r in a.resource), labels=dict(x.split("=", 1) for x in a.label))
@@ -310,7 +334,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             api = await stack.enter_async_context(Api(a.server, a.ca, a.cert, a.key))
             agent = NodeAgent(api, spec, a.root, cluster_ns=a.netns, dns_ip=a.dns, domain=a.domain,
                               api_host=host[0], api_port=int(host[1]), backoff_base=a.backoff_base,
-                              backoff_max=a.backoff_max, probe_period_cap=a.probe_period_cap)
+                              backoff_max=a.backoff_max, probe_period_cap=a.probe_period_cap,
+                              runtime=a.runtime)
             if a.net_cert:
                 agent.net_api = await stack.enter_async_context(Api(a.server, a.ca, a.net_cert, a.net_key))
             if a.serving_cert:

@@ -138,7 +138,7 @@ class PodInputs:
         return str(int(math.ceil(_quantity(value) / divisor)))
 
     async def _env(self) -> dict[str, str]:
-        env = dict(self.kubelet.image_env)
+        env = dict(await self.kubelet.base_env(self))
         env["HOSTNAME"] = self.hostname
         env.update(self.kubelet.pod_env(self))
         if self.container.get("envFrom"):

@@ -1,6 +1,7 @@
 """What a kubelet does for a pod, shared by the local cluster's node agent (real API server,
 `nodeagent.py`) and the tests' emulator kubelet (tests/kube/kubelet.py): every Pod runs as a
-local process started from its spec.
+local process started from its spec (`Node.launch`; the node agent's `--runtime=crun` runs a
+container from the pod's image instead: crunruntime.py).
 
 * container: `command` + `args` (the "image" is this host's Python: there is no ENTRYPOINT,
   `command` is required), env with `$(VAR)` expansion and the downward API (`fieldRef`,
@@ -242,11 +243,7 @@ class PodWorker(PodInputs, Probes):
         inc = Incarnation(self.namespace, self.name, self.uid, cname, restart, dict(self.labels),
                           argv=[], env=env, log_path=self.dir / "logs" / f"{cname}-{restart}.log",
                           termination_path=termination)
-        inc.argv = self._argv(mounts, termination, env)
-        with open(inc.log_path, "ab") as logf:
-            inc.proc = await asyncio.create_subprocess_exec(
-                *inc.argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=asyncio.subprocess.STDOUT,
-                env=env, start_new_session=True)
+        await self.kubelet.launch(self, inc, mounts)
         inc.pid, inc.started = inc.proc.pid, time.time()
         self.kubelet.pgids.add(inc.pid)
         self.kubelet.incarnations.append(inc)
@@ -418,6 +415,19 @@ class Node:
     async def volume_source(self, worker: PodWorker, vol: dict) -> Optional[Path]:
         """A volume kind this node provides (projected, ...); None: not one of them."""
         return None
+
+    async def base_env(self, worker: PodWorker) -> dict[str, str]:
+        """The image's variables, under everything else (here: this host's Python's)."""
+        return self.image_env
+
+    async def launch(self, worker: PodWorker, inc: Incarnation, mounts: list[tuple[Path, str, bool]]) -> None:
+        """Start the container (sets `inc.proc`): here a process in a mount and UTS namespace of
+        its own (a container runtime overrides this; crunruntime.py)."""
+        inc.argv = worker._argv(mounts, inc.termination_path, inc.env)
+        with open(inc.log_path, "ab") as logf:
+            inc.proc = await asyncio.create_subprocess_exec(
+                *inc.argv, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=asyncio.subprocess.STDOUT,
+                env=inc.env, start_new_session=True)
 
     async def read(self, resource: str, namespace: str, name: str) -> Optional[dict]:
         """A ConfigMap or Secret (`resource` configmaps|secrets) the pod refers to; None if absent."""

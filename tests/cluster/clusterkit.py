@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from localcluster import network
 from localcluster.cluster import BIN, LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,11 +52,23 @@ OPERATOR_VALUES = ("--set", "operator.monitorInterval=1", "--set", "operator.aut
                    "--set", "operator.handlerBackoff=1", "--set", "operator.promqlWindow=10s")
 
 
-def install_operator(c: LocalCluster, prometheus_url: str) -> None:
-    """`helm upgrade --install` of charts/tianji-operator; waits for the operator pod to be Ready."""
+def free_index() -> int:
+    """A cluster number whose bridge is not in use (a person's `make cluster-up` takes 0), or
+    TIANJI_CLUSTER_INDEX: two test sessions started at once could otherwise pick the same one."""
+    if os.environ.get("TIANJI_CLUSTER_INDEX"):
+        return int(os.environ["TIANJI_CLUSTER_INDEX"])
+    for i in range(1, 16):
+        if not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
+            return i
+    raise RuntimeError("all 15 local-cluster address ranges are in use")
+
+
+def install_operator(c: LocalCluster, prometheus_url: Optional[str], values: tuple[str, ...] = ()) -> None:
+    """`helm upgrade --install` of charts/tianji-operator; waits for the operator pod to be Ready.
+    `values`: more helm flags (--set image.tag=...)."""
+    allow = ("--set-json", f'operator.prometheusAllowList=["{prometheus_url}"]') if prometheus_url else ()
     helm(c, "upgrade", "--install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
-         *OPERATOR_VALUES, "--set-json", f'operator.prometheusAllowList=["{prometheus_url}"]',
-         "--wait", "--timeout=180s")
+         *OPERATOR_VALUES, *allow, *values, "--wait", "--timeout=180s")
 
 
 def rendered_service_monitor(c: LocalCluster) -> dict:

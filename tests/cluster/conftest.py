@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import network
 from localcluster.cluster import BIN, LocalCluster, missing_programs
 from localcluster.pods import unavailable_reason
 
-from clusterkit import OPERATOR_NS, RELEASE, helm, install_operator
+from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator
 
 # Faster than a kubelet's defaults, as the emulator tier runs them: restarts back off from 1 s.
 AGENT_ARGS = ("--backoff-base=1", "--backoff-max=10", "--probe-period-cap=1")
@@ -30,17 +29,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/cluster/" in str(item.fspath):
             item.add_marker(pytest.mark.cluster)
-
-
-def _free_index() -> int:
-    """A cluster number whose bridge is not in use (a person's `make cluster-up` takes 0), or
-    TIANJI_CLUSTER_INDEX: two test sessions started at once could otherwise pick the same one."""
-    if os.environ.get("TIANJI_CLUSTER_INDEX"):
-        return int(os.environ["TIANJI_CLUSTER_INDEX"])
-    for i in range(1, 16):
-        if not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
-            return i
-    raise RuntimeError("all 15 local-cluster address ranges are in use")
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +44,7 @@ def cluster() -> LocalCluster:
     # Not under pytest's basetemp: another pytest session started meanwhile prunes old basetemps,
     # and this cluster's etcd, certificates and pods live here for the whole session.
     root = Path(tempfile.mkdtemp(prefix="tianji-cluster-"))
-    c = LocalCluster(2, index=_free_index(), root=root, agent_args=AGENT_ARGS)
+    c = LocalCluster(2, index=free_index(), root=root, agent_args=AGENT_ARGS)
     try:
         c.up()
     except BaseException:

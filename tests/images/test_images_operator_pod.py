@@ -11,7 +11,7 @@ import uuid
 import aiohttp
 import yaml
 
-from oci import crun, pod_container, proc_status
+from localcluster.ocibundle import crun, pod_container, proc_status
 
 from helpers import free_port
 from kube.kubelet import ClusterDNS

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import yaml
 
-from oci import crun, pod_container, proc_status
+from localcluster.ocibundle import crun, pod_container, proc_status
 
 from kube.kubelet import ClusterDNS, LoopbackIPAM
 from tianji.control.accounting import Accounting, StopRule

@@ -1,14 +1,14 @@
-"""Run a pod the operator built as a crun container, as a kubelet would run it: the image's
-root filesystem (buildah mount, shared read-only by every container of the image), the
-container's command/args in place of the image's ENTRYPOINT/CMD, the image's env then the
-pod's (downward-API fieldRefs resolved), the pod's runAsUser/runAsGroup/fsGroup, no
-capabilities, no privilege escalation, `readOnlyRootFilesystem`, and the pod's volumes:
-configMap and secret items as files (secrets root-owned, group fsGroup, mode 0440 like a
-kubelet with fsGroup), emptyDirs as fresh directories (medium Memory as tmpfs), the
-termination message file, and a cluster hosts file at /etc/hosts in place of cluster DNS.
+"""OCI bundles for crun: a container as a kubelet would run it from an image (the image's
+root filesystem from a buildah mount, the container's command/args in place of the image's
+ENTRYPOINT/CMD, env, user, capabilities, no_new_privs, readOnlyRootFilesystem, bind-mounted
+volumes, hostname, optionally a network namespace to join).
 
-Network: the node's (no network namespace), one loopback address per pod (status.podIP),
-like the emulator's kubelet. Not modelled: cgroup limits (hybrid cgroups here; see CRUN), the RuntimeDefault seccomp profile."""
+`oci_config` is the one config writer; the local cluster's crun runtime (crunruntime.py) and
+the image tier (tests/images: `pod_container`, a pod without a cluster, configMap/secret items
+written here, emptyDirs as fresh directories, a cluster hosts file at /etc/hosts) use it.
+
+Not modelled: cgroup limits (crun refuses this machine's hybrid cgroups, see CRUN), the
+RuntimeDefault seccomp profile."""
 from __future__ import annotations
 
 import base64
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-CRUN_ROOT = "/run/tianji-images-crun"  # this tier's container state, apart from anyone else's
+CRUN_ROOT = "/run/tianji-images-crun"  # the image tier's container state, apart from anyone else's
 MASKED = ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
           "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"]
 READONLY = ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
@@ -29,13 +29,17 @@ READONLY = ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "
 # crun refuses hybrid cgroup hosts (v1 controllers, plus a v2 hierarchy with controllers at
 # /sys/fs/cgroup/unified), even with cgroups disabled: it runs in a mount namespace of its own
 # without the v2 mount, where it sees plain v1, and leaves cgroups alone.
-CRUN = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'if mountpoint -q /sys/fs/cgroup/unified; then umount -l /sys/fs/cgroup/unified; fi; exec "$@"',
-        "crun", "crun", "--root", CRUN_ROOT, "--cgroup-manager=disabled"]
+def crun_argv(root: str = CRUN_ROOT) -> list[str]:
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'if mountpoint -q /sys/fs/cgroup/unified; then umount -l /sys/fs/cgroup/unified; fi; exec "$@"',
+            "crun", "crun", "--root", root, "--cgroup-manager=disabled"]
 
 
-def crun(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([*CRUN, *args], capture_output=True, text=True, check=check)
+CRUN = crun_argv()
+
+
+def crun(*args: str, check: bool = True, root: str = CRUN_ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([*crun_argv(root), *args], capture_output=True, text=True, check=check)
 
 
 def _field(pod: dict, path: str, ip: str) -> str:
@@ -151,6 +155,34 @@ class Container:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
 
+def bind(source: Path, destination: str, readonly: bool) -> dict:
+    return {"destination": destination, "type": "bind", "source": str(source),
+            "options": ["rbind", "ro" if readonly else "rw", "nosuid", "nodev"]}
+
+
+def oci_config(argv: list[str], *, cwd: str, env: list[str], rootfs: str, user: tuple[int, int, list[int]],
+               caps: list[str], no_new_privs: bool, readonly: bool, hostname: str, mounts: list[dict],
+               netns: Optional[str] = None) -> dict:
+    """An OCI runtime config: `caps` the capability set (CAP_*), `mounts` beyond /proc, /dev and
+    /sys, `netns` a network namespace to join (None: crun's own, e.g. the node's)."""
+    uid, gid, groups = user
+    cap_sets = {k: list(caps) for k in ("bounding", "effective", "permitted")}
+    cap_sets.update(inheritable=[], ambient=[])
+    namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+    if netns:
+        namespaces.append({"type": "network", "path": netns})
+    return {
+        "ociVersion": "1.0.2",
+        "process": {"terminal": False, "args": argv, "cwd": cwd, "env": env,
+                    "user": {"uid": uid, "gid": gid, "additionalGids": groups},
+                    "capabilities": cap_sets, "noNewPrivileges": no_new_privs},
+        "root": {"path": rootfs, "readonly": readonly},
+        "hostname": hostname[:63],
+        "mounts": [*_base_mounts(), *mounts],
+        "linux": {"namespaces": namespaces, "maskedPaths": MASKED, "readonlyPaths": READONLY},
+    }
+
+
 def pod_container(pod: dict, image_cfg: dict, rootfs: str, ip: str, objects: dict, hosts: Path,
                   work: Path, cid: str) -> Container:
     """A crun bundle under `work` for the pod's first container (not started)."""
@@ -164,22 +196,16 @@ def pod_container(pod: dict, image_cfg: dict, rootfs: str, ip: str, objects: dic
     termination.chmod(0o666)
     uid, gid = csc.get("runAsUser", sc.get("runAsUser")), csc.get("runAsGroup", sc.get("runAsGroup"))
     argv = [*(c.get("command") or image_cfg.get("Entrypoint") or []), *(c.get("args") or image_cfg.get("Cmd") or [])]
-    no_caps = {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")}
-    config = {
-        "ociVersion": "1.0.2",
-        "process": {"terminal": False, "args": argv, "cwd": c.get("workingDir") or image_cfg.get("WorkingDir") or "/",
-                    "env": container_env(pod, c, image_cfg.get("Env") or [], ip),
-                    "user": {"uid": uid, "gid": gid, "additionalGids": [sc["fsGroup"]] if "fsGroup" in sc else []},
-                    "capabilities": no_caps, "noNewPrivileges": csc.get("allowPrivilegeEscalation") is False},
-        "root": {"path": rootfs, "readonly": bool(csc.get("readOnlyRootFilesystem"))},
-        "hostname": (spec.get("hostname") or pod["metadata"]["name"])[:63],
-        "mounts": [*_base_mounts(), *volume_mounts(pod, c, objects, work / "volumes"),
-                   {"destination": "/etc/hosts", "type": "bind", "source": str(hosts), "options": ["rbind", "ro"]},
-                   {"destination": c.get("terminationMessagePath", "/dev/termination-log"), "type": "bind",
-                    "source": str(termination), "options": ["rbind", "rw"]}],
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")],
-                  "maskedPaths": MASKED, "readonlyPaths": READONLY},
-    }
+    mounts = [*volume_mounts(pod, c, objects, work / "volumes"),
+              {"destination": "/etc/hosts", "type": "bind", "source": str(hosts), "options": ["rbind", "ro"]},
+              {"destination": c.get("terminationMessagePath", "/dev/termination-log"), "type": "bind",
+               "source": str(termination), "options": ["rbind", "rw"]}]
+    config = oci_config(argv, cwd=c.get("workingDir") or image_cfg.get("WorkingDir") or "/",
+                        env=container_env(pod, c, image_cfg.get("Env") or [], ip), rootfs=rootfs,
+                        user=(uid, gid, [sc["fsGroup"]] if "fsGroup" in sc else []), caps=[],
+                        no_new_privs=csc.get("allowPrivilegeEscalation") is False,
+                        readonly=bool(csc.get("readOnlyRootFilesystem")),
+                        hostname=spec.get("hostname") or pod["metadata"]["name"], mounts=mounts)
     (work / "config.json").write_text(json.dumps(config, indent=1))
     return Container(cid, work, work / "container.log", termination)
 
