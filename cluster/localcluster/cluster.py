@@ -21,6 +21,7 @@ import yaml
 
 from . import network
 from .controlplane import DOMAIN, ControlPlane, Proc
+from .provisioner import STORAGE
 
 HERE = Path(__file__).resolve().parent
 K8S_VERSION = next(w[1] for w in map(str.split, (HERE.parent / "go" / "k8s" / "go.mod").read_text().splitlines())
@@ -155,6 +156,7 @@ class LocalCluster:
         self.nodes = [NodeHandle(self, f"node-{i + 1}", i + 1, cpu=node_cpu, memory=node_memory)
                       for i in range(nodes)]
         self.coredns: Optional[Proc] = None
+        self.provisioner: Optional[Proc] = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -171,8 +173,9 @@ class LocalCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         network.up_bridge(self.net)
         self.cp.start()
-        self.kubectl("apply", "-f", "-", input=COREDNS_RBAC)
+        self.kubectl("apply", "-f", "-", input=COREDNS_RBAC + "---" + STORAGE)
         self._start_dns()
+        self._start_provisioner()
         for n in self.nodes:
             n.start()
         if wait_nodes:
@@ -191,6 +194,15 @@ class LocalCluster:
             f"    pods insecure\n    fallthrough in-addr.arpa ip6.arpa\n    ttl 5\n  }}\n  cache 5\n}}\n")
         self.coredns = Proc("coredns", [str(self.bin / "coredns"), "-conf", str(corefile)],
                             self.root / "logs" / "coredns.log").start()
+
+    def _start_provisioner(self) -> None:
+        """The default StorageClass's provisioner (provisioner.py), with an identity of its own."""
+        pair = self.cp.pki.issue("provisioner", "tianji:local-provisioner")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
+        self.provisioner = Proc("provisioner", [
+            sys.executable, "-m", "localcluster.provisioner", f"--server={self.cp.server}",
+            f"--ca={self.cp.pki.ca.cert}", f"--cert={pair.cert}", f"--key={pair.key}",
+            f"--volumes={self.root / 'volumes'}"], self.root / "logs" / "provisioner.log").start(env)
 
     def wait_nodes_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
@@ -228,8 +240,9 @@ class LocalCluster:
     def down(self) -> None:
         for n in self.nodes:
             n.shutdown(grace=5.0)
-        if self.coredns is not None:
-            self.coredns.stop()
+        for p in (self.provisioner, self.coredns):
+            if p is not None:
+                p.stop()
         self.cp.stop()
         network.down_all(self.net)
 
@@ -244,6 +257,6 @@ class LocalCluster:
         self.down()
 
     def logs(self, lines: int = 30) -> str:
-        procs = [*self.cp.procs.values(), *([self.coredns] if self.coredns else []),
+        procs = [*self.cp.procs.values(), *(p for p in (self.coredns, self.provisioner) if p),
                  *(n.agent for n in self.nodes if n.agent)]
         return "\n".join(f"----- {p.name} ({'running' if p.alive() else 'exited'})\n{p.tail(lines)}" for p in procs)

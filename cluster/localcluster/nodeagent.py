@@ -36,7 +36,7 @@ from .api import Api, ApiError
 from .nodeobject import NodeSpec
 from .crunruntime import CrunRuntime
 from .kubeletserver import KubeletServer
-from .pods import Incarnation, Node, PodWorker, iso
+from .pods import Incarnation, Node, PodStartError, PodWorker, iso
 
 log = logging.getLogger("tianji.localcluster.nodeagent")
 LEASE_S, RENEW_S, STATUS_S = 40, 2.0, 10.0
@@ -217,6 +217,8 @@ class NodeAgent(Node):
                 "KUBERNETES_SERVICE_PORT_HTTPS": port, "KUBERNETES_PORT": f"tcp://{self.api_host}:{port}"}
 
     async def volume_source(self, w: PodWorker, vol: dict) -> Optional[Path]:
+        if "persistentVolumeClaim" in vol:
+            return await self._claim_folder(w, vol["persistentVolumeClaim"]["claimName"])
         if "projected" not in vol:
             return None
         from .projected import project
@@ -232,6 +234,19 @@ class NodeAgent(Node):
             await self.crun.launch(w, inc, mounts)
         else:
             await super().launch(w, inc, mounts)
+
+    async def _claim_folder(self, w: PodWorker, claim: str) -> Path:
+        """A bound claim's folder (the local cluster's volumes are hostPath PVs: provisioner.py). The
+        Node authorizer lets this node read the claims and volumes of its own pods only."""
+        pvc = await self.api.get(f"/api/v1/namespaces/{w.namespace}/persistentvolumeclaims/{claim}")
+        if pvc is None or (pvc.get("status") or {}).get("phase") != "Bound":
+            raise PodStartError("ContainerCreating", f'persistentvolumeclaim "{claim}" is not bound')
+        pv = await self.api.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
+        path = ((pv or {}).get("spec") or {}).get("hostPath", {}).get("path")
+        if not path:
+            raise PodStartError("ContainerCreating", f'volume of claim "{claim}" is not a local folder')
+        Path(path).mkdir(parents=True, exist_ok=True)
+        return Path(path)
 
     async def read(self, resource: str, namespace: str, name: str) -> Optional[dict]:
         return await self.api.get(f"/api/v1/namespaces/{quote(namespace)}/{resource}/{quote(name)}")

@@ -4,14 +4,16 @@ power), while the job trains examples/cartpole-ppo.yaml. The job must not stall:
 comes back (on another node when its node is gone), trains on, and its peers find it; and it
 must never succeed untrained.
 
-This cluster has no StorageClass, so a re-created learner starts over (its lr schedule from its
-own first batch). Both tests wait for the target: the job recovers, and never succeeds untrained."""
+The cluster's default StorageClass (localcluster/provisioner.py: volumes every node reaches, as
+network storage) holds each learner's checkpoints on a claim of its own, so a re-created learner
+resumes where it stopped, on whichever node. Both tests wait for the target: the job recovers,
+and never succeeds untrained."""
 from __future__ import annotations
 
 import pytest
 
 from clusterkit import get, wait_for
-from cluster_jobs import JOB, diagnostics, example, pods, status, wait_phase, worker_metrics
+from cluster_jobs import JOB, condition, diagnostics, example, pods, status, wait_phase, worker_metrics
 
 # Only the target ends these jobs (the example's frame and time budgets could end a job whose
 # learner had to start over before it got back to 475).
@@ -50,15 +52,20 @@ def assert_never_succeeded_untrained(c, ns: str) -> None:
 @pytest.mark.timeout(900)
 def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster, operator, namespace):
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(TARGET_ONLY))
-    training(cluster, namespace)
+    st = training(cluster, namespace)
+    durable = condition(st, "Durable")
+    assert durable["status"] == "True" and durable["reason"] == "DefaultStorageClass", durable
     learner = f"{JOB}-learner-0-0"
     old = get(cluster, "pod", "-n", namespace, learner)
+    before = worker_metrics(old, ("tianji_policy_version{",))
     cluster.kubectl("delete", "pod", learner, "-n", namespace, "--wait=false")
     new = wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, learner)) and
                    p["metadata"]["uid"] != old["metadata"]["uid"] and p, 120, "the learner pod re-created",
                    on_timeout=lambda: diagnostics(cluster, namespace))
     assert new["spec"]["hostname"] == learner
-    trains_again(cluster, namespace, old["metadata"]["uid"])
+    resumed = trains_again(cluster, namespace, old["metadata"]["uid"])
+    # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on from the old one's
+    assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
     st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 480)
     assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475 and st["policyVersion"] > 0, diagnostics(cluster, namespace)
 

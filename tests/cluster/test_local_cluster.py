@@ -133,3 +133,43 @@ def test_the_kubelet_port_answers_only_the_api_server(cluster, namespace):
     bare = ssl.create_default_context(cafile=str(pki / "ca.crt"))  # and no client certificate at all
     with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(f"https://{node.ip}:10250/healthz", context=bare, timeout=10)
+
+
+WRITER = textwrap.dedent("""
+    import os, sys
+    path = "/data/note"
+    if sys.argv[1] == "write":
+        open(path, "w").write(os.environ["HOSTNAME"])
+    else:
+        print(open(path).read())
+""")
+
+
+def test_a_claim_of_the_default_class_follows_its_pod_to_another_node(cluster, namespace):
+    """The default StorageClass (provisioner.py): a claim is bound to a new volume; what a pod on one
+    node wrote there, a pod on the other node reads (as network storage lets a re-created learner
+    find its checkpoints); the volume goes with its claim."""
+    classes = get(cluster, "storageclass")["items"]
+    assert [c["metadata"]["name"] for c in classes
+            if c["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true"] \
+        == ["local-shared"]
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+    apply(cluster, namespace, claim)
+    bound = wait_for(lambda: (c := get(cluster, "pvc", "data", "-n", namespace)) and
+                     c["status"].get("phase") == "Bound" and c, 60, "the claim bound")
+    pods = []
+    for name, node, verb in (("writer", "node-1", "write"), ("reader", "node-2", "read")):
+        p = pod(name, node, WRITER, verb)
+        p["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+        p["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+        apply(cluster, namespace, p)
+        done = wait_for(lambda: (q := get(cluster, "pod", name, "-n", namespace)) and
+                        q["status"].get("phase") in ("Succeeded", "Failed") and q, 120, f"the {name} pod to finish")
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+        pods.append(done)
+    assert cluster.kubectl("logs", "reader", "-n", namespace).stdout.strip() == "writer"
+    volume = bound["spec"]["volumeName"]
+    cluster.kubectl("delete", "pod", "writer", "reader", "-n", namespace)
+    cluster.kubectl("delete", "pvc", "data", "-n", namespace)
+    wait_for(lambda: get(cluster, "pv", volume) is None, 60, "the volume deleted with its claim")
