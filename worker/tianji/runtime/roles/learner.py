@@ -77,10 +77,6 @@ class Learner(Role):
         self.capacity = None
         self.last_pub_version = -1
         self.frames = 0  # global env frames: fragments received by this learner's buffers x numEnvs x fragmentLength
-        # Where this learner's PPO lr schedule starts counting frames: 0 for a learner that resumed (it
-        # goes on with its checkpoint's schedule); for one that started over, the frames its buffers
-        # counted while no learner trained (a re-created pod's first batch can carry hundreds of
-        # thousands: an lr annealed to 0 before its first step, found on the real control plane).
         self.pacing = HeadroomController(s.staleness.pace_headroom)
         self.window = {"received": 0, "dropped": 0, "idle": 0.0, "t": time.monotonic()}
         self.ckpt_dir = checkpoint.checkpoint_dir(self.run_dir, self.group, self.index) if self.run_dir else None
