@@ -58,6 +58,11 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "tianji:local
 """
 
 
+def module_env() -> dict[str, str]:
+    """This environment, with `localcluster` importable (`python -m localcluster.<part>`)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
+
+
 def missing_programs(bin_dir: Path = BIN) -> list[str]:
     return [p for p in PROGRAMS if not (bin_dir / p).is_file()]
 
@@ -103,8 +108,7 @@ class NodeHandle:
                 *(f"--label={k}={v}" for k, v in self.labels.items()), *c.agent_args]
         # The pods' "image" is this venv: its bin first on PATH (`tianji`, `python`).
         venv_bin = str(Path(sys.executable).parent)
-        env = {**os.environ, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "/usr/bin:/bin")]),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
+        env = {**module_env(), "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "/usr/bin:/bin")])}
         self.agent = Proc(f"node-{self.name}", argv, c.root / "logs" / f"node-{self.name}.log").start(env)
 
     def processes(self) -> list[int]:
@@ -198,11 +202,10 @@ class LocalCluster:
     def _start_provisioner(self) -> None:
         """The default StorageClass's provisioner (provisioner.py), with an identity of its own."""
         pair = self.cp.pki.issue("provisioner", "tianji:local-provisioner")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
         self.provisioner = Proc("provisioner", [
             sys.executable, "-m", "localcluster.provisioner", f"--server={self.cp.server}",
             f"--ca={self.cp.pki.ca.cert}", f"--cert={pair.cert}", f"--key={pair.key}",
-            f"--volumes={self.root / 'volumes'}"], self.root / "logs" / "provisioner.log").start(env)
+            f"--volumes={self.root / 'volumes'}"], self.root / "logs" / "provisioner.log").start(module_env())
 
     def wait_nodes_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
