@@ -3,10 +3,13 @@
 Runs, side by side in one invocation, for each algorithm and seed:
   * TianJi on examples/cartpole-{ppo,dqn}.yaml (with --stop-at-target, stopping at mean-100 >= 475);
   * SB3 with rl-zoo's CartPole hyperparameters, in its own process, one torch thread (--sb3-threads);
+  * PPO: SB3 again at the example's own settings (`sb3_tianji_settings`: its 10 epochs, batch, envs and
+    lr annealed over 400k frames, where rl-zoo runs 20 epochs and anneals lr and clip over 100k);
   * with --spawn, TianJi again with each worker spawned afresh (no pre-imported template).
 Both clocks start when the process is launched (imports and start-up included)
 and read the first time the mean of the last 100 finished episodes reaches 300
-and 475. TianJi's crossings are read from metrics.jsonl (1 s records; with --stop-at-target the
+and 475; `pairs` gives, per seed, TianJi's time to 475 over each baseline's on the same seed (the
+runs of one seed go back to back) and the median of those ratios. TianJi's crossings are read from metrics.jsonl (1 s records; with --stop-at-target the
 475-crossing from summary.json). Unless --stop-at-target, every run goes on to the budget (SB3: to
 rl-zoo's n_timesteps or the budget) and reports, per target, its stability after the first crossing:
 the minimum and final mean-100 and held_fraction, the share of the remaining time at or above it.
@@ -15,6 +18,7 @@ Prints one JSON object.
     python bench/converge.py [--algos ppo,dqn] [--seeds 1,2,3] [--budget-s 300]
     python bench/converge.py --topology auto     # TianJi with `topology: auto` vs the hand-picked one
     python bench/converge.py --algos ppo --spawn # start-up: forked from the template vs spawned
+    python bench/converge.py --algos ppo --seeds 1,2,3,4,5 --stop-at-target --out docs/converge-ppo.json
 
 SB3 is a benchmark-only dependency (`pip install -e .[bench]`); without
 it the baseline is reported as unavailable.
@@ -65,7 +69,15 @@ class Watch(BaseCallback):
             return False
         return len(self.hit) < len(thresholds) or not stop_at_target
 lin = lambda v: (lambda p: p * v)
-if algo == "ppo":
+settings = json.loads(sys.argv[6])
+if algo == "ppo" and settings:  # TianJi's example settings (tianji_settings()): its epochs, batch, lr schedule
+    steps = 100_000
+    anneal = settings.pop("lr_anneal_frames")  # TianJi anneals to 0 over these frames; SB3's p runs 1 -> 0 over steps
+    lr0 = settings.pop("learning_rate")
+    lr = (lambda p: lr0 * max(0.0, 1.0 - (1.0 - p) * steps / anneal)) if anneal else lr0
+    env = make_vec_env("CartPole-v1", n_envs=settings.pop("n_envs"), seed=seed)
+    model = PPO("MlpPolicy", env, learning_rate=lr, seed=seed, verbose=0, device="cpu", **settings)
+elif algo == "ppo":
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
     model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
                 ent_coef=0.0, learning_rate=lin(1e-3), clip_range=lin(0.2), seed=seed, verbose=0, device="cpu")
@@ -144,7 +156,22 @@ def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env:
     return out
 
 
-def sb3_run(algo: str, seed: int, budget_s: float, threads: int, stop_at_target: bool = False) -> dict:
+def tianji_settings(algo: str) -> dict:
+    """SB3's PPO arguments for the example's own settings: the same envs in all, rollout length, batch,
+    epochs, minibatch, discounting, clip and lr schedule (rl-zoo's: 20 epochs, lr and clip annealed
+    over 100k steps; the example: 10 epochs, lr annealed over 400k frames, clip fixed)."""
+    from tianji.control.spec import load_job
+
+    job = load_job(ROOT / "examples" / f"cartpole-{algo}.yaml")
+    a, e, t = job.spec.algorithm, job.spec.env, job.spec.topology
+    return {"n_envs": e.num_envs * t.actors, "n_steps": e.fragment_length, "batch_size": a.minibatch_size,
+            "n_epochs": a.epochs, "gamma": a.gamma, "gae_lambda": a.gae_lambda, "clip_range": a.clip_coef,
+            "ent_coef": a.ent_coef, "vf_coef": a.vf_coef, "max_grad_norm": a.max_grad_norm,
+            "learning_rate": a.lr, "lr_anneal_frames": a.lr_anneal_frames}
+
+
+def sb3_run(algo: str, seed: int, budget_s: float, threads: int, stop_at_target: bool = False,
+            settings: dict | None = None) -> dict:
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
@@ -153,7 +180,7 @@ def sb3_run(algo: str, seed: int, budget_s: float, threads: int, stop_at_target:
     t = time.time()
     try:  # the script stops itself at the budget; the timeout is a backstop
         p = subprocess.run([sys.executable, "-c", script, algo, str(seed), repr(t), repr(budget_s),
-                            "1" if stop_at_target else "0"], capture_output=True, text=True, timeout=budget_s + 60)
+                            "1" if stop_at_target else "0", json.dumps(settings or {})], capture_output=True, text=True, timeout=budget_s + 60)
     except subprocess.TimeoutExpired:
         return {"seconds": {}, "timeout": budget_s}
     if p.returncode != 0:
@@ -178,6 +205,29 @@ def held(runs: list[dict], th: str) -> dict | None:
             "min_worst": min(x["min"] for x in st), "final_median": round(statistics.median(x["final"] for x in st), 1)}
 
 
+def pair_ratios(res: dict, seeds: list[int]) -> dict:
+    """Per seed, TianJi's launch-to-475 time over each baseline's on the same seed (run back to back,
+    so the machine's load hits both alike), and the median of those ratios: below 1, TianJi is faster.
+    A pair where either side missed 475 is left out of the median and listed as None."""
+    th, out = str(THRESHOLDS[-1]), {}
+    for tj in (k for k in res if k.startswith("tianji_")):
+        for base in ("sb3", "sb3_tianji_settings"):
+            if base not in res:
+                continue
+            per = [round(t["seconds"][th] / b["seconds"][th], 3) if th in t.get("seconds", {})
+                   and th in b.get("seconds", {}) else None for t, b in zip(res[tj], res[base])]
+            done = [r for r in per if r is not None]
+            out[f"{tj}_over_{base}"] = {"seeds": seeds, "ratios": per,
+                                        "median": round(statistics.median(done), 3) if done else None}
+    return out
+
+
+def machine() -> str:
+    name = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")), "cpu")
+    return f"{os.cpu_count()} cores, {name}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--algos", default="ppo,dqn")
@@ -191,9 +241,16 @@ def main() -> None:
                     help="stop each run at mean-100 >= 475 (faster; no stability after 475)")
     ap.add_argument("--spawn", action="store_true",
                     help="also run TianJi with every worker spawned afresh (TIANJI_ZYGOTE=0): start-up before/after")
+    ap.add_argument("--no-sb3-tianji-settings", action="store_true",
+                    help="PPO: leave out SB3 run at the example's epochs/batch/lr (rl-zoo's settings only)")
+    ap.add_argument("--out", help="also write the JSON here (docs/converge-ppo.json: bench/report.py renders it)")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
-    out = {"machine_cores": os.cpu_count(), "sb3_threads": a.sb3_threads, "thresholds": THRESHOLDS, "results": {},
+    out = {"bench": "converge", "command": "python " + " ".join(["bench/converge.py", *sys.argv[1:]]),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+           "sb3_settings": {"sb3": "rl-zoo's CartPole settings",
+                            "sb3_tianji_settings": "the example's settings (tianji_settings())"},
+           "machine_cores": os.cpu_count(), "sb3_threads": a.sb3_threads, "thresholds": THRESHOLDS, "results": {},
            "loadavg_start": list(os.getloadavg())}
     variants = {"hand": ([], None), "auto": (["spec.topology=auto"], None), "spawn": ([], {"TIANJI_ZYGOTE": "0"})}
     chosen = ["hand", "auto"] if a.topology == "both" else [a.topology]
@@ -207,17 +264,24 @@ def main() -> None:
                                                                     stop_at_target=a.stop_at_target))
             if not a.no_baseline:
                 res.setdefault("sb3", []).append(sb3_run(algo, seed, a.budget_s, a.sb3_threads, a.stop_at_target))
+                if algo == "ppo" and not a.no_sb3_tianji_settings:
+                    res.setdefault("sb3_tianji_settings", []).append(sb3_run(
+                        algo, seed, a.budget_s, a.sb3_threads, a.stop_at_target, tianji_settings(algo)))
         summary = {k: {str(th): med(v, str(th)) for th in THRESHOLDS} | {
             "solved": sum(1 for r in v if str(THRESHOLDS[-1]) in r.get("seconds", {})), "runs": len(v),
             "stability": {str(th): held(v, str(th)) for th in THRESHOLDS}}
             for k, v in res.items()}
-        if "sb3" in summary:
-            for v in chosen:
-                t, b = summary[f"tianji_{v}"][str(THRESHOLDS[-1])], summary["sb3"][str(THRESHOLDS[-1])]
-                summary[f"speedup_475_{v}_vs_sb3"] = round(b / t, 2) if t and b else None
-        out["results"][algo] = {"median_seconds": summary, "runs": res}
+        for base in ("sb3", "sb3_tianji_settings"):
+            for v in chosen if base in summary else ():
+                t, b = summary[f"tianji_{v}"][str(THRESHOLDS[-1])], summary[base][str(THRESHOLDS[-1])]
+                summary[f"speedup_475_{v}_vs_{base}"] = round(b / t, 2) if t and b else None
+        out["results"][algo] = {"median_seconds": summary, "pairs": pair_ratios(res, seeds), "runs": res}
         print(json.dumps(out["results"][algo]["median_seconds"]), file=sys.stderr)
-    print(json.dumps(out, indent=1))
+    out["loadavg_end"] = list(os.getloadavg())
+    text = json.dumps(out, indent=1)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
 
 
 if __name__ == "__main__":

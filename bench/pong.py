@@ -37,6 +37,18 @@ sys.path.insert(0, str(ROOT / "worker"))
 JOBS = {"ppo": ROOT / "examples" / "pong-ppo.yaml", "dqn": ROOT / "examples" / "pong-dqn.yaml"}
 RANDOM_RETURN = -20.5  # a random policy's Pong score
 GOAL_RETURN = -10.0
+MILESTONES = (-10.0, 0.0, 10.0, 18.0)
+
+
+def first_at(rows: list[dict], goal: float) -> float | None:
+    """Seconds to the first record whose mean-100 (over at least 10 episodes) reached `goal`."""
+    return next((r["t"] for r in rows if r["episodes"] >= 10 and r["mean_return"] >= goal), None)
+
+
+def return_at(rows: list[dict], seconds: float) -> float | None:
+    """The mean-100 of the last record at or before `seconds`."""
+    before = [r["mean_return"] for r in rows if r["t"] <= seconds]
+    return before[-1] if before else None
 PRESETS = {
     "cpu": {
         "common": ["spec.topology.actors=1", "spec.resources.actor.cpu=1", "spec.resources.learner.cpu=1",
@@ -124,7 +136,10 @@ def main(argv=None) -> int:
     crossed = next((r for r in rets if r["episodes"] >= 10 and r["mean_return"] >= GOAL_RETURN), None)
     th = summary.get("throughput", {})
     result = {
-        "bench": "pong", "algo": a.algo, "job": str(JOBS[a.algo]), "preset": preset, "overrides": sets,
+        "bench": "pong", "command": "python " + " ".join(["bench/pong.py", *(argv if argv is not None else sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{dev['cpus']} cores, {dev['name']}, load {' / '.join(f'{x:.1f}' for x in os.getloadavg())} at the end",
+        "algo": a.algo, "job": str(JOBS[a.algo]), "preset": preset, "overrides": sets,
         **dev, "minutes": a.minutes, "wall_seconds": round(wall, 1), "exit_reason": summary.get("exit_reason"),
         "env_frames": summary.get("env_frames"), "episodes": summary.get("episodes"),
         "produced_fps": round(th.get("produced_fps", 0.0), 1), "consumed_sps": round(th.get("consumed_sps", 0.0), 1),
@@ -133,6 +148,10 @@ def main(argv=None) -> int:
         "return_best": max(r["mean_return"] for r in rets) if rets else None,
         "random_policy_return": RANDOM_RETURN, "goal_return": GOAL_RETURN,
         "seconds_to_goal": crossed["t"] if crossed else None,
+        # the issue's goals: the first time the mean-100 reached each return, and the return at 20 / 60 min
+        "seconds_to": {str(g): first_at(rets, g) for g in MILESTONES},
+        "return_at_minutes": {str(m): return_at(rets, 60 * m) for m in (10, 20, 30, 60) if m <= a.minutes},
+        "evaluation": summary.get("evaluation"),
         "policy_lag": summary.get("policy_lag"), "dropped_samples": summary.get("dropped_samples"),
         "restarts": summary.get("restarts"),
         "host": {"loadavg": list(os.getloadavg())},

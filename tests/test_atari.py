@@ -277,3 +277,30 @@ def test_tianji_eval_of_a_pong_checkpoint(tmp_path):
     for seed in (12345, 2 ** 31 + 1):  # the CLI's default, and a seed in the evaluator's range
         res = evaluate(path, episodes=1, seed=seed, num_envs=1)
         assert res["episodes"] == 1 and res["policy_version"] == 2 and -21 <= res["mean_return"] <= 21
+
+
+def test_the_cnn_trains_the_same_in_either_memory_layout():
+    """The learner's CPU steps take the Nature CNN's input channels-last (faster in oneDNN); the loss and
+    every gradient are those of the default layout, to float32 rounding."""
+    import torch
+
+    from tianji.algos.models import NatureCNN
+
+    x = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8)
+    grads = {}
+    for layout in (False, True):
+        torch.manual_seed(0)
+        net = NatureCNN(4)
+        net.channels_last_training = layout
+        loss = net(x).square().mean()
+        loss.backward()
+        grads[layout] = (loss.detach(), [p.grad.clone() for p in net.parameters()])
+    assert torch.allclose(grads[False][0], grads[True][0], rtol=1e-5)
+    for g0, g1 in zip(grads[False][1], grads[True][1]):
+        assert torch.allclose(g0, g1, rtol=1e-4, atol=1e-6)
+    seen = []
+    net.net[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous()))
+    net(x)
+    with torch.no_grad():  # inference (actors) keeps the default layout: faster at their batch sizes
+        net(x)
+    assert seen == [False, True]  # a training step's conv input is channels-last, an inference's is not

@@ -26,6 +26,11 @@ def _init(layer: nn.Module, gain: float = float(np.sqrt(2)), bias: float = 0.0) 
 class NatureCNN(nn.Module):
     """Mnih et al. 2015 encoder: uint8 [B, C, 84, 84] → 512 features (scaled to [0, 1] inside)."""
 
+    # Training on a CPU: oneDNN's convolutions run forward + backward ~1.25x faster on channels-last
+    # input (bench/learner_step.py); inference at an actor's batch sizes is faster as it is, so only a
+    # step that builds a graph converts. Same function: only the memory layout changes.
+    channels_last_training = True
+
     def __init__(self, in_channels: int):
         super().__init__()
         self.net = nn.Sequential(
@@ -38,7 +43,10 @@ class NatureCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # uint8 → float32 then an in-place divide: one [B, C, 84, 84] float temporary, not two (same values)
-        return self.net(x.float().div_(255.0) if x.dtype == torch.uint8 else x / 255.0)
+        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x / 255.0
+        if self.channels_last_training and torch.is_grad_enabled() and x.device.type == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.net(x)
 
 
 def mlp(in_dim: int, hidden: list[int], act: str, out_dim: int, out_gain: float) -> nn.Sequential:
