@@ -17,7 +17,6 @@ actor/env ratio float32 inference allows on this CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
+from stamp import emit, stamp  # noqa: E402
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -112,6 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--num-envs", default="8,16,32")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", help="also write the JSON here (docs/actor-profile.json: bench/report.py renders it)")
     a = ap.parse_args(argv)
     import torch
 
@@ -121,12 +123,14 @@ def main(argv=None) -> int:
     peak32, peak16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
     env_us = rows[0]["env_step_us"]
     bound_us = flops / peak32 / 1e3
-    print(json.dumps({"bench": "actor_profile", "job": a.job, "sets": a.set, "points": rows,
-                      "nature_cnn_mflop_per_frame": round(flops / 1e6, 2),
-                      "matmul_gflops_fp32": round(peak32, 1), "matmul_gflops_bf16": round(peak16, 1),
-                      "inference_bound_fp32_us": round(bound_us, 1),
-                      "ratio_bound_fp32": round(env_us / (env_us + bound_us), 3),
-                      "torch_threads": torch.get_num_threads(), "loadavg": list(os.getloadavg())}))
+    out = {"bench": "actor_profile", **stamp("actor_profile.py", sys.argv[1:] if argv is None else argv),
+           "job": os.path.relpath(a.job, ROOT), "sets": a.set, "points": rows,
+           "nature_cnn_mflop_per_frame": round(flops / 1e6, 2),
+           "matmul_gflops_fp32": round(peak32, 1), "matmul_gflops_bf16": round(peak16, 1),
+           "inference_bound_fp32_us": round(bound_us, 1),
+           "ratio_bound_fp32": round(env_us / (env_us + bound_us), 3),
+           "torch_threads": torch.get_num_threads(), "host": {"loadavg": list(os.getloadavg())}}
+    emit(out, a.out)
     return 0
 
 

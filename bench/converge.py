@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from stamp import emit, stamp  # noqa: E402
 THRESHOLDS = (300.0, 475.0)
 
 SB3_SCRIPT = r'''
@@ -222,12 +224,6 @@ def pair_ratios(res: dict, seeds: list[int]) -> dict:
     return out
 
 
-def machine() -> str:
-    name = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")), "cpu")
-    return f"{os.cpu_count()} cores, {name}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--algos", default="ppo,dqn")
@@ -246,8 +242,7 @@ def main() -> None:
     ap.add_argument("--out", help="also write the JSON here (docs/converge-ppo.json: bench/report.py renders it)")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
-    out = {"bench": "converge", "command": "python " + " ".join(["bench/converge.py", *sys.argv[1:]]),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+    out = {"bench": "converge", **stamp("converge.py", sys.argv[1:]),
            "sb3_settings": {"sb3": "rl-zoo's CartPole settings",
                             "sb3_tianji_settings": "the example's settings (tianji_settings())"},
            "machine_cores": os.cpu_count(), "sb3_threads": a.sb3_threads, "thresholds": THRESHOLDS, "results": {},
@@ -278,10 +273,7 @@ def main() -> None:
         out["results"][algo] = {"median_seconds": summary, "pairs": pair_ratios(res, seeds), "runs": res}
         print(json.dumps(out["results"][algo]["median_seconds"]), file=sys.stderr)
     out["loadavg_end"] = list(os.getloadavg())
-    text = json.dumps(out, indent=1)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(out, a.out)
 
 
 if __name__ == "__main__":

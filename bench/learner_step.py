@@ -12,7 +12,6 @@ a job consumes at most this many samples/s per learner process, whatever its act
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
+from stamp import emit, stamp  # noqa: E402
 
 PRESET_CPU = ["spec.algorithm.batchSize=512", "spec.algorithm.minibatchSize=128", "spec.algorithm.epochs=2"]
 
@@ -72,18 +73,19 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                     help="overrides (default: bench/pong.py's CPU preset, 2 epochs of 4 minibatches of 128)")
+    ap.add_argument("--out", help="also write the JSON here (docs/learner-step.json: bench/report.py renders it)")
     args = ap.parse_args()
     from tianji.control.spec import load_job
 
     sets = PRESET_CPU if args.set is None else args.set
     job = load_job(args.job, sets)
     a = job.spec.algorithm
-    out = {"bench": "learner_step", "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-           "job": os.path.relpath(args.job, ROOT), "sets": sets,
+    out = {"bench": "learner_step", **stamp("learner_step.py", sys.argv[1:]), "job": os.path.relpath(args.job, ROOT),
+           "sets": sets,
            "update": {"batch": a.batch_size, "minibatch": a.minibatch_size, "epochs": a.epochs},
            "points": [measure(job, int(t), args.reps) for t in args.threads.split(",")],
-           "loadavg": list(os.getloadavg())}
-    print(json.dumps(out))
+           "host": {"loadavg": list(os.getloadavg())}}
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
+from stamp import cpu_name, stamp  # noqa: E402
 
 JOBS = {"ppo": ROOT / "examples" / "pong-ppo.yaml", "dqn": ROOT / "examples" / "pong-dqn.yaml"}
 RANDOM_RETURN = -20.5  # a random policy's Pong score
@@ -71,17 +73,7 @@ def device_info() -> dict:
 
     if torch.cuda.is_available():
         return {"device": "cuda", "name": torch.cuda.get_device_name(0), "cpus": os.cpu_count()}
-    return {"device": "cpu", "name": _cpu_name(), "cpus": os.cpu_count()}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
+    return {"device": "cpu", "name": cpu_name(), "cpus": os.cpu_count()}
 
 
 def curve(run_dir: Path) -> list[dict]:
@@ -136,9 +128,7 @@ def main(argv=None) -> int:
     crossed = next((r for r in rets if r["episodes"] >= 10 and r["mean_return"] >= GOAL_RETURN), None)
     th = summary.get("throughput", {})
     result = {
-        "bench": "pong", "command": "python " + " ".join(["bench/pong.py", *(argv if argv is not None else sys.argv[1:])]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{dev['cpus']} cores, {dev['name']}, load {' / '.join(f'{x:.1f}' for x in os.getloadavg())} at the end",
+        "bench": "pong", **stamp("pong.py", sys.argv[1:] if argv is None else argv),
         "algo": a.algo, "job": str(JOBS[a.algo]), "preset": preset, "overrides": sets,
         **dev, "minutes": a.minutes, "wall_seconds": round(wall, 1), "exit_reason": summary.get("exit_reason"),
         "env_frames": summary.get("env_frames"), "episodes": summary.get("episodes"),

@@ -67,7 +67,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 def provenance(d: dict) -> list[str]:
     """Where a figure comes from: file, command, date, machine and the load it recorded."""
     host = d.get("host", {})
-    load_avg = host.get("loadavg") or host.get("loadavg_start")
+    load_avg = host.get("loadavg") or host.get("loadavg_start") or d.get("loadavg_start")
     loads = [r.get("load1_before") for r in d.get("runs", d.get("rows", []))]
     load_txt = (f"; load average (1/5/15 min) {' / '.join(num(x, 1) for x in load_avg)}" if load_avg
                 else f"; load before each run {span(loads, lambda x: num(x, 1))}" if any(loads) else "")
@@ -104,7 +104,62 @@ def render_pong(files: list[dict]) -> list[str]:
             ["return at the end; goal; random policy",
              f"**{num(d['return_last'], 1)}**; {num(d['goal_return'], 0)}; {num(d['random_policy_return'], 1)}"],
             ["device", f"{d['device']} ({d['name']}, {d['cpus']} cores)"]]
+    if "seconds_to" in d:  # the goals' milestones (bench/pong.py since 2026-11-26)
+        rows.insert(5, ["first reached mean-100 " + ", ".join(d["seconds_to"]),
+                        ", ".join("not reached" if v is None else f"{num(v / 60, 1)} min" for v in d["seconds_to"].values())])
+    ev = d.get("evaluation") or {}
+    if ev.get("count"):
+        rows.append(["in-run greedy evaluations; last, best mean return; evaluator restarts",
+                     f"{ev['count']}; {num(ev['last']['return_mean'], 1)}, {num(ev['best_return_mean'], 1)}; "
+                     f"{d['restarts'].get('evaluator', 0)}"])
     return provenance(d) + [""] + table(["Pong PPO", "result"], rows) + plot(d, "Pong PPO return against time")
+
+
+def render_converge(files: list[dict]) -> list[str]:
+    d, = files
+    out = []
+    for algo, r in d["results"].items():
+        ms, runs = r["median_seconds"], r["runs"]
+        rows = [[LABELS.get(k, k), f"{ms[k]['solved']} / {ms[k]['runs']}", num(ms[k]["300.0"], 1),
+                 f"**{num(ms[k]['475.0'], 1)}**", ", ".join(num(x["seconds"].get("475.0"), 1) for x in runs[k])]
+                for k in runs]
+        pairs = [f"{LABELS.get(k.split('_over_')[0], k)} over {LABELS.get(k.split('_over_')[1], k)}: "
+                 f"{', '.join(num(x, 2) for x in p['ratios'])} (median **{num(p['median'], 2)}**)"
+                 for k, p in r["pairs"].items()]
+        out += [f"CartPole {algo.upper()}, seeds {', '.join(map(str, next(iter(r['pairs'].values()))['seeds']))}; "
+                "seconds from process launch:", ""] + table(
+            ["system", "reached 475", "median s to 300", "median s to 475", "s to 475 per seed"], rows) + [
+            "", "Time to 475, per seed pair: " + "; ".join(pairs) + "."]
+    return provenance(d) + [""] + out
+
+
+LABELS = {"tianji_hand": "TianJi, the example", "sb3": "SB3, rl-zoo's settings",
+          "sb3_tianji_settings": "SB3, the example's settings (10 epochs, lr over 400k)"}
+
+
+def render_learner_step(files: list[dict]) -> list[str]:
+    d, = files
+    u = d["update"]
+    rows = [[p["threads"], num(p["samples_per_s"]["default"]), f"**{num(p['samples_per_s']['channels_last'])}**",
+             f"{num(p['speedup'], 2)}x"] for p in d["points"]]
+    return provenance(d) + ["", f"One PPO update of {num(u['batch'])} samples ({u['epochs']} epochs of minibatches of "
+                                f"{u['minibatch']}) on the Nature CNN, samples/s:", ""] + table(
+        ["torch threads", "default layout", "channels-last input (the default now)", "speed-up"], rows)
+
+
+def render_actor_profile(files: list[dict]) -> list[str]:
+    d, = files
+    rows = [[p["num_envs"], num(p["env_step_us"]), num(p["policy_us"]), num(p["forward_fp32_us"]),
+             num(p["forward_bf16_us"]), num(p["loop_us"]), f"**{num(p['ratio_per_cpu_second'], 2)}**"]
+            for p in d["points"]]
+    return provenance(d) + [""] + table(
+        ["envs per actor", "env step µs", "policy µs", "fp32 forward µs", "bf16 forward µs", "whole loop µs",
+         "actor/bare-env frames per CPU s"], rows) + [
+        "", f"CPU µs per agent step. The Nature CNN is {num(d['nature_cnn_mflop_per_frame'], 1)} MFLOP per frame; this "
+            f"core's float32 matmul peak measured {num(d['matmul_gflops_fp32'])} GFLOP/s (bfloat16: "
+            f"{num(d['matmul_gflops_bf16'])}), so float32 inference costs at least "
+            f"{num(d['inference_bound_fp32_us'])} µs per frame and the ratio is bounded by "
+            f"**{num(d['ratio_bound_fp32'], 2)}**."]
 
 
 def render_groupsync(files: list[dict]) -> list[str]:
@@ -269,17 +324,35 @@ def render_profiles(files: list[dict]) -> list[str]:
 
 
 def render_headline(files: list[dict]) -> list[str]:
-    pong, *ablations = files
+    pong, conv, *ablations = files
+    ppo = conv["results"]["ppo"]
+    pair = ppo["pairs"]["tianji_hand_over_sb3"]
     speed = [f"{load_label(d)} **{num(median_ratio(d), 2)}**" for d in ablations]
     rows = [[f"Pong PPO, {num(pong['minutes'])} minutes on {pong['cpus']} cores",
-             f"mean-100 return **{num(pong['return_last'], 1)}** at the end ({num(return_at(pong['curve'], 10), 1)} at 10 min), "
-             f"goal {num(pong['goal_return'])}", pong["date"]],
+             f"mean-100 return **{num(pong['return_last'], 1)}** at the end ({num(return_at(pong['curve'], 10), 1)} at 10 min)"
+             + pong_milestones(pong), pong["date"][:10]],
             ["Relaxed vs strictly ordered (`spec.dependencies: strict`), PPO: strict's time to target over "
              "relaxed's, median of seed pairs (above 1: relaxed faster; [ablation](ablation.md))",
              "; ".join(f"{next(iter(d['summary']))} at {s}" for d, s in zip(ablations, speed)),
-             ablations[0]["date"][:10]]]
+             ablations[0]["date"][:10]],
+            [f"CartPole PPO to mean-100 ≥ 475 from launch, TianJi's time over SB3's (rl-zoo settings), "
+             f"{len(pair['seeds'])} seed pairs", f"median **{num(pair['median'], 2)}** (TianJi "
+             f"{num(ppo['median_seconds']['tianji_hand']['475.0'], 1)} s, SB3 {num(ppo['median_seconds']['sb3']['475.0'], 1)} s)",
+             conv["date"][:10]]]
     return table(["what", "result", "when"], rows) + [
         "", "From " + ", ".join(f"`{d['path']}`" for d in files) + "; commands and machines in the sections below."]
+
+
+def pong_milestones(d: dict) -> str:
+    """'; -10 first reached at 37.2 min; greedy evaluation 19.6' where the JSON records them."""
+    out = ""
+    first = (d.get("seconds_to") or {}).get(str(d["goal_return"]))
+    if first is not None:
+        out += f"; {num(d['goal_return'])} first reached at {num(first / 60, 1)} min"
+    last = ((d.get("evaluation") or {}).get("last") or {}).get("return_mean")
+    if last is not None:
+        out += f"; last greedy evaluation {num(last, 1)}"
+    return out
 
 
 def median_ratio(d: dict) -> float:
@@ -292,9 +365,12 @@ def _v(name: str) -> str:
 
 
 BLOCKS = {  # block name: (renderer, the files it renders)
-    "headline": (render_headline, ["docs/pong.json", "docs/ablation.json", "docs/ablation-cartpole-loaded.json",
+    "headline": (render_headline, ["docs/pong.json", "docs/converge-ppo.json", "docs/ablation.json", "docs/ablation-cartpole-loaded.json",
                                    "docs/ablation-acrobot.json"]),
     "pong": (render_pong, ["docs/pong.json"]),
+    "converge-ppo": (render_converge, ["docs/converge-ppo.json"]),
+    "learner-step": (render_learner_step, ["docs/learner-step.json"]),
+    "actor-profile": (render_actor_profile, ["docs/actor-profile.json"]),
     "groupsync": (render_groupsync, ["docs/groupsync.json", "docs/groupsync-quiet.json"]),
     "ablation-cartpole": (render_ablation, ["docs/ablation.json", "docs/ablation-cartpole-loaded.json"]),
     "ablation-acrobot": (render_ablation, ["docs/ablation-acrobot.json", "docs/ablation-acrobot-quiet.json"]),
