@@ -162,6 +162,18 @@ def render_actor_profile(files: list[dict]) -> list[str]:
             f"**{num(d['ratio_bound_fp32'], 2)}**."]
 
 
+def render_actor_runtime(files: list[dict]) -> list[str]:
+    d, = files
+    ratio = d.get("ratio_if_onnxruntime", {})
+    rows = [[p["batch"], num(p["torch_us"]), f"**{num(p['onnxruntime_us'])}**", f"{num(p['speedup'], 2)}x",
+             f"{p['max_abs_logit_diff']:.0e}", num(ratio.get(str(p["batch"])), 2)] for p in d["points"]]
+    return provenance(d) + [""] + table(
+        ["envs per actor", "torch µs per frame", f"ONNX Runtime {d['onnxruntime']} µs per frame", "speed-up",
+         "largest logit difference", "actor/bare-env ratio it would give"], rows) + [
+        "", f"A new policy version would cost ONNX Runtime a session rebuilt with the new weights: "
+            f"{num(d['rebuild_ms'], 1)} ms."]
+
+
 def render_groupsync(files: list[dict]) -> list[str]:
     out = []
     for d in files:
@@ -371,6 +383,7 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "converge-ppo": (render_converge, ["docs/converge-ppo.json"]),
     "learner-step": (render_learner_step, ["docs/learner-step.json"]),
     "actor-profile": (render_actor_profile, ["docs/actor-profile.json"]),
+    "actor-runtime": (render_actor_runtime, ["docs/actor-runtime.json"]),
     "groupsync": (render_groupsync, ["docs/groupsync.json", "docs/groupsync-quiet.json"]),
     "ablation-cartpole": (render_ablation, ["docs/ablation.json", "docs/ablation-cartpole-loaded.json"]),
     "ablation-acrobot": (render_ablation, ["docs/ablation-acrobot.json", "docs/ablation-acrobot-quiet.json"]),

@@ -1,0 +1,133 @@
+"""An Atari actor's inference in torch against ONNX Runtime on the CPU (issue #28: "consider a
+faster inference runtime only if it wins in the bench"). Prints one JSON object.
+
+    pip install -e .[bench]      # onnxruntime and onnx: benchmark-only, not TianJi dependencies
+    python bench/actor_runtime.py [--batches 8,16,32] [--reps 5] [--out docs/actor-runtime.json]
+
+The policy is the PPO actor's: Nature CNN and the policy head (`ActorCritic.logits`) on uint8
+[B, 4, 84, 84] frames, one thread in both runtimes (as an actor). Per batch size: CPU µs per
+frame of each (best of `--reps` rounds, the two interleaved), their ratio, and the largest
+|Δ logit| between them (float32 both: the same function to rounding). `rebuild_ms`: what a new
+policy version would cost ONNX Runtime (a session built again with the new weights as
+initializers); `ratio_if_onnxruntime`: the actor/bare-env ratio docs/actor-profile.json's
+loop would reach with the faster forward (env step and the rest unchanged).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
+from stamp import emit, stamp  # noqa: E402
+
+
+def policy(job):
+    import torch
+
+    from tianji.algos.models import build_model
+    from tianji.envs import EnvInfo
+
+    info = EnvInfo((job.spec.env.frame_stack, 84, 84), "uint8", 6)
+    model = build_model(job.spec.algorithm, job.spec.model, info, 0).eval()
+
+    class Logits(torch.nn.Module):  # what an actor runs per step
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):
+            return self.m.logits(x)
+
+    return Logits().eval()
+
+
+def session(onnx_bytes: bytes, weights: dict | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    # add_initializer keeps a pointer, not a reference: the OrtValues must outlive the session
+    values = {name: ort.OrtValue.ortvalue_from_numpy(arr) for name, arr in (weights or {}).items()}
+    for name, v in values.items():
+        so.add_initializer(name, v)
+    sess = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+    sess.tianji_weights = values
+    return sess
+
+
+def cpu_us_per_frame(fn, batch: int, n: int = 40) -> float:
+    t = time.process_time()
+    for _ in range(n):
+        fn()
+    return (time.process_time() - t) / n / batch * 1e6
+
+
+def measure(model, sess, batch: int, reps: int) -> dict:
+    import numpy as np
+    import torch
+
+    x = torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8)
+    xn = x.numpy()
+    with torch.inference_mode():
+        ref = model(x).numpy()
+        diff = float(np.abs(sess.run(None, {"x": xn})[0] - ref).max())
+        t_torch, t_ort = [], []
+        for _ in range(reps):  # interleaved: drift in the machine's load hits both alike
+            t_torch.append(cpu_us_per_frame(lambda: model(x), batch))
+            t_ort.append(cpu_us_per_frame(lambda: sess.run(None, {"x": xn}), batch))
+    return {"batch": batch, "torch_us": round(min(t_torch), 1), "onnxruntime_us": round(min(t_ort), 1),
+            "speedup": round(min(t_torch) / min(t_ort), 2), "max_abs_logit_diff": diff}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", default=str(ROOT / "examples" / "pong-ppo.yaml"))
+    ap.add_argument("--batches", default="8,16,32")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", help="also write the JSON here (docs/actor-runtime.json)")
+    a = ap.parse_args()
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError:
+        print(json.dumps({"bench": "actor_runtime", "unavailable": "pip install -e .[bench] (onnxruntime, onnx)"}))
+        return
+    import torch
+
+    from tianji.control.spec import load_job
+
+    torch.set_num_threads(1)  # as in an actor
+    model = policy(load_job(a.job))
+    buf = io.BytesIO()
+    torch.onnx.export(model, (torch.zeros(8, 4, 84, 84, dtype=torch.uint8),), buf, input_names=["x"],
+                      output_names=["logits"], dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
+                      dynamo=False)
+    graph = buf.getvalue()
+    sess = session(graph)
+    points = [measure(model, sess, int(b), a.reps) for b in a.batches.split(",")]
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load_from_string(graph).graph.initializer}
+    t = time.perf_counter()
+    for _ in range(10):
+        session(graph, weights)
+    out = {"bench": "actor_runtime", **stamp("actor_runtime.py", sys.argv[1:]), "job": str(Path(a.job).name),
+           "onnxruntime": onnxruntime.__version__, "torch": torch.__version__, "points": points,
+           "rebuild_ms": round((time.perf_counter() - t) / 10 * 1e3, 1)}
+    profile = ROOT / "docs" / "actor-profile.json"
+    if profile.is_file():  # the measured actor loop with the forward swapped for ONNX Runtime's
+        loops = {p["num_envs"]: p for p in json.loads(profile.read_text())["points"]}
+        out["ratio_if_onnxruntime"] = {
+            str(p["batch"]): round(lp["env_step_us"] / (lp["loop_us"] - lp["forward_fp32_us"] + p["onnxruntime_us"]), 3)
+            for p in points if (lp := loops.get(p["batch"]))}
+    out["host"] = {"loadavg": list(os.getloadavg())}
+    emit(out, a.out)
+
+
+if __name__ == "__main__":
+    main()
