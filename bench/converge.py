@@ -9,10 +9,11 @@ Runs, side by side in one invocation, for each algorithm and seed:
 Both clocks start when the process is launched (imports and start-up included)
 and read the first time the mean of the last 100 finished episodes reaches 300
 and 475; `pairs` gives, per seed, TianJi's time to 475 over each baseline's on the same seed (the
-runs of one seed go back to back) and the median of those ratios. TianJi's crossings are read from metrics.jsonl (1 s records; with --stop-at-target the
-475-crossing from summary.json). Unless --stop-at-target, every run goes on to the budget (SB3: to
-rl-zoo's n_timesteps or the budget) and reports, per target, its stability after the first crossing:
-the minimum and final mean-100 and held_fraction, the share of the remaining time at or above it.
+runs of one seed go back to back) and the median of those ratios. TianJi's crossings are read
+from metrics.jsonl (1 s records; with --stop-at-target the 475-crossing from summary.json).
+Unless --stop-at-target, every run goes on to the budget (SB3: to rl-zoo's n_timesteps or the
+budget) and reports, per target, its stability after the first crossing: the minimum and final
+mean-100 and held_fraction, the share of the remaining time at or above it.
 Prints one JSON object.
 
     python bench/converge.py [--algos ppo,dqn] [--seeds 1,2,3] [--budget-s 300]
@@ -182,7 +183,8 @@ def sb3_run(algo: str, seed: int, budget_s: float, threads: int, stop_at_target:
     t = time.time()
     try:  # the script stops itself at the budget; the timeout is a backstop
         p = subprocess.run([sys.executable, "-c", script, algo, str(seed), repr(t), repr(budget_s),
-                            "1" if stop_at_target else "0", json.dumps(settings or {})], capture_output=True, text=True, timeout=budget_s + 60)
+                            "1" if stop_at_target else "0", json.dumps(settings or {})],
+                           capture_output=True, text=True, timeout=budget_s + 60)
     except subprocess.TimeoutExpired:
         return {"seconds": {}, "timeout": budget_s}
     if p.returncode != 0:

@@ -105,8 +105,8 @@ def render_pong(files: list[dict]) -> list[str]:
              f"**{num(d['return_last'], 1)}**; {num(d['goal_return'], 0)}; {num(d['random_policy_return'], 1)}"],
             ["device", f"{d['device']} ({d['name']}, {d['cpus']} cores)"]]
     if "seconds_to" in d:  # the goals' milestones (bench/pong.py since 2026-11-26)
-        rows.insert(5, ["first reached mean-100 " + ", ".join(d["seconds_to"]),
-                        ", ".join("not reached" if v is None else f"{num(v / 60, 1)} min" for v in d["seconds_to"].values())])
+        when = ["not reached" if v is None else f"{num(v / 60, 1)} min" for v in d["seconds_to"].values()]
+        rows.insert(5, ["first reached mean-100 " + ", ".join(d["seconds_to"]), ", ".join(when)])
     ev = d.get("evaluation") or {}
     if ev.get("count"):
         rows.append(["in-run greedy evaluations; last, best mean return; evaluator restarts",
@@ -155,8 +155,8 @@ def render_actor_profile(files: list[dict]) -> list[str]:
     return provenance(d) + [""] + table(
         ["envs per actor", "env step µs", "policy µs", "fp32 forward µs", "bf16 forward µs", "whole loop µs",
          "actor/bare-env frames per CPU s"], rows) + [
-        "", f"CPU µs per agent step. The Nature CNN is {num(d['nature_cnn_mflop_per_frame'], 1)} MFLOP per frame; this "
-            f"core's float32 matmul peak measured {num(d['matmul_gflops_fp32'])} GFLOP/s (bfloat16: "
+        "", f"CPU µs per agent step. The Nature CNN is {num(d['nature_cnn_mflop_per_frame'], 1)} MFLOP per "
+            f"frame; this core's float32 matmul peak measured {num(d['matmul_gflops_fp32'])} GFLOP/s (bfloat16: "
             f"{num(d['matmul_gflops_bf16'])}), so float32 inference costs at least "
             f"{num(d['inference_bound_fp32_us'])} µs per frame and the ratio is bounded by "
             f"**{num(d['ratio_bound_fp32'], 2)}**."]
@@ -340,16 +340,18 @@ def render_headline(files: list[dict]) -> list[str]:
     ppo = conv["results"]["ppo"]
     pair = ppo["pairs"]["tianji_hand_over_sb3"]
     speed = [f"{load_label(d)} **{num(median_ratio(d), 2)}**" for d in ablations]
+    at10 = num(return_at(pong["curve"], 10), 1)
     rows = [[f"Pong PPO, {num(pong['minutes'])} minutes on {pong['cpus']} cores",
-             f"mean-100 return **{num(pong['return_last'], 1)}** at the end ({num(return_at(pong['curve'], 10), 1)} at 10 min)"
-             + pong_milestones(pong), pong["date"][:10]],
+             f"mean-100 return **{num(pong['return_last'], 1)}** at the end ({at10} at 10 min)" + pong_milestones(pong),
+             pong["date"][:10]],
             ["Relaxed vs strictly ordered (`spec.dependencies: strict`), PPO: strict's time to target over "
              "relaxed's, median of seed pairs (above 1: relaxed faster; [ablation](ablation.md))",
              "; ".join(f"{next(iter(d['summary']))} at {s}" for d, s in zip(ablations, speed)),
              ablations[0]["date"][:10]],
             [f"CartPole PPO to mean-100 ≥ 475 from launch, TianJi's time over SB3's (rl-zoo settings), "
              f"{len(pair['seeds'])} seed pairs", f"median **{num(pair['median'], 2)}** (TianJi "
-             f"{num(ppo['median_seconds']['tianji_hand']['475.0'], 1)} s, SB3 {num(ppo['median_seconds']['sb3']['475.0'], 1)} s)",
+             f"{num(ppo['median_seconds']['tianji_hand']['475.0'], 1)} s, "
+             f"SB3 {num(ppo['median_seconds']['sb3']['475.0'], 1)} s)",
              conv["date"][:10]]]
     return table(["what", "result", "when"], rows) + [
         "", "From " + ", ".join(f"`{d['path']}`" for d in files) + "; commands and machines in the sections below."]
@@ -377,7 +379,8 @@ def _v(name: str) -> str:
 
 
 BLOCKS = {  # block name: (renderer, the files it renders)
-    "headline": (render_headline, ["docs/pong.json", "docs/converge-ppo.json", "docs/ablation.json", "docs/ablation-cartpole-loaded.json",
+    "headline": (render_headline, ["docs/pong.json", "docs/converge-ppo.json", "docs/ablation.json",
+                                   "docs/ablation-cartpole-loaded.json",
                                    "docs/ablation-acrobot.json"]),
     "pong": (render_pong, ["docs/pong.json"]),
     "converge-ppo": (render_converge, ["docs/converge-ppo.json"]),
