@@ -238,10 +238,10 @@ class NodeAgent(Node):
     async def _claim_folder(self, w: PodWorker, claim: str) -> Path:
         """A bound claim's folder (the local cluster's volumes are hostPath PVs: provisioner.py). The
         Node authorizer lets this node read the claims and volumes of its own pods only."""
-        pvc = await self.api.get(f"/api/v1/namespaces/{w.namespace}/persistentvolumeclaims/{claim}")
+        pvc = await self._pod_input(f"/api/v1/namespaces/{w.namespace}/persistentvolumeclaims/{claim}")
         if pvc is None or (pvc.get("status") or {}).get("phase") != "Bound":
             raise PodStartError("ContainerCreating", f'persistentvolumeclaim "{claim}" is not bound')
-        pv = await self.api.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
+        pv = await self._pod_input(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
         path = ((pv or {}).get("spec") or {}).get("hostPath", {}).get("path")
         if not path:
             raise PodStartError("ContainerCreating", f'volume of claim "{claim}" is not a local folder')
@@ -249,7 +249,17 @@ class NodeAgent(Node):
         return Path(path)
 
     async def read(self, resource: str, namespace: str, name: str) -> Optional[dict]:
-        return await self.api.get(f"/api/v1/namespaces/{quote(namespace)}/{resource}/{quote(name)}")
+        return await self._pod_input(f"/api/v1/namespaces/{quote(namespace)}/{resource}/{quote(name)}")
+
+    async def _pod_input(self, path: str) -> Optional[dict]:
+        """GET an object a pod's start needs (None: not found). The Node authorizer lets a node read
+        a pod's configmaps, secrets and claims only once its graph holds the pod's binding, which
+        trails the binding by an informer's delay: a 403 then (or a lost connection) is a start to
+        retry, as the kubelet's "MountVolume.SetUp failed", not a pod worker that dies."""
+        try:
+            return await self.api.get(path)
+        except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise PodStartError("ContainerCreating", f"MountVolume.SetUp failed: {e}") from e
 
     async def write_status(self, w: PodWorker) -> None:
         body = {"metadata": {"uid": w.uid}, "status": json.loads(json.dumps(w.status))}
