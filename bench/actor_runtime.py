@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import json
+import os
 import sys
 import time
 from pathlib import Path

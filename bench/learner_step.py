@@ -53,13 +53,15 @@ def measure(job, threads: int, reps: int) -> dict:
     b = batch(job, info, np.random.default_rng(0))
     times: dict[str, list[float]] = {"default": [], "channels_last": []}
     learner.update(b)  # warm-up: oneDNN's kernels are chosen on the first calls
-    for _ in range(reps):
-        for layout in times:  # alternate, so drift in the machine's load hits both alike
-            NatureCNN.channels_last_training = layout == "channels_last"
-            t = time.perf_counter()
-            learner.update(b)
-            times[layout].append(time.perf_counter() - t)
-    NatureCNN.channels_last_training = True
+    try:
+        for _ in range(reps):
+            for layout in times:  # alternate, so drift in the machine's load hits both alike
+                NatureCNN.channels_last_training = layout == "channels_last"
+                t = time.perf_counter()
+                learner.update(b)
+                times[layout].append(time.perf_counter() - t)
+    finally:
+        NatureCNN.channels_last_training = True
     n = job.spec.algorithm.batch_size
     sps = {k: round(n / min(v), 1) for k, v in times.items()}  # best of reps: the least disturbed
     return {"threads": threads, "samples_per_s": sps, "speedup": round(sps["channels_last"] / sps["default"], 3),

@@ -41,16 +41,6 @@ RANDOM_RETURN = -20.5  # a random policy's Pong score
 GOAL_RETURN = -10.0
 MILESTONES = (-10.0, 0.0, 10.0, 18.0)
 
-
-def first_at(rows: list[dict], goal: float) -> float | None:
-    """Seconds to the first record whose mean-100 (over at least 10 episodes) reached `goal`."""
-    return next((r["t"] for r in rows if r["episodes"] >= 10 and r["mean_return"] >= goal), None)
-
-
-def return_at(rows: list[dict], seconds: float) -> float | None:
-    """The mean-100 of the last record at or before `seconds`."""
-    before = [r["mean_return"] for r in rows if r["t"] <= seconds]
-    return before[-1] if before else None
 PRESETS = {
     "cpu": {
         "common": ["spec.topology.actors=1", "spec.resources.actor.cpu=1", "spec.resources.learner.cpu=1",
@@ -74,6 +64,17 @@ def device_info() -> dict:
     if torch.cuda.is_available():
         return {"device": "cuda", "name": torch.cuda.get_device_name(0), "cpus": os.cpu_count()}
     return {"device": "cpu", "name": cpu_name(), "cpus": os.cpu_count()}
+
+
+def first_at(rows: list[dict], goal: float) -> float | None:
+    """Seconds to the first record whose mean-100 (over at least 10 episodes) reached `goal`."""
+    return next((r["t"] for r in rows if r["episodes"] >= 10 and r["mean_return"] >= goal), None)
+
+
+def return_at(rows: list[dict], seconds: float) -> float | None:
+    """The mean-100 of the last record at or before `seconds`."""
+    before = [r["mean_return"] for r in rows if r["t"] <= seconds]
+    return before[-1] if before else None
 
 
 def curve(run_dir: Path) -> list[dict]:
@@ -125,7 +126,6 @@ def main(argv=None) -> int:
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = curve(run_dir)
     rets = [r for r in rows if r["mean_return"] is not None]
-    crossed = next((r for r in rets if r["episodes"] >= 10 and r["mean_return"] >= GOAL_RETURN), None)
     th = summary.get("throughput", {})
     result = {
         "bench": "pong", **stamp("pong.py", sys.argv[1:] if argv is None else argv),
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         "return_last": rets[-1]["mean_return"] if rets else None,
         "return_best": max(r["mean_return"] for r in rets) if rets else None,
         "random_policy_return": RANDOM_RETURN, "goal_return": GOAL_RETURN,
-        "seconds_to_goal": crossed["t"] if crossed else None,
+        "seconds_to_goal": first_at(rets, GOAL_RETURN),
         # the issue's goals: the first time the mean-100 reached each return, and the return at 20 / 60 min
         "seconds_to": {str(g): first_at(rets, g) for g in MILESTONES},
         "return_at_minutes": {str(m): return_at(rets, 60 * m) for m in (10, 20, 30, 60) if m <= a.minutes},

@@ -2,6 +2,7 @@
 bench/report.py puts these beside every figure it renders from the JSON."""
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -26,8 +27,6 @@ def stamp(script: str, argv: list[str]) -> dict:
 
 def emit(result: dict, out: str | None) -> None:
     """Print the result as JSON and, with `out`, write the same text there (docs/*.json)."""
-    import json
-
     text = json.dumps(result, indent=1)
     print(text)
     if out:
