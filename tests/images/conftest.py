@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from imagekit import ensure_image, buildah
+from imagekit import buildah, ensure_image
 
 TAGS = {"worker": "localhost/tianji-worker:test", "operator": "localhost/tianji-operator:test",
         "reach-goal": "localhost/reach-goal-worker:test"}
@@ -28,7 +28,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     on = os.environ.get("TIANJI_TEST_IMAGES") == "1"
     for item in items:
-        if "tests/images/" in str(item.fspath):
+        if "tests/images/test_images_" in str(item.fspath):
             item.add_marker(pytest.mark.images)
             if not on:
                 item.add_marker(pytest.mark.skip(reason="the image tier: make test-images (TIANJI_TEST_IMAGES=1)"))
@@ -44,7 +44,8 @@ def _image(name: str, logs: Path, dockerfile: str = "", **settings: str):
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: make image-tools")
     built = ensure_image(dockerfile or name, TAGS[name], logs / f"{name}.log", **settings)
-    print(f"\n{TAGS[name]}: " + ("reused (inputs unchanged)" if built.seconds is None else f"built in {built.seconds:.0f} s"))
+    how = "reused (inputs unchanged)" if built.seconds is None else f"built in {built.seconds:.0f} s"
+    print(f"\n{TAGS[name]}: {how}")
     return built
 
 

@@ -17,12 +17,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))  # the cluster tier's helpers
 
-from clusterkit import OPERATOR_NS, RELEASE, free_index, get, helm, install_operator, wait_for  # noqa: E402
 from cluster_jobs import EXAMPLE, JOB, condition, diagnostics, final_reports, pods, status  # noqa: E402
+from clusterkit import OPERATOR_NS, RELEASE, free_index, get, helm, install_operator, wait_for  # noqa: E402
 from localcluster.cluster import BIN, LocalCluster, missing_programs  # noqa: E402
 from localcluster.crunruntime import crun_root  # noqa: E402
 from localcluster.ocibundle import crun, proc_status  # noqa: E402
-from tianji_operator.builders import CONTAINER, WORKER_UID  # noqa: E402
+from tianji_operator.children.builders import CONTAINER, WORKER_UID  # noqa: E402
 
 AGENT_ARGS = ("--backoff-base=1", "--backoff-max=10", "--probe-period-cap=1", "--runtime=crun")
 

@@ -11,12 +11,11 @@ import uuid
 import aiohttp
 import yaml
 
-from localcluster.ocibundle import crun, pod_container, proc_status
-
 from helpers import free_port
-from kube.kubelet import ClusterDNS
 from kube.operator_harness import NAMESPACE, eventually, job_manifest, start_cluster
-from tianji_operator.builders import WORKER_UID
+from kube.podnet import ClusterDNS
+from localcluster.ocibundle import crun, pod_container, proc_status
+from tianji_operator.children.builders import WORKER_UID
 
 
 def operator_pod(live: int, prom: int) -> dict:

@@ -17,18 +17,17 @@ import aiohttp
 import pytest
 import yaml
 
+from kube.podnet import ClusterDNS, LoopbackIPAM
 from localcluster.ocibundle import crun, pod_container, proc_status
-
-from kube.kubelet import ClusterDNS, LoopbackIPAM
-from tianji.control.accounting import Accounting, StopRule
-from tianji.control.addressing import POD_INDEX_LABEL
-from tianji.control.launch import WORKER_COMMAND
-from tianji.control.plan import resolve
+from tianji.control.contracts.accounting import Accounting, StopRule
+from tianji.control.contracts.addressing import POD_INDEX_LABEL
+from tianji.control.contracts.launch import WORKER_COMMAND
+from tianji.control.planner.plan import resolve
 from tianji.control.spec import parse_job
-from tianji_operator import builders as b
+from tianji_operator.children import builders as b
+from tianji_operator.children.builders import WORKER_UID
 from tianji_operator.config import DEFAULT_SCRAPERS
-from tianji_operator.builders import WORKER_UID
-from tianji_operator.reports import scrape_reports
+from tianji_operator.timers.podreports import scrape_reports
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 480

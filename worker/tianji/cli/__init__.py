@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tianji.control.plan import DEFAULT_PLAN_CPUS, PlanError
+from tianji.control.planner.plan import DEFAULT_PLAN_CPUS, PlanError
 from tianji.control.spec import SpecError
 from tianji.runtime.worker import add_arguments as worker_arguments
 
@@ -25,7 +25,7 @@ def _run(a: argparse.Namespace) -> int:
         return 2
     profile = None
     if a.profile:
-        from tianji.control.plan import load_profile
+        from tianji.control.planner.plan import load_profile
 
         try:
             profile = load_profile(a.profile)
@@ -73,16 +73,16 @@ def _plan(a: argparse.Namespace) -> int:
 
 def _profile(a: argparse.Namespace) -> int:
     if a.link_serve or a.link_measure:  # no torch needed: a pod can serve this from a bare image
-        from tianji.runtime.linkprobe import link_command
+        from tianji.runtime.profiling.linkprobe import link_command
 
         return link_command(a)
-    from tianji.runtime.profiler import profile_command
+    from tianji.runtime.profiling.profiler import profile_command
 
     return profile_command(a)
 
 
 def _crd(a: argparse.Namespace) -> int:
-    from tianji.control.crd import crd_yaml
+    from tianji.control.spec.crd import crd_yaml
 
     sys.stdout.write(crd_yaml())
     return 0
@@ -95,7 +95,8 @@ def spec_error_text(err: SpecError) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tianji", description="Highly parallel RL training with relaxed assignment dependencies.")
+    p = argparse.ArgumentParser(prog="tianji",
+                                description="Highly parallel RL training with relaxed assignment dependencies.")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run a TianJiJob locally, one process per role")
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an earlier run from its newest good checkpoints")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. spec.algorithm.lr=3e-4 (repeatable)")
-    r.add_argument("--run-dir", help="where sockets, logs, metrics.jsonl and summary.json go (default runs/<job>-<time>)")
+    r.add_argument("--run-dir",
+                   help="where sockets, logs, metrics.jsonl and summary.json go (default runs/<job>-<time>)")
     r.add_argument("--max-seconds", type=float, help="wall-clock cap on top of spec.stop")
     r.add_argument("--quiet", action="store_true", help="no live progress view")
     r.add_argument("--metrics-port", type=int, metavar="N",
@@ -125,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpus", type=int, help="default: spec.resources.gpus")
     pl.add_argument("--nodes", type=int, help="default: spec.resources.nodes")
     pl.add_argument("--cpus-per-node", type=float, help="default: spec.resources.cpusPerNode")
-    pl.add_argument("--profile", help="profile JSON from `tianji profile` (default: built-in estimates)")
+    pl.add_argument("--profile", help="profile JSON from `tianji profile` (default: built-in estimates); "
+                                      "a learner GPU figure measured for the job in docs/device fills one it lacks")
+    pl.add_argument("--gpu-model", help="the GPUs' model (e.g. H100): use a GPU figure measured on it")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pl.set_defaults(fn=_plan)

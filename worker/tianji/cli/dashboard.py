@@ -36,7 +36,8 @@ def dashboard_command(a: argparse.Namespace) -> int:
         print(f"tianji dashboard: {e}", file=sys.stderr)
         return 1
     where = f"{a.namespace}/{a.job}" if a.namespace else a.job
-    out = render(dash, results, a.png, subtitle=f"job {where}, {range_s / 60:.3g} min to {stamp(end)}", start=end - range_s)
+    out = render(dash, results, a.png, subtitle=f"job {where}, {range_s / 60:.3g} min to {stamp(end)}",
+                 start=end - range_s)
     empty = [pr.title for pr in results if not any(t.series for t in pr.targets)]
     print(f"wrote {out}: {len(results)} panels" + (f"; no data in {len(empty)}: {', '.join(empty)}" if empty else ""))
     return 0

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 
 def atomic_write(final: Path, tmp: Path, dump: Callable[[BinaryIO], None]) -> Path:

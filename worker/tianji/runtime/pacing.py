@@ -2,7 +2,7 @@
 
 The learner advertises its capacity C (samples per busy second) and a
 headroom h with each parameter publish; an actor produces at most
-C / replayRatio * h / actors frames/s (control/plan.pace_fps). A fixed h
+C / replayRatio * h / actors frames/s (control/planner/plan.pace_fps). A fixed h
 either wastes (production the learner cannot take ages out and is dropped as
 stale, or is refused by the replay limiter) or starves the learner. So h is
 driven by what the learner observes over each control period:

@@ -15,9 +15,9 @@ import numpy as np
 
 from tianji.algos import dqn, ppo
 from tianji.algos.distributions import clip_to_bounds
-from tianji.envs import check_declared, env_info, make_vec_env, split
 from tianji.algos.models import actor_policy, build_model
 from tianji.control.spec import JobSpec
+from tianji.envs import check_declared, env_info, make_vec_env, split
 
 
 class Rollout:

@@ -28,13 +28,14 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 import zmq
 
-from tianji.control.launch import ENV_CURVE_KEYS
+from tianji.control.contracts.launch import ENV_CURVE_KEYS
 
 log = logging.getLogger("tianji")
 LAUNCHER = "launcher"  # the local launcher's identity (it receives reports)

@@ -18,8 +18,9 @@ for a given job is checked by runtime/validate.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np

@@ -13,9 +13,9 @@ import os
 import signal
 import sys
 
-from tianji.control.addressing import ROLES, Addresses, auto_index
-from tianji.control.fabric import FabricError, interface_ipv4
-from tianji.control.launch import ENV_PARENT_PID, ENV_POD_IP, ENV_STATE_DIR, torch_threads
+from tianji.control.contracts.addressing import ROLES, Addresses, auto_index
+from tianji.control.contracts.fabric import FabricError, interface_ipv4
+from tianji.control.contracts.launch import ENV_PARENT_PID, ENV_POD_IP, ENV_STATE_DIR, torch_threads
 from tianji.control.spec import SpecError, load_job
 
 

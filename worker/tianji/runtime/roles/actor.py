@@ -37,15 +37,22 @@ from typing import Optional
 import numpy as np
 import zmq
 
-from tianji.control.addressing import buffer_for_actor, learner_for_actor
-from tianji.runtime import envguard, framestack
 from tianji.algos.models import load_arrays, state_arrays
-from tianji.control.plan import pace_fps
+from tianji.control.contracts.addressing import buffer_for_actor, learner_for_actor
+from tianji.control.planner.plan import pace_fps
+from tianji.runtime import envguard, framestack
 from tianji.runtime.pacing import startup_frames
-from tianji.runtime.rollout import Rollout
 from tianji.runtime.roles.base import Role
-from tianji.runtime.validate import (check_capacity, check_frames, check_headroom, check_learner_version,
-                                     check_params, limits_for, ppo_batch_fragments)
+from tianji.runtime.rollout import Rollout
+from tianji.runtime.validate import (
+    check_capacity,
+    check_frames,
+    check_headroom,
+    check_learner_version,
+    check_params,
+    limits_for,
+    ppo_batch_fragments,
+)
 from tianji.runtime.wire import WireError
 
 log = logging.getLogger("tianji")
@@ -137,11 +144,11 @@ class Actor(ParamFollower, Role):
         self.rollout = Rollout(s, seed, frames_scale=topo.groups * topo.actors)
         self.model, self.info = self.rollout.model, self.rollout.info
         b = buffer_for_actor(self.index, topo.buffers)
-        l = learner_for_actor(self.index, topo.buffers, topo.learners)
+        learner = learner_for_actor(self.index, topo.buffers, topo.learners)
         self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4,
                                 peer=f"buffer-{self.group}-{b}")
-        self.follow_params(self.group, l)
-        self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == l)
+        self.follow_params(self.group, learner)
+        self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == learner)
         # dependencies: strict (the paper's baseline): rounds of one rollout, then a wait for the new policy
         self.strict = s.dependencies == "strict"
         self.rollout_fragments = ppo_batch_fragments(s) // (topo.actors // topo.buffers) if self.strict else 0

@@ -8,7 +8,7 @@ Who sent a message is what the transport proved (runtime/security.py): `receive`
 header whose "from" the sender's key does not cover (reason "sender") and a role that may not
 send on that socket (reason "role"); a connecting socket pins its peer's key. Handlers call
 `accept(msg)` once a message passed every check: a sequence number it has seen from that sender
-(a replay) is refused there (runtime/sequence.py).
+(a replay) is refused there (runtime/replayguard.py).
 """
 from __future__ import annotations
 
@@ -19,19 +19,19 @@ import signal
 import time
 import uuid
 from collections import deque
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 import zmq
 
-from tianji.control.report import WINDOW, build_report, compact_json
-from tianji.control.addressing import Addresses
-from tianji.control.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
-from tianji.observability.metrics import RoleMetrics
+from tianji.control.contracts.addressing import Addresses
+from tianji.control.contracts.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
+from tianji.control.contracts.rolereport import WINDOW, build_report, compact_json
 from tianji.control.spec import TianJiJob
-from tianji.runtime import security
+from tianji.observability.metrics import RoleMetrics
+from tianji.runtime import security, wire
 from tianji.runtime.liveness import watch_peers
-from tianji.runtime import wire
-from tianji.runtime.sequence import SeqGuard, next_seq
+from tianji.runtime.replayguard import SeqGuard, next_seq
 from tianji.runtime.wire import Limits, Message, WireError, decode, encode
 
 log = logging.getLogger("tianji")
@@ -169,7 +169,7 @@ class Role:
 
     def accept(self, msg: Message) -> None:
         """The last check before a message takes effect: raises WireError("replay") for a
-        sequence number already seen from its sender (runtime/sequence.py)."""
+        sequence number already seen from its sender (runtime/replayguard.py)."""
         self.seqs.accept(msg.sender, msg.seq)
 
     def handle(self, handler, msg: Message) -> None:
@@ -199,7 +199,7 @@ class Role:
         return {}
 
     def report(self, final: bool = False) -> dict:
-        """This process's report (tianji.control.report): cumulative counts of this incarnation."""
+        """This process's report (tianji.control.contracts.rolereport): cumulative counts of this incarnation."""
         self._report_seq += 1
         return build_report(job=self.job.name, role=self.name, group=self.group, index=self.index,
                             incarnation=self.incarnation, pid=os.getpid(), started=self.started_at,
@@ -220,7 +220,8 @@ class Role:
         rep = self.report(final)
         self._report_json = json.dumps(rep, separators=(",", ":")).encode()
         if self._report_sock is not None:
-            self.send(self._report_sock, "report", meta=rep, policy_version=int(self.metrics.gauges.get("policy_version", 0)))
+            self.send(self._report_sock, "report", meta=rep,
+                      policy_version=int(self.metrics.gauges.get("policy_version", 0)))
         if final:
             self._write_termination_log(rep)
 

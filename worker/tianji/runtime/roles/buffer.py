@@ -12,7 +12,7 @@ reject (roles/base.py), never a crash.
 On-policy (PPO): a FIFO of fragments, each consumed once; a batch is
 `batchSize / (numEnvs * fragmentLength)` whole fragments.
 Off-policy (DQN): a replay ring behind a sample-to-insert limiter
-(control/ratelimit.py): a batch of `batchSize * stepsPerBatch` samples is sent
+(control/contracts/ratelimit.py): a batch of `batchSize * stepsPerBatch` samples is sent
 only when the limiter allows it, and a fragment it refuses is dropped
 (reason "ratio"), so the realised replay ratio stays within its error buffer
 of the target without blocking anyone.
@@ -36,15 +36,21 @@ import time
 import numpy as np
 import zmq
 
-from tianji.control.addressing import learner_for_buffer
-from tianji.envs import declared_info
+from tianji.control.contracts.addressing import learner_for_buffer
 from tianji.control.spec import DQNConfig, PPOConfig
+from tianji.envs import declared_info
 from tianji.runtime import replay_snapshot
-from tianji.runtime.storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
-from tianji.runtime.validate import (check_fragment, check_learner_version, check_policy_version, fragment_bytes,
-                                     limits_for, ppo_batch_fragments)
-from tianji.runtime.wire import Limits, Message, WireError
 from tianji.runtime.roles.base import Role
+from tianji.runtime.storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
+from tianji.runtime.validate import (
+    check_fragment,
+    check_learner_version,
+    check_policy_version,
+    fragment_bytes,
+    limits_for,
+    ppo_batch_fragments,
+)
+from tianji.runtime.wire import Limits, Message, WireError
 
 log = logging.getLogger("tianji")
 MAX_DRAIN = 64  # messages per socket per loop turn: fairness between fan-in and dispatch

@@ -6,7 +6,7 @@ it is loaded; a bad one is a counted reject), so it never slows actors or learne
 one more subscriber, sends nothing but its report, and a PUB never waits for a slow one.
 
 Every `intervalSeconds` it plays `episodes` episodes with the evaluation policy of `tianji
-eval` (cli/evaluate.play_episodes: a fixed count per env; PPO at its mode, DQN
+eval` (runtime/evaluation.play_episodes: a fixed count per env; PPO at its mode, DQN
 epsilon-greedy at `epsilon`) on envs of its own, seeded apart from every actor's
 (EVAL_SEED_BASE). One evaluation is of one policy version: parameters that arrive while
 it plays wait on the socket. Its returns are not training episodes: they go to
@@ -22,9 +22,9 @@ import time
 import numpy as np
 
 from tianji.algos.models import build_model
-from tianji.cli.evaluate import eval_env_count, play_episodes
-from tianji.control.report import eval_summary
+from tianji.control.contracts.rolereport import eval_summary
 from tianji.envs import env_info, make_vec_env
+from tianji.runtime.evaluation import eval_env_count, play_episodes
 from tianji.runtime.roles.actor import ParamFollower
 from tianji.runtime.roles.base import Role
 

@@ -36,21 +36,20 @@ import numpy as np
 import torch
 import zmq
 
-from tianji.runtime import checkpoint
-from tianji.control.addressing import dist_init_method, learner_for_buffer
-from tianji.runtime.distributed import GroupSync, world_of
-from tianji.algos import normalize
+from tianji.algos import normalize, params_finite
 from tianji.algos.dqn import DQNLearner
-from tianji.algos.ppo import PPOLearner
-from tianji.envs import declared_info
-from tianji.algos import params_finite
 from tianji.algos.models import build_model, state_arrays
-from tianji.control.report import LEARNER_STATS
+from tianji.algos.ppo import PPOLearner
+from tianji.control.contracts.addressing import dist_init_method, learner_for_buffer
+from tianji.control.contracts.rolereport import LEARNER_STATS
 from tianji.control.spec import dump_job
+from tianji.envs import declared_info
+from tianji.runtime import checkpoint
+from tianji.runtime.distributed import GroupSync, world_of
 from tianji.runtime.pacing import HeadroomController
+from tianji.runtime.roles.base import Role
 from tianji.runtime.validate import batch_bytes, check_batch, check_feedback, limits_for
 from tianji.runtime.wire import Message, WireError
-from tianji.runtime.roles.base import Role
 
 log = logging.getLogger("tianji")
 CREDIT_REFRESH_S = 1.0

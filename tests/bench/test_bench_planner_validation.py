@@ -1,0 +1,37 @@
+"""bench/planner_validation.py without running anything: its random topologies are valid jobs the
+model predicts, and its summary is the median / max / kind accuracy of the recorded points."""
+from __future__ import annotations
+
+import random
+
+from bench.harness import ROOT
+
+from bench import planner_validation as pv
+from tianji.control.planner.plan import default_profile
+from tianji.control.planner.sharedhost import predict_on_host
+from tianji.control.spec import load_job
+
+
+def test_drawn_topologies_are_valid_jobs_with_their_own_sync_mode():
+    rng = random.Random(3)
+    drawn = [pv.draw(rng, ["ppo", "dqn"]) for _ in range(40)]
+    assert {t["algo"] for t in drawn} == {"ppo", "dqn"} and {t["sync"] for t in drawn} == {"average", "allreduce"}
+    for t in drawn:
+        job = load_job(str(ROOT / pv.EXAMPLES[t["algo"]]), pv.base(30) + pv.point_sets(t))
+        topo = job.spec.topology
+        assert (topo.groups, topo.actors, job.spec.env.num_envs) == (t["groups"], t["actors"], t["num_envs"])
+        assert topo.group_sync.mode == t["sync"] and job.spec.resources.learner.threads == t["threads"]
+        assert t["groups"] > 1 or t["sync"] == "average"
+        pred = predict_on_host(job, default_profile(job), 2.0, learner_threads=t["threads"])
+        assert pred["consumed_sps"] > 0 and pred["group_sync"] == t["sync"]
+
+
+def test_summary_counts_errors_and_kinds():
+    rows = [{"predicted": {"bottleneck": "sample-bound"}, "measured": {"bottleneck": "sample-bound"},
+             "rel_error": {"produced_fps": 0.1, "consumed_sps": -0.3}},
+            {"predicted": {"bottleneck": "communication-bound"}, "measured": {"bottleneck": "sample-bound"},
+             "rel_error": {"produced_fps": 0.2, "consumed_sps": 0.5}},
+            {"predicted": {"bottleneck": "sample-bound"}, "error": "no steady window"}]
+    s = pv.summarise(rows)
+    assert s == {"points_run": 2, "points_failed": 1, "median_abs_error": 0.25, "max_abs_error": 0.5,
+                 "kind_accuracy": "1/2"}

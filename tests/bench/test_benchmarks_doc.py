@@ -1,0 +1,55 @@
+"""docs/benchmarks.md's generated blocks say what the benchmark JSON in docs/results/ says
+(bench/render_docs.py)."""
+import json
+import re
+
+from bench.harness import RESULTS
+
+from bench import render_docs
+
+DOC = render_docs.DOC
+
+
+def test_the_doc_in_the_repo_matches_its_json(capsys):
+    assert render_docs.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_every_registered_file_records_its_command_date_and_machine():
+    for name, (_, files) in render_docs.BLOCKS.items():
+        for f in files:
+            d = render_docs.load(f)
+            assert all(d.get(k) for k in ("command", "date", "machine")), f"{name}: {f}"
+
+
+def _block(text: str, name: str) -> str:
+    return re.search(rf"<!-- report:{name} -->.*?<!-- /report:{name} -->", text, re.S).group(0)
+
+
+def test_an_edited_number_in_a_block_is_caught_and_rewritten(tmp_path, capsys):
+    doc = tmp_path / "benchmarks.md"
+    text = DOC.read_text()
+    pong = _block(text, "pong")
+    frames = json.loads((RESULTS / "pong.json").read_text())["env_frames"]
+    shown, edited = f"{frames:,}", f"{frames + 1:,}"
+    assert shown in pong  # docs/results/pong.json's env_frames
+    prose_edit = "The 100-episode mean return of the exploring policy"
+    assert prose_edit in text
+    doc.write_text(text.replace(pong, pong.replace(shown, edited))
+                   .replace(prose_edit, prose_edit + " (edited)"))
+
+    assert render_docs.main(["--check", "--doc", str(doc)]) == 1
+    out = capsys.readouterr().out
+    assert "report:pong" in out and "report:scaling" not in out
+
+    assert render_docs.main(["--doc", str(doc)]) == 0  # rewrites the block, keeps the prose
+    assert render_docs.main(["--check", "--doc", str(doc)]) == 0
+    rewritten = doc.read_text()
+    assert _block(rewritten, "pong") == pong and prose_edit + " (edited)" in rewritten
+
+
+def test_a_removed_block_is_named(tmp_path, capsys):
+    doc = tmp_path / "benchmarks.md"
+    text = DOC.read_text()
+    doc.write_text(text.replace(_block(text, "groupsync"), ""))
+    assert render_docs.main(["--check", "--doc", str(doc)]) == 1
+    assert "report:groupsync is missing" in capsys.readouterr().out
