@@ -1,7 +1,8 @@
-"""What a kubelet does for a pod, shared by the local cluster's node agent (real API server,
-`nodeagent.py`) and the tests' emulator kubelet (tests/kube/kubelet.py): every Pod runs as a
-local process started from its spec (`Node.launch`; the node agent's `--runtime=crun` runs a
-container from the pod's image instead: crunruntime.py).
+"""What a kubelet does for a pod: the local cluster's node agent (real API server,
+`nodeagent.py`) runs every pod with it (tests/unit/test_localcluster_pods.py checks it on a node
+whose API server is a dict). Every Pod runs as a local process started from its spec
+(`Node.launch`; the node agent's `--runtime=crun` runs a container from the pod's image
+instead: crunruntime.py).
 
 * container: `command` + `args` (the "image" is this host's Python: there is no ENTRYPOINT,
   `command` is required), env with `$(VAR)` expansion and the downward API (`fieldRef`,
@@ -390,7 +391,7 @@ class Node:
 
     # ------------------------------------------------------------ hooks
     async def admit(self, worker: PodWorker) -> bool:
-        """May this node run the pod (the emulator binds it here)? False: it is gone."""
+        """May this node run the pod? False: it is gone."""
         return True
 
     async def sandbox(self, worker: PodWorker) -> str:

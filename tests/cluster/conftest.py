@@ -21,7 +21,7 @@ from localcluster.pods import unavailable_reason
 
 from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator
 
-# Faster than a kubelet's defaults, as the emulator tier runs them: restarts back off from 1 s.
+# Faster than a kubelet's defaults: restarts back off from 1 s.
 AGENT_ARGS = ("--backoff-base=1", "--backoff-max=10", "--probe-period-cap=1")
 
 

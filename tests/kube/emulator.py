@@ -51,13 +51,6 @@ is what a cluster would store:
 * delete: finalizers → deletionTimestamp; the object goes when its last
   finalizer is removed; background garbage collection of dependents whose
   ownerReferences point at a deleted uid;
-* graceful pod deletion, when a kubelet is attached (`graceful_pod_deletion`,
-  set by tests/kube/kubelet.py): DELETE of a pod bound to a node
-  (spec.nodeName) with a grace period > 0 (DeleteOptions/`?gracePeriodSeconds`,
-  else spec.terminationGracePeriodSeconds, else 30) only sets
-  deletionTimestamp (now + grace) and deletionGracePeriodSeconds; the kubelet
-  stops the containers and removes the object with a grace period of 0.
-  Garbage collection deletes pods the same way;
 * list: labelSelector (=, ==, !=, in, notin, exists, !exists) and
   fieldSelector (metadata.name, metadata.namespace, status.phase);
 * watch: events after `?resourceVersion` from the event log, then live;
@@ -68,10 +61,11 @@ is what a cluster would store:
 * `/api/v1/namespaces[/NAME]` addresses Namespaces (kmock 0.8 parses
   "namespaces" there as a namespace prefix and answers 500).
 
-No controllers run here: pods get no status beyond Pending and StatefulSets
-create no pods. Tests play them with `set_status()` / `put_object()` (which act
-as a controller: no status reset), or attach the local kubelet and StatefulSet
-controller (tests/kube/kubelet.py, statefulset.py). Assertions read `obj()`,
+No controllers and no kubelet run here: pods get no status beyond Pending,
+StatefulSets create no pods, and a pod is deleted at once (a test that needs
+one to linger gives it a finalizer). Tests play the controllers with
+`set_status()` / `put_object()` (which act as a controller: no status reset);
+pods that really run are the real control plane's (tests/cluster). Assertions read `obj()`,
 `live()`, `requests`, `api_calls()` (verbs as RBAC names them), `pruned`,
 `refused` and `warnings`.
 
@@ -137,9 +131,8 @@ def _parse_path(path: str) -> parsing.ParsedPath:
 parsing.parse_path = _parse_path  # rendering.Request._parse looks it up on the module at call time
 
 
-def _now(plus_seconds: float = 0) -> str:
-    return (datetime.datetime.now(tz=datetime.timezone.utc) + datetime.timedelta(seconds=plus_seconds)).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _name_of(obj: dict) -> str:
@@ -323,8 +316,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
     pruned: list = attrs.field(factory=list, init=False)
     refused: list = attrs.field(factory=list, init=False)
     warnings: list = attrs.field(factory=list, init=False)
-    # A kubelet is attached: DELETE of a scheduled pod is graceful (module doc).
-    graceful_pod_deletion: bool = attrs.field(default=False, init=False)
 
     # ----------------------------------------------------------------- assertions
     @property
@@ -668,31 +659,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return new  # a no-op write keeps the resourceVersion, like the API server
         meta["resourceVersion"] = self._next_rv()
         self.objects[key].history.append(new)
-        if meta.get("deletionTimestamp") and not meta.get("finalizers") and not meta.get(
-                "deletionGracePeriodSeconds"):  # a pod in its grace period stays until the kubelet removes it
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             self._finalize(res, key)
         else:
             self._emit(res, "MODIFIED", new)
         return new
 
-    def _delete(self, res, namespace, name, grace_period: Optional[int] = None) -> dict:
+    def _delete(self, res, namespace, name) -> dict:
         key = (res, namespace, name)
         if key not in self.objects or self.objects[key].deleted:
             raise kmock.KubernetesObjectNotFoundError()
         obj = copy.deepcopy(self.objects[key].raw)
         meta = obj["metadata"]
-        if self.graceful_pod_deletion and res == kmock.resource("v1/pods") and (obj.get("spec") or {}).get("nodeName"):
-            if grace_period is None:
-                grace_period = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-            grace_period = max(0, int(grace_period))
-            if grace_period > 0 or meta.get("finalizers"):
-                # Graceful: the kubelet stops the containers, then deletes with a grace period of 0.
-                # A shorter grace period replaces a longer one; 0 with finalizers waits for them.
-                if meta.get("deletionGracePeriodSeconds") is None or grace_period < meta["deletionGracePeriodSeconds"]:
-                    self._mark_deleting(res, key, obj, grace_period)
-                return obj
-            self._finalize(res, key)
-            return obj
         if meta.get("finalizers"):
             if not meta.get("deletionTimestamp"):
                 self._mark_deleting(res, key, obj)
@@ -700,12 +678,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._finalize(res, key)
         return obj
 
-    def _mark_deleting(self, res, key, obj: dict, grace: Optional[int] = None) -> None:
-        """The object stays, being deleted: deletionTimestamp (now + grace), a MODIFIED event."""
+    def _mark_deleting(self, res, key, obj: dict) -> None:
+        """The object stays, being deleted (its finalizers): deletionTimestamp, a MODIFIED event."""
         meta = obj["metadata"]
-        meta["deletionTimestamp"] = _now(grace or 0)
-        if grace is not None:
-            meta["deletionGracePeriodSeconds"] = grace
+        meta["deletionTimestamp"] = _now()
         meta["resourceVersion"] = self._next_rv()
         self.objects[key].history.append(obj)
         self._emit(res, "MODIFIED", obj)
@@ -745,11 +721,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesResourceNotFoundError()
         async with self._lock:
             if request.action == enums.action.DELETE:
-                grace = request.params.get("gracePeriodSeconds")
-                if grace is None and isinstance(request.data, dict):
-                    grace = request.data.get("gracePeriodSeconds")
-                return aiohttp.web.json_response(self._delete(res, request.namespace, request.name,
-                                                              None if grace is None else int(grace)))
+                return aiohttp.web.json_response(self._delete(res, request.namespace, request.name))
             w = Write(agent=request.headers.get("User-Agent", ""), subresource=request.subresource)
             status, out = self._write(request, w)
             for text in w.warnings:
