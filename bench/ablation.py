@@ -10,9 +10,9 @@ records after the first update: `steady`), policy lag, drops, and the load avera
 per mode, medians; per seed, relaxed/strict ratios. Prints one JSON object (`--out` also writes it)
 and, with --plot, a figure: mean-100 return against time, and the per-seed throughput.
 
-    python bench/ablation.py --jobs cartpole-ppo --seeds 1,2,3,4,5 --budget-s 300
-    python bench/ablation.py --jobs pong-ppo --seeds 1 --budget-s 120      # throughput only (no target)
-    python bench/ablation.py --jobs cartpole-ppo,pong-ppo --components    # the overlap bound per job
+    python -m bench.ablation --jobs cartpole-ppo --seeds 1,2,3,4,5 --budget-s 300
+    python -m bench.ablation --jobs pong-ppo --seeds 1 --budget-s 120      # throughput only (no target)
+    python -m bench.ablation --jobs cartpole-ppo,pong-ppo --components    # the overlap bound per job
 
 A job is examples/<name>.yaml or a job file (bench/jobs/acrobot-ppo-rlzoo.yaml: a peer's published
 hyperparameters). Strict is PPO only (spec.py refuses DQN: a DQN learner's rounds are set by the
@@ -24,23 +24,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, emit, run_job, stamp
+
 MODES = ("relaxed", "strict")
-
-
-def _records(run_dir: Path) -> list[dict]:
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def steady_rates(recs: list[dict]) -> dict:
@@ -62,15 +52,13 @@ def job_file(job: str) -> Path:
 
 def run(job: str, mode: str, seed: int, budget_s: float, extra: list[str]) -> dict:
     rd = Path(tempfile.mkdtemp(prefix=f"ablation-{Path(job).stem}-{mode}-"))
-    cmd = [sys.executable, "-m", "tianji.cli", "run", str(job_file(job)), "--run-dir", str(rd), "--quiet"]
-    for o in (f"spec.dependencies={mode}", f"spec.env.seed={seed}", f"spec.stop.seconds={budget_s}",
-              "spec.stop.envFrames=100000000", "spec.evaluation.intervalSeconds=null", *extra):
-        cmd += ["--set", o]
+    sets = [f"spec.dependencies={mode}", f"spec.env.seed={seed}", f"spec.stop.seconds={budget_s}",
+            "spec.stop.envFrames=100000000", "spec.evaluation.intervalSeconds=null", *extra]
     load = os.getloadavg()[0]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s + 240)
+    p = run_job(job_file(job), sets, rd, timeout=budget_s + 240)
     try:
-        s = json.loads((rd / "summary.json").read_text())
-        recs = _records(rd)
+        s = p.summary()
+        recs = p.records()
     except (OSError, ValueError):
         return {"job": job, "mode": mode, "seed": seed, "error": p.stderr[-800:]}
     curve = [(r["t"], r.get("mean_return")) for r in recs if r.get("mean_return") is not None]
@@ -216,12 +204,9 @@ def main() -> None:
                 runs.append(run(job, mode, seed, a.budget_s, a.set))
                 print(json.dumps({x: y for x, y in runs[-1].items() if x != "curve"}), file=sys.stderr, flush=True)
             k += 1
-    result = {"command": " ".join(["python", "bench/ablation.py", *sys.argv[1:]]), "cpus": os.cpu_count(),
+    result = {**stamp("ablation"), "cpus": os.cpu_count(),
               "budget_s": a.budget_s, "summary": summarise(runs), "runs": runs}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(result, a.out)
     if a.plot:
         plot(result, Path(a.plot))
 

@@ -1,6 +1,6 @@
 """Where an Atari actor's CPU goes, per agent step. Prints one JSON object.
 
-    python bench/actor_profile.py [--job examples/pong-dqn.yaml] [--num-envs 8,16,32] [--steps 200] [--set K=V]
+    python -m bench.actor_profile [--job examples/pong-dqn.yaml] [--num-envs 8,16,32] [--steps 200] [--set K=V]
 
 Per num_envs, CPU µs (time.process_time: every thread of this process, ALE's included) per
 agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE thread):
@@ -20,12 +20,9 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "worker"))
-sys.path.insert(0, str(ROOT / "bench"))
-from stamp import emit, stamp  # noqa: E402
+from bench.harness import ROOT, emit, loadavg, stamp
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -53,7 +50,7 @@ def profile(job_path: str, sets: list, n: int, steps: int) -> dict:
 
     from tianji.algos.models import Bf16Policy
     from tianji.control.spec import load_job
-    from tianji.runtime.profiler import ActorLoop
+    from tianji.runtime.profiling.profiler import ActorLoop
 
     cpu = time.process_time
     loop = ActorLoop(load_job(job_path, [*sets, f"spec.env.numEnvs={n}"]))
@@ -113,7 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--num-envs", default="8,16,32")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--out", help="also write the JSON here (docs/actor-profile.json: bench/report.py renders it)")
+    ap.add_argument("--out", help="also write the JSON here (docs/results/actor-profile.json: bench.render_docs "
+                                  "renders it)")
     a = ap.parse_args(argv)
     import torch
 
@@ -123,13 +121,13 @@ def main(argv=None) -> int:
     peak32, peak16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
     env_us = rows[0]["env_step_us"]
     bound_us = flops / peak32 / 1e3
-    out = {"bench": "actor_profile", **stamp("actor_profile.py", sys.argv[1:] if argv is None else argv),
+    out = {"bench": "actor_profile", **stamp("actor_profile", argv),
            "job": os.path.relpath(a.job, ROOT), "sets": a.set, "points": rows,
            "nature_cnn_mflop_per_frame": round(flops / 1e6, 2),
            "matmul_gflops_fp32": round(peak32, 1), "matmul_gflops_bf16": round(peak16, 1),
            "inference_bound_fp32_us": round(bound_us, 1),
            "ratio_bound_fp32": round(env_us / (env_us + bound_us), 3),
-           "torch_threads": torch.get_num_threads(), "host": {"loadavg": list(os.getloadavg())}}
+           "torch_threads": torch.get_num_threads(), "host": {"loadavg": loadavg()}}
     emit(out, a.out)
     return 0
 

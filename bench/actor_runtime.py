@@ -2,14 +2,14 @@
 faster inference runtime only if it wins in the bench"). Prints one JSON object.
 
     pip install -e .[bench]      # onnxruntime and onnx: benchmark-only, not TianJi dependencies
-    python bench/actor_runtime.py [--batches 8,16,32] [--reps 5] [--out docs/actor-runtime.json]
+    python -m bench.actor_runtime [--batches 8,16,32] [--reps 5] [--out docs/results/actor-runtime.json]
 
 The policy is the PPO actor's: Nature CNN and the policy head (`ActorCritic.logits`) on uint8
 [B, 4, 84, 84] frames, one thread in both runtimes (as an actor). Per batch size: CPU µs per
 frame of each (best of `--reps` rounds, the two interleaved), their ratio, and the largest
 |Δ logit| between them (float32 both: the same function to rounding). `rebuild_ms`: what a new
 policy version would cost ONNX Runtime (a session built again with the new weights as
-initializers); `ratio_if_onnxruntime`: the actor/bare-env ratio docs/actor-profile.json's
+initializers); `ratio_if_onnxruntime`: the actor/bare-env ratio docs/results/actor-profile.json's
 loop would reach with the faster forward (env step and the rest unchanged).
 """
 from __future__ import annotations
@@ -17,15 +17,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "worker"))
-sys.path.insert(0, str(ROOT / "bench"))
-from stamp import emit, stamp  # noqa: E402
+from bench.harness import RESULTS, ROOT, emit, loadavg, stamp
 
 
 def policy(job):
@@ -91,7 +86,7 @@ def main() -> None:
     ap.add_argument("--job", default=str(ROOT / "examples" / "pong-ppo.yaml"))
     ap.add_argument("--batches", default="8,16,32")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", help="also write the JSON here (docs/actor-runtime.json)")
+    ap.add_argument("--out", help="also write the JSON here (docs/results/actor-runtime.json)")
     a = ap.parse_args()
     try:
         import onnx
@@ -116,16 +111,16 @@ def main() -> None:
     t = time.perf_counter()
     for _ in range(10):
         session(graph, weights)
-    out = {"bench": "actor_runtime", **stamp("actor_runtime.py", sys.argv[1:]), "job": str(Path(a.job).name),
+    out = {"bench": "actor_runtime", **stamp("actor_runtime"), "job": str(Path(a.job).name),
            "onnxruntime": onnxruntime.__version__, "torch": torch.__version__, "points": points,
            "rebuild_ms": round((time.perf_counter() - t) / 10 * 1e3, 1)}
-    profile = ROOT / "docs" / "actor-profile.json"
+    profile = RESULTS / "actor-profile.json"
     if profile.is_file():  # the measured actor loop with the forward swapped for ONNX Runtime's
         loops = {p["num_envs"]: p for p in json.loads(profile.read_text())["points"]}
         out["ratio_if_onnxruntime"] = {
             str(p["batch"]): round(lp["env_step_us"] / (lp["loop_us"] - lp["forward_fp32_us"] + p["onnxruntime_us"]), 3)
             for p in points if (lp := loops.get(p["batch"]))}
-    out["host"] = {"loadavg": list(os.getloadavg())}
+    out["host"] = {"loadavg": loadavg()}
     emit(out, a.out)
 
 

@@ -1,5 +1,5 @@
 """The paper's Fig. 5: time for a buffer to receive 10,000 samples, run by
-`bench/transport.py --experiment collection` (see there for the options).
+`python -m bench.transport --experiment collection` (see there for the options).
 
 (a) against message size (one actor, no simulated env time: communication only);
 (b) against actor count at one size, each actor spending `sim` seconds per sample
@@ -19,7 +19,7 @@ not move 80 GB. One sample per message, as the paper's experiment sends.
 
 Predictions, for each point:
   - `planner_default`: the per-message cost the planner assumes when nothing was
-    profiled (control/plan.default_profile: mu = 100 µs + bytes / 0.5 GB/s), with
+    profiled (control/planner/profile.default_profile: mu = 100 µs + bytes / 0.5 GB/s), with
     sampling time N*sim/k: T = N * max(mu, sim/k). Communication-bound from k* = sim/mu.
   - `measured_link`: the same rule with mu measured in (a) at this size and transport
     (wire mode), i.e. from the measured link numbers, not from the planner.
@@ -204,7 +204,7 @@ def run(sizes: list[int], actor_counts: list[int], sims: list[float], size_b: in
             "reps_a": reps,
             "by_size": by_size, "by_actors": by_actors,
             "onset_rule": f"first actor count whose time exceeds samples*sim/actors by > {ONSET_MARGIN:.0%}",
-            "predictions": "planner_default: mu = 100 µs + bytes/0.5 GB/s (control/plan.default_profile, "
+            "predictions": "planner_default: mu = 100 µs + bytes/0.5 GB/s (control/planner/profile.default_profile, "
                            "used when nothing is profiled); measured_link: mu from (a), wire mode, same "
                            "transport and size; T = samples * max(mu, sim/actors), onset k* = sim/mu",
             "seconds": round(time.perf_counter() - t_start, 1)}

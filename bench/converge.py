@@ -16,10 +16,10 @@ budget) and reports, per target, its stability after the first crossing: the min
 mean-100 and held_fraction, the share of the remaining time at or above it.
 Prints one JSON object.
 
-    python bench/converge.py [--algos ppo,dqn] [--seeds 1,2,3] [--budget-s 300]
-    python bench/converge.py --topology auto     # TianJi with `topology: auto` vs the hand-picked one
-    python bench/converge.py --algos ppo --spawn # start-up: forked from the template vs spawned
-    python bench/converge.py --algos ppo --seeds 1,2,3,4,5 --stop-at-target --out docs/converge-ppo.json
+    python -m bench.converge [--algos ppo,dqn] [--seeds 1,2,3] [--budget-s 300]
+    python -m bench.converge --topology auto     # TianJi with `topology: auto` vs the hand-picked one
+    python -m bench.converge --algos ppo --spawn # start-up: forked from the template vs spawned
+    python -m bench.converge --algos ppo --seeds 1,2,3,4,5 --stop-at-target --out docs/results/converge-ppo.json
 
 SB3 is a benchmark-only dependency (`pip install -e .[bench]`); without
 it the baseline is reported as unavailable.
@@ -36,9 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from stamp import emit, stamp  # noqa: E402
+from bench.harness import ROOT, emit, run_job, stamp
+
 THRESHOLDS = (300.0, 475.0)
 
 SB3_SCRIPT = r'''
@@ -126,19 +125,16 @@ def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env:
     # Without --stop-at-target the run goes on for the whole budget (475 is unreachable as a stop:
     # mean-100 tops out at 500 only if every episode is perfect, so stop at 501), so that stability is seen.
     stop = "475" if stop_at_target else "501"
-    cmd = [sys.executable, "-m", "tianji.cli", "run", str(job), "--run-dir", str(run), "--quiet",
-           "--set", f"spec.env.seed={seed}", "--set", f"spec.stop.meanReturn={stop}",
-           "--set", "spec.stop.envFrames=100000000",
-           "--set", f"spec.stop.seconds={budget_s}", *sum((["--set", o] for o in overrides), [])]
+    sets = [f"spec.env.seed={seed}", f"spec.stop.meanReturn={stop}", "spec.stop.envFrames=100000000",
+            f"spec.stop.seconds={budget_s}", *overrides]
     t_launch = time.time()
-    subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=budget_s + 120, env={**os.environ, **(env or {})})
-    s = json.loads((run / "summary.json").read_text())
+    done = run_job(job, sets, run, timeout=budget_s + 120, env=env)
+    s = done.summary()
     # The launcher's clock starts after its own imports; job.yaml is written just before it starts,
     # so its mtime moves TianJi's times onto the same launch-to-target clock as SB3's.
     pre = max(0.0, (run / "job.yaml").stat().st_mtime - t_launch)
     hit, curve, q = {}, [], []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in done.records():
         if (r.get("learner") or {}).get("q_mean") is not None:
             q.append(r["learner"]["q_mean"])
         if r["mean_return"] is None or r["episodes"] < 100:
@@ -241,10 +237,11 @@ def main() -> None:
                     help="also run TianJi with every worker spawned afresh (TIANJI_ZYGOTE=0): start-up before/after")
     ap.add_argument("--no-sb3-tianji-settings", action="store_true",
                     help="PPO: leave out SB3 run at the example's epochs/batch/lr (rl-zoo's settings only)")
-    ap.add_argument("--out", help="also write the JSON here (docs/converge-ppo.json: bench/report.py renders it)")
+    ap.add_argument("--out", help="also write the JSON here (docs/results/converge-ppo.json: bench.render_docs "
+                                  "renders it)")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
-    out = {"bench": "converge", **stamp("converge.py", sys.argv[1:]),
+    out = {"bench": "converge", **stamp("converge"),
            "sb3_settings": {"sb3": "rl-zoo's CartPole settings",
                             "sb3_tianji_settings": "the example's settings (tianji_settings())"},
            "machine_cores": os.cpu_count(), "sb3_threads": a.sb3_threads, "thresholds": THRESHOLDS, "results": {},

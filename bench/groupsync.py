@@ -6,7 +6,7 @@ spec.topology.groupSync.mode = allreduce and = average, one after the other
 consumed samples/s, env frames and seconds to mean-100 >= 475 from summary.json,
 plus the load average before each run. Prints one JSON object.
 
-    python bench/groupsync.py [--algo ppo] [--groups 2] [--seeds 1,2] [--interval 20] [--budget-s 300]
+    python -m bench.groupsync [--algo ppo] [--groups 2] [--seeds 1,2] [--interval 20] [--budget-s 300]
 """
 from __future__ import annotations
 
@@ -14,27 +14,24 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, emit, run_job, stamp
+
 MODES = ("allreduce", "average")
 
 
 def run(algo: str, mode: str, groups: int, seed: int, interval: int, budget_s: float) -> dict:
     rd = Path(tempfile.mkdtemp(prefix=f"groupsync-{mode}-"))
-    cmd = [sys.executable, "-m", "tianji.cli", "run", str(ROOT / "examples" / f"cartpole-{algo}.yaml"),
-           "--run-dir", str(rd), "--quiet"]
-    for o in (f"spec.topology.groups={groups}", "spec.topology.actors=1", f"spec.env.seed={seed}",
-              f"spec.topology.groupSync.mode={mode}", f"spec.topology.groupSync.intervalUpdates={interval}",
-              "spec.stop.meanReturn=475", f"spec.stop.seconds={budget_s}", "spec.stop.envFrames=2000000"):
-        cmd += ["--set", o]
+    sets = [f"spec.topology.groups={groups}", "spec.topology.actors=1", f"spec.env.seed={seed}",
+            f"spec.topology.groupSync.mode={mode}", f"spec.topology.groupSync.intervalUpdates={interval}",
+            "spec.stop.meanReturn=475", f"spec.stop.seconds={budget_s}", "spec.stop.envFrames=2000000"]
     load = os.getloadavg()[0]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s + 180)
+    p = run_job(ROOT / "examples" / f"cartpole-{algo}.yaml", sets, rd, timeout=budget_s + 180)
     try:
-        s = json.loads((rd / "summary.json").read_text())
+        s = p.summary()
     except (OSError, ValueError):
         return {"mode": mode, "seed": seed, "error": p.stderr[-800:]}
     return {"mode": mode, "seed": seed, "load1_before": round(load, 2), "reached_target": s["reached_target"],
@@ -63,8 +60,8 @@ def main() -> None:
             "consumed_sps_median": statistics.median(r["consumed_sps"] for r in ok) if ok else None,
             "seconds_to_target": [r["seconds_to_target"] for r in ok],
             "reached": sum(bool(r["reached_target"]) for r in ok), "runs": len(ok)}
-    print(json.dumps({"algo": a.algo, "groups": a.groups, "interval_updates": a.interval, "summary": summary,
-                      "runs": runs}, indent=1))
+    emit({**stamp("groupsync"), "algo": a.algo, "groups": a.groups, "interval_updates": a.interval,
+          "summary": summary, "runs": runs})
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 (`PPOLearner.update`: the value pass over the batch, then epochs x minibatches of Nature-CNN steps).
 Prints one JSON object.
 
-    python bench/learner_step.py [--job examples/pong-ppo.yaml] [--threads 1,2] [--set K=V] [--reps 3]
+    python -m bench.learner_step [--job examples/pong-ppo.yaml] [--threads 1,2] [--set K=V] [--reps 3]
 
 Per torch thread count, the update's samples/s with the Nature CNN's input in the default layout
 and in channels-last (the learner's default on a CPU, `NatureCNN.channels_last_training`), both
@@ -13,14 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "worker"))
-sys.path.insert(0, str(ROOT / "bench"))
-from stamp import emit, stamp  # noqa: E402
+from bench.harness import ROOT, emit, loadavg, stamp
 
 PRESET_CPU = ["spec.algorithm.batchSize=512", "spec.algorithm.minibatchSize=128", "spec.algorithm.epochs=2"]
 
@@ -74,19 +69,20 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
-                    help="overrides (default: bench/pong.py's CPU preset, 2 epochs of 4 minibatches of 128)")
-    ap.add_argument("--out", help="also write the JSON here (docs/learner-step.json: bench/report.py renders it)")
+                    help="overrides (default: bench.pong's CPU preset, 2 epochs of 4 minibatches of 128)")
+    ap.add_argument("--out", help="also write the JSON here (docs/results/learner-step.json: bench.render_docs "
+                                  "renders it)")
     args = ap.parse_args()
     from tianji.control.spec import load_job
 
     sets = PRESET_CPU if args.set is None else args.set
     job = load_job(args.job, sets)
     a = job.spec.algorithm
-    out = {"bench": "learner_step", **stamp("learner_step.py", sys.argv[1:]), "job": os.path.relpath(args.job, ROOT),
+    out = {"bench": "learner_step", **stamp("learner_step"), "job": os.path.relpath(args.job, ROOT),
            "sets": sets,
            "update": {"batch": a.batch_size, "minibatch": a.minibatch_size, "epochs": a.epochs},
            "points": [measure(job, int(t), args.reps) for t in args.threads.split(",")],
-           "host": {"loadavg": list(os.getloadavg())}}
+           "host": {"loadavg": loadavg()}}
     emit(out, args.out)
 
 

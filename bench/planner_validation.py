@@ -1,24 +1,24 @@
 """Out-of-sample check of the planner's cost model: random topologies, each run for real.
 
-    python bench/planner_validation.py [--n 10] [--seed 1] [--seconds 30] [--algos ppo,dqn]
-                                       [--out-dir DIR]
+    python -m bench.planner_validation [--n 10] [--seed 1] [--seconds 30] [--algos ppo,dqn]
+                                        [--out-dir DIR]
 
 Draws --n topologies at random (seeded): algorithm (CartPole PPO or DQN, the examples'
 settings), groups 1-2, actors per group 1-3, envs per actor 4 or 8, learner threads 1-2,
 groupSync average or allreduce (with 2 groups). Each is one `tianji run` of --seconds
 (bench/scaling.py's run_point: steady rates from the run's metrics, after a warm-up), and
-predicted by `tianji.control.onhost.predict_on_host` from a profile taken at the start of
+predicted by `tianji.control.planner.sharedhost.predict_on_host` from a profile taken at the start of
 this same run (`tianji profile`, 2 s per component, one per algorithm and envs per actor)
 and the busy background measured just before the point. Nothing is fitted to any of the
 runs: the model's figures come from the profile alone.
 
-    python bench/planner_validation.py --time-to-target [--random 3] [--budget-s 150] [--algos ppo]
+    python -m bench.planner_validation --time-to-target [--random 3] [--budget-s 150] [--algos ppo]
 
 `--time-to-target` asks the paper's Fig. 6 question instead: the planner's topology
 (`topology: auto` for this machine's cores, from a profile taken now) against --random
 topologies drawn as above, each run until the example's stop.meanReturn (or --budget-s),
 on seconds to target from the run's summary.json. One seed per topology: seed-to-seed spread
-of time to target is −24 % to +32 % (docs/groupsync.json): only larger differences mean anything.
+of time to target is −24 % to +32 % (docs/results/groupsync.json): only larger differences mean anything.
 Output DIR/planner-time-to-target.json.
 
 Reported (JSON on stdout and DIR/planner-validation.json, plot DIR/planner-validation.png):
@@ -36,14 +36,12 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "worker"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import scaling  # noqa: E402  (bench/scaling.py: run_point, probe_background, measured_kind)
+from bench import scaling  # run_point, probe_background, measured_kind
+from bench.harness import ROOT, emit, loadavg, run_job, stamp
 
 EXAMPLES = {"ppo": "examples/cartpole-ppo.yaml", "dqn": "examples/cartpole-dqn.yaml"}
 METRICS = ("produced_fps", "consumed_sps")
@@ -70,9 +68,9 @@ def base(seconds: float) -> list[str]:
 
 def profile_for(cache: dict, t: dict, seconds: float):
     """The profile of this algorithm and envs per actor, measured once per run (2 s per component)."""
-    from tianji.control.plan import Profile
+    from tianji.control.planner.plan import Profile
     from tianji.control.spec import load_job
-    from tianji.runtime.profiler import measure_profile
+    from tianji.runtime.profiling.profiler import measure_profile
 
     key = (t["algo"], t["num_envs"])
     if key not in cache:
@@ -82,7 +80,7 @@ def profile_for(cache: dict, t: dict, seconds: float):
 
 
 def run_one(t: dict, prof, seconds: float) -> dict:
-    from tianji.control.onhost import predict_on_host
+    from tianji.control.planner.sharedhost import predict_on_host
     from tianji.control.spec import load_job
 
     path = str(ROOT / EXAMPLES[t["algo"]])
@@ -137,22 +135,15 @@ def plot(rows: list[dict], out: Path) -> None:
 
 def to_target(algo: str, sets: list[str], budget_s: float, profile: str) -> dict:
     """One `tianji run` to the example's target; its topology as resolved, and summary figures."""
-    import subprocess
-    import tempfile
-
     import yaml
 
     with tempfile.TemporaryDirectory(prefix="tianji-ttt-") as tmp:
         rd = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "tianji.cli", "run", str(ROOT / EXAMPLES[algo]), "--run-dir", str(rd), "--quiet",
-               "--profile", profile]
-        for x in [f"spec.stop.seconds={budget_s}", *sets]:
-            cmd += ["--set", x]
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "worker") + os.pathsep + os.environ.get("PYTHONPATH", ""))
         load = os.getloadavg()[0]
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget_s + 180)
+        p = run_job(ROOT / EXAMPLES[algo], [f"spec.stop.seconds={budget_s}", *sets], rd, args=["--profile", profile],
+                    timeout=budget_s + 180)
         try:
-            summ = json.loads((rd / "summary.json").read_text())
+            summ = p.summary()
             topo = yaml.safe_load((rd / "job.yaml").read_text())["spec"]["topology"]
         except (OSError, ValueError, KeyError, TypeError):
             return {"set": sets, "error": p.stderr[-800:]}
@@ -203,19 +194,20 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)  # this process only profiles and predicts; the runs set their own
     if a.time_to_target:
-        load0 = list(os.getloadavg())
-        res = {"bench": "planner-time-to-target", "seed": a.seed, "budget_s": a.budget_s,
-               "results": time_to_target(a, algos),
-               "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": list(os.getloadavg())}}
+        load0 = loadavg()
+        res = {"bench": "planner-time-to-target", **stamp("planner_validation", argv), "seed": a.seed,
+               "budget_s": a.budget_s, "results": time_to_target(a, algos),
+               "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": loadavg()}}
         (Path(a.out_dir) / "planner-time-to-target.json").write_text(json.dumps(res, indent=1) + "\n")
-        print(json.dumps(res))
+        emit(res, indent=None)
         return 0
     t0, rng, cache = time.perf_counter(), random.Random(a.seed), {}
-    load0 = list(os.getloadavg())
+    load0 = loadavg()
     rows = [run_one(t, profile_for(cache, t, a.seconds), a.seconds) for t in (draw(rng, algos) for _ in range(a.n))]
-    res = {"bench": "planner-validation", "seed": a.seed, "seconds_per_point": a.seconds, **summarise(rows),
-           "points": rows, "profiles": {f"{k[0]}-{k[1]}envs": v for k, v in cache.items()},
-           "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": list(os.getloadavg())},
+    res = {"bench": "planner-validation", **stamp("planner_validation", argv), "seed": a.seed,
+           "seconds_per_point": a.seconds, **summarise(rows), "points": rows,
+           "profiles": {f"{k[0]}-{k[1]}envs": v for k, v in cache.items()},
+           "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": loadavg()},
            "seconds": round(time.perf_counter() - t0, 1)}
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -224,7 +216,7 @@ def main(argv=None) -> int:
         plot(rows, out / "planner-validation.png")
     except ImportError as e:  # matplotlib missing: the JSON still stands
         res["png_error"] = str(e)
-    print(json.dumps({k: v for k, v in res.items() if k not in ("points", "profiles")}))
+    emit({k: v for k, v in res.items() if k not in ("points", "profiles")}, indent=None)
     return 0
 
 

@@ -1,8 +1,8 @@
 """Pong learning on a wall-clock budget: the return curve of a real `tianji run`. Prints one JSON object.
 
-    python bench/pong.py --minutes 60                       # examples/pong-ppo.yaml
-    python bench/pong.py --algo dqn --minutes 60            # examples/pong-dqn.yaml
-    python bench/pong.py --minutes 3 --out /tmp/pong        # a short check that it runs
+    python -m bench.pong --minutes 60                       # examples/pong-ppo.yaml
+    python -m bench.pong --algo dqn --minutes 60            # examples/pong-dqn.yaml
+    python -m bench.pong --minutes 3 --out /tmp/pong        # a short check that it runs
 
 Trains the example for `--minutes` (no other stop rule) and writes into --out:
   curve.json   the 100-episode mean return against seconds and env frames (one row per
@@ -25,16 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "worker"))
-sys.path.insert(0, str(ROOT / "bench"))
-from stamp import cpu_name, stamp  # noqa: E402
+from bench.harness import ROOT, cpu_name, emit, gpu_name, loadavg, run_job, stamp
 
 JOBS = {"ppo": ROOT / "examples" / "pong-ppo.yaml", "dqn": ROOT / "examples" / "pong-dqn.yaml"}
 RANDOM_RETURN = -20.5  # a random policy's Pong score
@@ -59,10 +55,9 @@ PRESETS = {
 
 
 def device_info() -> dict:
-    import torch
-
-    if torch.cuda.is_available():
-        return {"device": "cuda", "name": torch.cuda.get_device_name(0), "cpus": os.cpu_count()}
+    gpu = gpu_name()
+    if gpu:
+        return {"device": "cuda", "name": gpu, "cpus": os.cpu_count()}
     return {"device": "cpu", "name": cpu_name(), "cpus": os.cpu_count()}
 
 
@@ -77,17 +72,10 @@ def return_at(rows: list[dict], seconds: float) -> float | None:
     return before[-1] if before else None
 
 
-def curve(run_dir: Path) -> list[dict]:
-    rows = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        rows.append({"t": r["t"], "env_frames": r["env_frames"], "episodes": r["episodes"],
-                     "mean_return": r["mean_return"], "produced_fps": round(r.get("produced_fps", 0.0), 1),
-                     "consumed_sps": round(r.get("consumed_sps", 0.0), 1)})
-    return rows
+def curve(records: list[dict]) -> list[dict]:
+    return [{"t": r["t"], "env_frames": r["env_frames"], "episodes": r["episodes"], "mean_return": r["mean_return"],
+             "produced_fps": round(r.get("produced_fps", 0.0), 1), "consumed_sps": round(r.get("consumed_sps", 0.0), 1)}
+            for r in records]
 
 
 def main(argv=None) -> int:
@@ -110,25 +98,20 @@ def main(argv=None) -> int:
     seconds = a.minutes * 60
     sets = [*PRESETS[preset]["common"], *PRESETS[preset][a.algo], "spec.stop.meanReturn=null",
             "spec.stop.envFrames=null", f"spec.stop.seconds={seconds:g}", *a.set]
-    cmd = [sys.executable, "-m", "tianji.cli", "run", str(JOBS[a.algo]), "--run-dir", str(run_dir), "--quiet",
-           *sum((["--set", s] for s in sets), [])]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "worker"),
-                                                                    os.environ.get("PYTHONPATH")])))
     print(f"pong bench: {a.algo} for {a.minutes:g} min on {dev['device']} ({dev['name']}), preset {preset}; "
           f"run dir {run_dir}", file=sys.stderr)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          timeout=seconds + 300)
+    run = run_job(JOBS[a.algo], sets, run_dir, timeout=seconds + 300)
     wall = time.monotonic() - t0
     if not (run_dir / "summary.json").exists():
-        print(proc.stderr[-3000:], file=sys.stderr)
+        print(run.stderr[-3000:], file=sys.stderr)
         return 1
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rows = curve(run_dir)
+    summary = run.summary()
+    rows = curve(run.records())
     rets = [r for r in rows if r["mean_return"] is not None]
     th = summary.get("throughput", {})
     result = {
-        "bench": "pong", **stamp("pong.py", sys.argv[1:] if argv is None else argv),
+        "bench": "pong", **stamp("pong", argv),
         "algo": a.algo, "job": str(JOBS[a.algo]), "preset": preset, "overrides": sets,
         **dev, "minutes": a.minutes, "wall_seconds": round(wall, 1), "exit_reason": summary.get("exit_reason"),
         "env_frames": summary.get("env_frames"), "episodes": summary.get("episodes"),
@@ -144,7 +127,7 @@ def main(argv=None) -> int:
         "evaluation": summary.get("evaluation"),
         "policy_lag": summary.get("policy_lag"), "dropped_samples": summary.get("dropped_samples"),
         "restarts": summary.get("restarts"),
-        "host": {"loadavg": list(os.getloadavg())},
+        "host": {"loadavg": loadavg()},
         "out": str(out),
     }
     (out / "curve.json").write_text(json.dumps({**result, "curve": rows, "summary": summary}, indent=1))
@@ -155,7 +138,7 @@ def main(argv=None) -> int:
         result["png"] = str(out / "curve.png")
     except Exception as e:  # noqa: BLE001 - the JSON is the result; a plot failure is reported, not fatal
         result["png_error"] = f"{type(e).__name__}: {e}"
-    print(json.dumps(result))
+    emit(result, indent=None)
     return 0 if summary.get("exit_reason") == "seconds" else 1
 
 

@@ -9,13 +9,12 @@ ring (examples/cartpole-dqn.yaml: replayCapacity 1M transitions, 56 MB).
                   write costs the receive loop through the GIL
     sync_write_s  the same write done in the loop instead (what a thread-less snapshot would stall it)
 
-    python bench/replay_snapshot.py [--transitions 1000000] [--repeats 3]
+    python -m bench.replay_snapshot [--transitions 1000000] [--repeats 3]
 Prints one JSON object (medians over the repeats).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.harness import emit, stamp
 from tianji.envs import EnvInfo
 from tianji.runtime import replay_snapshot as rs
 from tianji.runtime.storage import Replay
@@ -86,10 +86,10 @@ def main() -> None:
     r = fill(a.transitions)
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
         runs = [once(r, Path(d)) for _ in range(a.repeats)]
-    out = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+    out = {**stamp("replay_snapshot"), **{k: statistics.median(x[k] for x in runs) for k in runs[0]}}
     out.update(transitions=a.transitions, repeats=a.repeats, ring_bytes=sum(v.nbytes for v in r.data.values()),
                loadavg_1m=os.getloadavg()[0])
-    print(json.dumps(out, indent=1))
+    emit(out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The paper's Fig. 6 at small scale: real `tianji run` jobs against the planner's prediction.
 
-    python bench/scaling.py [--job examples/cartpole-dqn.yaml] [--max-actors 3] [--seconds 40]
+    python -m bench.scaling [--job examples/cartpole-dqn.yaml] [--max-actors 3] [--seconds 40]
                             [--profile FILE] [--out-dir DIR] [--set K=V ...] [--sweeps abc]
-    python bench/scaling.py --rescore docs/scaling.json --profile FILE [--set K=V ...]
+    python -m bench.scaling --rescore docs/results/scaling.json --profile FILE [--set K=V ...]
 
 Sweeps (each point one `tianji run` of S seconds; DQN CartPole by default):
   (a) actors 1..k, learner fixed (1 thread, batch B);
@@ -16,7 +16,7 @@ and a bottleneck read from the same rates:
   sample         consumed ≥ 90 % of r·produced (the learner is held by the replay ratio);
   training       otherwise (the learner is the limit; paced actors wait for it).
 
-Predicted per point: `tianji.control.onhost.predict_on_host` (the planner's cost model for
+Predicted per point: `tianji.control.planner.sharedhost.predict_on_host` (the planner's cost model for
 one shared machine, where actors and learners take turns: costmodel.host_turns) from a profile (`tianji profile`, measured at the start unless
 --profile) and the CPU this host has free: `cores` = os.cpu_count(), `background` = busy
 processes of other work, from a probe just before each run (cores spinning processes
@@ -43,14 +43,12 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "worker"))
+from bench.harness import ROOT, emit, host, rates_between, read_records, role_totals, run_job, stamp
 
 STEADY_SKIP_S = 5.0
 KEYS = ("produced_fps", "received_fps", "consumed_sps")
@@ -79,23 +77,15 @@ def probe_background(seconds: float = 1.0) -> float:
 
 
 def steady_rates(run_dir: Path) -> dict:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-    def totals(row):
-        pr = row.get("processes", {})
-        return {"produced_fps": row.get("env_frames", 0.0),
-                "received_fps": sum(p["received"] for n, p in pr.items() if n.startswith("buffer")),
-                "consumed_sps": sum(p["consumed"] for n, p in pr.items() if n.startswith("learner"))}
-
-    first = next((r for r in rows if totals(r)["consumed_sps"] > 0), None)
+    rows = read_records(run_dir)
+    first = next((r for r in rows if role_totals(r)["consumed"] > 0), None)
     if first is None:
         return {}
     start = next((r for r in rows if r["t"] >= first["t"] + STEADY_SKIP_S), None)
     end = rows[-1]
     if start is None or end["t"] - start["t"] < 3.0:
         return {}
-    a, b, dt = totals(start), totals(end), end["t"] - start["t"]
-    return {"seconds": round(dt, 1), **{k: (b[k] - a[k]) / dt for k in KEYS}}
+    return {"seconds": round(end["t"] - start["t"], 1), **rates_between(start, end)}
 
 
 def measured_kind(m: dict, ratio: float) -> str:
@@ -138,23 +128,11 @@ def run_point(job_path: str, sets: list, seconds: float) -> dict:
     (cores per process, sampled from /proc every second)."""
     with tempfile.TemporaryDirectory(prefix="tianji-scaling-") as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "tianji.cli", "run", job_path, "--run-dir", str(run_dir), "--quiet",
-               "--max-seconds", str(seconds)]
-        for s in sets:
-            cmd += ["--set", s]
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "worker") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        t0 = time.time()
-        with open(Path(tmp) / "stderr", "w") as err:
-            proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL, stderr=err)
-            cpu = []  # (seconds since start, {role: [cpu s per process]})
-            while proc.poll() is None and time.time() - t0 < seconds + 120:
-                cpu.append((time.time() - t0, _role_cpu(proc.pid)))
-                time.sleep(1.0)
-            if proc.poll() is None:
-                proc.terminate()
-            proc.wait(timeout=60)
+        cpu = []  # (seconds since start, {role: [cpu s per process]})
+        run = run_job(job_path, sets, run_dir, args=["--max-seconds", str(seconds)], timeout=seconds + 120,
+                      watch=lambda pid, t: cpu.append((t, _role_cpu(pid))))
         if not (run_dir / "metrics.jsonl").exists():
-            return {"error": (Path(tmp) / "stderr").read_text()[-1500:]}
+            return {"error": run.stderr[-1500:]}
         rates = steady_rates(run_dir)
         if not rates:
             return {"error": "no steady window"}
@@ -190,7 +168,7 @@ def summary(rows: list, pred_key: str = "predicted", err_key: str = "rel_error")
 
 def rescore(recorded: dict, prof, job_path: str, extra_sets: list, cores: float) -> dict:
     """Re-predict recorded points with the current model (no runs): the same error summary."""
-    from tianji.control.onhost import predict_on_host
+    from tianji.control.planner.sharedhost import predict_on_host
     from tianji.control.spec import load_job
 
     base = recorded.get("base_set") or base_sets(recorded.get("seconds_per_point", 40.0), extra_sets)
@@ -210,7 +188,7 @@ def rescore(recorded: dict, prof, job_path: str, extra_sets: list, cores: float)
 
 def point(sweep: str, label: str, job_path: str, base_sets: list, sets: list, prof, seconds: float,
           threads: int) -> dict:
-    from tianji.control.onhost import predict_on_host, predict_with_shares
+    from tianji.control.planner.sharedhost import predict_on_host, predict_with_shares
     from tianji.control.spec import load_job
 
     allsets = base_sets + sets
@@ -274,7 +252,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rescore", metavar="FILE", help="re-predict the points of a recorded scaling.json, run nothing")
     a = ap.parse_args(argv)
     if a.rescore:
-        from tianji.control.plan import load_profile
+        from tianji.control.planner.plan import load_profile
 
         if not a.profile:
             ap.error("--rescore needs the --profile the recorded run was predicted from")
@@ -282,14 +260,15 @@ def main(argv=None) -> int:
         job = recorded.get("job", a.job)
         job = str(ROOT / job) if not Path(job).is_absolute() else job
         res = rescore(recorded, load_profile(a.profile), job, a.set, float(recorded.get("host", {}).get("cpus", 2)))
-        print(json.dumps({"bench": "scaling-rescore", "file": a.rescore, "profile": a.profile, **res}))
+        emit({"bench": "scaling-rescore", **stamp("scaling", argv), "file": a.rescore, "profile": a.profile, **res},
+             indent=None)
         return 0
     import torch
 
     torch.set_num_threads(1)
-    from tianji.control.plan import Profile
+    from tianji.control.planner.plan import Profile
     from tianji.control.spec import load_job
-    from tianji.runtime.profiler import measure_profile
+    from tianji.runtime.profiling.profiler import measure_profile
 
     t0 = time.perf_counter()
     base = base_sets(a.seconds, a.set)
@@ -311,19 +290,18 @@ def main(argv=None) -> int:
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     job_name = os.path.relpath(a.job, ROOT) if Path(a.job).resolve().is_relative_to(ROOT) else a.job
-    res = {"bench": "scaling", "job": job_name, "seconds_per_point": a.seconds, "base_set": base, "points": rows,
-           **summary(rows),
+    res = {"bench": "scaling", **stamp("scaling", argv), "job": job_name, "seconds_per_point": a.seconds,
+           "base_set": base, "points": rows, **summary(rows),
            "given_measured_cpu": summary(rows, "predicted_given_shares", "rel_error_given_shares"),
            "profile": {k: prof_d.get(k) for k in ("actor_fps_per_core", "learner_sps_per_core", "message_seconds",
                                                   "learner_thread_scaling", "param_bytes", "allreduce_seconds")},
-           "host": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg())},
-           "seconds": round(time.perf_counter() - t0, 1)}
+           "host": host(), "seconds": round(time.perf_counter() - t0, 1)}
     (out_dir / "scaling.json").write_text(json.dumps(res, indent=1) + "\n")
     try:
         draw(rows, out_dir / "scaling.png")
     except ImportError as e:  # matplotlib missing: the JSON still stands
         res["png_error"] = str(e)
-    print(json.dumps({k: v for k, v in res.items() if k != "points"}))
+    emit({k: v for k, v in res.items() if k != "points"}, indent=None)
     return 0
 
 

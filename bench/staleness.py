@@ -12,19 +12,19 @@ invocation. Per run: seconds and env frames to the target (first metrics.jsonl r
 return reaches it; frames are read at that record), and the distribution of the policy lag of
 consumed samples (summary.json's per-sample histogram and min/mean/max). Prints one JSON object.
 
-    python bench/staleness.py [--seeds 3] [--budget 300] [--target 475] [--settings new-none,stale-vtrace]
+    python -m bench.staleness [--seeds 3] [--budget 300] [--target 475] [--settings new-none,stale-vtrace]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, emit, run_job, stamp
+
 JOB = ROOT / "examples" / "cartpole-ppo.yaml"
 FRESHNESS = {"new": ["spec.staleness.publishEvery=1"],
              "stale": ["spec.staleness.publishEvery=8", "spec.staleness.maxPolicyLag=16"]}
@@ -37,16 +37,9 @@ def run_one(setting: str, seed: int, budget: float, target: float) -> dict:
     run = Path(tempfile.mkdtemp(prefix=f"staleness-{setting}-{seed}-"))
     sets = [f"spec.env.seed={seed}", f"spec.stop.meanReturn={target}", f"spec.stop.seconds={budget}",
             "spec.stop.envFrames=100000000", f"spec.algorithm.offPolicyCorrection={corr}", *FRESHNESS[fresh]]
-    cmd = [sys.executable, "-m", "tianji.cli", "run", str(JOB), "--run-dir", str(run), "--quiet",
-           *sum((["--set", s] for s in sets), [])]
-    subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=budget + 180)
-    s = json.loads((run / "summary.json").read_text())
-    hit = None
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["mean_return"] is not None and r["mean_return"] >= target:
-            hit = r
-            break
+    done = run_job(JOB, sets, run, timeout=budget + 180)
+    s = done.summary()
+    hit = next((r for r in done.records() if r["mean_return"] is not None and r["mean_return"] >= target), None)
     reached = s["reached_target"]
     return {"seed": seed, "reached": reached,
             "seconds_to_target": s["seconds_to_target"] if reached else None,
@@ -88,9 +81,8 @@ def main() -> None:
             runs[s].append(run_one(s, seed, a.budget, a.target))
             print(f"{s} seed {seed}: {json.dumps({k: runs[s][-1][k] for k in ('reached', 'seconds_to_target', 'frames_to_target', 'final_mean_return')})}",
                   file=sys.stderr)
-    print(json.dumps({"job": str(JOB.relative_to(ROOT)), "target": a.target, "budget_s": a.budget,
-                      "seeds": a.seeds, "settings": {s: {"summary": aggregate(r), "runs": r} for s, r in runs.items()}},
-                     indent=2))
+    emit({**stamp("staleness"), "job": str(JOB.relative_to(ROOT)), "target": a.target, "budget_s": a.budget,
+          "seeds": a.seeds, "settings": {s: {"summary": aggregate(r), "runs": r} for s, r in runs.items()}}, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Throughput as actors grow. Prints one JSON object.
 
-    python bench/throughput.py --env pong     [--max-actors N] [--seconds S] [--job FILE]
-    python bench/throughput.py --env cartpole [--max-actors N] [--seconds S] [--job FILE] [--no-pace]
+    python -m bench.throughput --env pong     [--max-actors N] [--seconds S] [--job FILE]
+    python -m bench.throughput --env cartpole [--max-actors N] [--seconds S] [--job FILE] [--no-pace]
 
 pong: produced frames/s of k = 1..N actor processes running the actor's loop
-  body (tianji.runtime.profiler.ActorLoop: policy inference with the job's Nature CNN +
+  body (tianji.runtime.profiling.profiler.ActorLoop: policy inference with the job's Nature CNN +
   ALE step + fragment writes, one torch thread, one ALE thread), against the
   raw ALE ceiling measured in the same run: k processes stepping the same
   preprocessed vector env with random actions and no policy. Per k the two
@@ -19,24 +19,21 @@ cartpole: the paper's Figure 6(a) shape - k = 1..N actors with the learner
   (and buffer) fixed, each point a real `tianji run` of S seconds. Reported:
   produced / received / consumed throughput over the steady part of the run
   (from the first consumed sample to the end, from metrics.jsonl) and over the
-  whole run (summary.json), and what `tianji.control.plan.plan_for_job` predicts
+  whole run (summary.json), and what `tianji.control.planner.plan.plan_for_job` predicts
   for the same topology from a profile measured at the start of this run
   (produced, consumed, bottleneck).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "worker"))
+from bench.harness import ROOT, emit, host, rates_between, read_records, role_totals, run_job, stamp
 
 DEFAULT_JOBS = {"pong": ROOT / "examples" / "pong-dqn.yaml", "cartpole": ROOT / "examples" / "cartpole-ppo.yaml"}
 
@@ -49,8 +46,8 @@ def _pong_worker(job_path: str, overrides: list, mode: str, index: int, seconds:
     import torch
 
     torch.set_num_threads(1)
-    from tianji.runtime.profiler import ActorLoop
     from tianji.control.spec import load_job
+    from tianji.runtime.profiling.profiler import ActorLoop
 
     loop = ActorLoop(load_job(job_path, overrides), seed_offset=1000 * index)
     try:
@@ -99,27 +96,18 @@ def bench_pong(job_path: str, overrides: list, max_actors: int, seconds: float) 
 # ----------------------------------------------------------------- cartpole
 def _steady(run_dir: Path) -> dict:
     """Rates from the first consumed sample to the last record of metrics.jsonl."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-    def totals(row):
-        pr = row.get("processes", {})
-        return {"frames": row.get("env_frames", 0.0),
-                "received": sum(p["received"] for n, p in pr.items() if n.startswith("buffer")),
-                "consumed": sum(p["consumed"] for n, p in pr.items() if n.startswith("learner"))}
-
-    start = next((r for r in rows if totals(r)["consumed"] > 0), None)
+    rows = read_records(run_dir)
+    start = next((r for r in rows if role_totals(r)["consumed"] > 0), None)
     end = rows[-1] if rows else None
     if start is None or end is None or end["t"] - start["t"] < 1.0:
         return {"seconds": 0.0, "produced_fps": None, "received_fps": None, "consumed_sps": None}
-    a, b, dt = totals(start), totals(end), end["t"] - start["t"]
-    return {"seconds": round(dt, 2), "produced_fps": (b["frames"] - a["frames"]) / dt,
-            "received_fps": (b["received"] - a["received"]) / dt, "consumed_sps": (b["consumed"] - a["consumed"]) / dt}
+    return {"seconds": round(end["t"] - start["t"], 2), **rates_between(start, end)}
 
 
 def bench_cartpole(job_path: str, overrides: list, max_actors: int, seconds: float, profile_seconds: float) -> dict:
-    from tianji.control.plan import Profile, plan_for_job
-    from tianji.runtime.profiler import measure_profile
+    from tianji.control.planner.plan import Profile, plan_for_job
     from tianji.control.spec import load_job
+    from tianji.runtime.profiling.profiler import measure_profile
 
     base = load_job(job_path, overrides)
     prof_d = measure_profile(base, profile_seconds)
@@ -132,14 +120,8 @@ def bench_cartpole(job_path: str, overrides: list, max_actors: int, seconds: flo
         pred = plan_for_job(job, prof)
         with tempfile.TemporaryDirectory(prefix="tianji-bench-") as tmp:
             run_dir = Path(tmp) / "run"
-            cmd = [sys.executable, "-m", "tianji.cli", "run", str(job_path), "--run-dir", str(run_dir), "--quiet",
-                   "--max-seconds", str(seconds + 60)]
-            for s_ in sets:
-                cmd += ["--set", s_]
-            env = dict(os.environ, PYTHONPATH=str(ROOT / "worker") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True)
-            summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() \
-                else {"error": proc.stderr[-2000:]}
+            run = run_job(job_path, sets, run_dir, args=["--max-seconds", str(seconds + 60)])
+            summary = run.summary() if (run_dir / "summary.json").exists() else {"error": run.stderr[-2000:]}
             steady = _steady(run_dir) if (run_dir / "metrics.jsonl").exists() else {}
         th = summary.get("throughput", {})
         rows.append({
@@ -182,10 +164,9 @@ def main(argv=None) -> int:
         res = bench_pong(job, overrides, a.max_actors or (os.cpu_count() or 1), a.seconds or 5.0)
     else:
         res = bench_cartpole(job, overrides, a.max_actors or 4, a.seconds or 20.0, a.profile_seconds)
-    out = {"bench": "throughput", "env": a.env, "job": job, "overrides": overrides, **res,
-           "host": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg())},
-           "seconds": round(time.perf_counter() - t0, 1)}
-    print(json.dumps(out))
+    out = {"bench": "throughput", **stamp("throughput", argv), "env": a.env, "job": job, "overrides": overrides,
+           **res, "host": host(), "seconds": round(time.perf_counter() - t0, 1)}
+    emit(out, indent=None)
     return 0
 
 

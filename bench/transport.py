@@ -1,13 +1,14 @@
 """TianJi's wire vs raw pyzmq, PUSH/PULL, ipc:// and tcp://127.0.0.1, 4 KB ... 2 MB.
 
-    python bench/transport.py [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3] [--encryption curve] [--compare wire.py]
-    python bench/transport.py --experiment collection [--png collection.png]   # the paper's Fig. 5
+    python -m bench.transport [--sizes 4096,65536,...] [--reps 3] [--seconds 0.3] [--encryption curve]
+                              [--compare wire.py]
+    python -m bench.transport --experiment collection [--png collection.png]   # the paper's Fig. 5
 
 `--encryption curve` runs every transfer (raw and wire alike) over CurveZMQ with a key pair per
 side and a ZAP handler mapping keys to identities, as a job with `spec.network.encryption: curve`
 does; compare its MB/s and CPU µs per message with a run under `--encryption none` (the default).
 The mode `wire` also pays what a role adds per message (docs/security.md): the sender numbers
-each message (runtime/sequence.next_seq), the receiver checks the sender against the key's
+each message (runtime/replayguard.next_seq), the receiver checks the sender against the key's
 identity (ZAP's User-Id, with curve) and refuses replays (SeqGuard). `base` (--compare) does not:
 with main's wire.py it is the before of the same run.
 
@@ -39,7 +40,7 @@ beside it, and the Python thread's own CPU per message (time.thread_time, I/O th
 excluded) as `send_thread` / `recv_thread`. Also reported: the in-process CPU cost of
 encode and decode per message.
 
-Both sides run with the workers' malloc settings (GLIBC_TUNABLES from control/launch.py,
+Both sides run with the workers' malloc settings (GLIBC_TUNABLES from control/contracts/launch.py,
 which every worker gets), unless `--malloc glibc`: with glibc's defaults a receiver of
 multi-MB messages returns their pages to the OS and faults them back in, which shows as
 `recv_page_faults_per_msg` and costs more than the wire itself (see --malloc glibc).
@@ -49,7 +50,6 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing as mp
 import os
@@ -62,8 +62,8 @@ import time
 import numpy as np
 import zmq
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "worker"))
-from tianji.runtime import wire as _wire  # noqa: E402
+from bench.harness import emit, host, stamp
+from tianji.runtime import wire as _wire
 
 encode, decode, send_frames, recv_frames = _wire.encode, _wire.decode, _wire.send, _wire.recv
 
@@ -98,7 +98,8 @@ JOB = "bench"
 RECV_TIMEOUT_S = 10.0
 # Received zero-copy messages are malloc'ed per message by libzmq; with glibc's defaults a
 # receiver that holds each one for a few µs makes the heap trim and re-fault MB-sized buffers.
-from tianji.control.launch import MALLOC_TUNABLES as TUNED_MALLOC  # what the launcher gives workers
+from tianji.control.contracts.launch import MALLOC_TUNABLES as TUNED_MALLOC  # what the launcher gives workers
+
 PER_MESSAGE_GUESS_S = 50e-6  # Python + pyzmq cost per message, for sizing transfers only
 
 
@@ -121,7 +122,7 @@ class _Trust:
 
     def __init__(self) -> None:
         from tianji.runtime import security
-        from tianji.runtime.sequence import SeqGuard
+        from tianji.runtime.replayguard import SeqGuard
 
         self.guard, self.covers, self.identity = SeqGuard(), security.covers, security.sender_identity
 
@@ -146,7 +147,7 @@ def _sender(addr: str, mode: str, size: int, n: int, done, cpu_q) -> None:
         for _ in range(n):
             s.send(arr, copy=False)
     elif mode == "wire":  # numbered as a role numbers its messages
-        from tianji.runtime.sequence import next_seq
+        from tianji.runtime.replayguard import next_seq
 
         encode, send_frames = WIRES[mode][:2]
         seq = 0
@@ -307,12 +308,18 @@ def overhead_us(size: int = 4096, reps: int = 20_000, fns: tuple | None = None) 
     return out
 
 
+def _reexec(argv) -> None:
+    """Start this benchmark again in a fresh interpreter with the same arguments (and the
+    environment as changed), as `python -m bench.transport`."""
+    os.execv(sys.executable, [sys.executable, "-m", "bench.transport", *(argv if argv is not None else sys.argv[1:])])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--experiment", choices=("transport", "collection"), default="transport",
                     help="transport: wire vs raw throughput and CPU (default); collection: the paper's Fig. 5, "
                          "time to receive --samples samples against message size and actor count "
-                         "(bench/collection_time.py)")
+                         "(bench.collection_time)")
     ap.add_argument("--sizes", help="message sizes in bytes (default: transport "
                     f"{','.join(str(s) for s in DEFAULT_SIZES)}; collection "
                     f"{','.join(str(s) for s in COLLECTION_SIZES)})")
@@ -333,7 +340,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wire", help="path of an alternative wire.py to benchmark instead of tianji.runtime.wire")
     ap.add_argument("--malloc", choices=("worker", "glibc"), default="worker",
                     help=f"worker (default): GLIBC_TUNABLES={TUNED_MALLOC}, as the launcher and the operator "
-                         "start every worker (control/launch.py); glibc: glibc's defaults")
+                         "start every worker (control/contracts/launch.py); glibc: glibc's defaults")
     ap.add_argument("--tuned-malloc", action="store_true", help="same as --malloc worker (kept for old commands)")
     ap.add_argument("--encryption", choices=("none", "curve"), default="none",
                     help="curve: every transfer over CurveZMQ with a ZAP handler, as spec.network.encryption: curve")
@@ -342,10 +349,10 @@ def main(argv=None) -> int:
         a.malloc = "worker"
     if a.malloc == "glibc" and os.environ.get("GLIBC_TUNABLES") == TUNED_MALLOC:
         os.environ.pop("GLIBC_TUNABLES")
-        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])])
+        _reexec(argv)
     if a.malloc == "worker" and os.environ.get("GLIBC_TUNABLES") != TUNED_MALLOC:
         os.environ["GLIBC_TUNABLES"] = TUNED_MALLOC  # read by glibc at process start: re-exec
-        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])])
+        _reexec(argv)
     if a.wire:
         _use_wire_module(a.wire)
     if a.encryption == "curve":
@@ -354,7 +361,7 @@ def main(argv=None) -> int:
 
         CURVE_KEYS = issue(["actor-0-0", "buffer-0-0"])
     if a.experiment == "collection":
-        import collection_time
+        from bench import collection_time
 
         res = collection_time.run(
             sizes=[int(x) for x in (a.sizes or ",".join(map(str, COLLECTION_SIZES))).split(",") if x],
@@ -362,11 +369,11 @@ def main(argv=None) -> int:
             size_b=a.collect_size, transports=a.transports.split(","), samples=a.samples,
             budget_bytes=a.budget_mb * 1e6, samples_b=a.samples_b,
             wire_fns=(encode, send_frames, recv_frames, decode), reps=a.reps)
-        res["host"] = {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg()), "pyzmq": zmq.pyzmq_version(),
-                       "libzmq": zmq.zmq_version(), "malloc": a.malloc}
+        res = {**stamp("transport", argv), **res}
+        res["host"] = host(pyzmq=zmq.pyzmq_version(), libzmq=zmq.zmq_version(), malloc=a.malloc)
         if a.png:
             res["png"] = collection_time.plot(res, a.png)
-        print(json.dumps(res))
+        emit(res, indent=None)
         return 0
     sizes = [int(x) for x in (a.sizes or ",".join(map(str, DEFAULT_SIZES))).split(",") if x]
     tmp = tempfile.mkdtemp(prefix="tianji-bench-")
@@ -421,8 +428,8 @@ def main(argv=None) -> int:
     big_cpu = [x["cpu_ratio"] for x in rows if x["bytes"] >= 64 << 10]
     big_base = [x["base_cpu_ratio"] for x in rows if x["bytes"] >= 64 << 10 and "base_cpu_ratio" in x]
     out = {
-        "bench": "transport", "wire": a.wire or "tianji.runtime.wire", "encryption": a.encryption, "unit": "MB/s of payload (1e6 B/s)", "reps": a.reps,
-        "results": rows,
+        "bench": "transport", **stamp("transport", argv), "wire": a.wire or "tianji.runtime.wire",
+        "encryption": a.encryption, "unit": "MB/s of payload (1e6 B/s)", "reps": a.reps, "results": rows,
         "min_ratio_at_ge_64KB": min(big) if big else None,
         "target_ratio_at_ge_64KB": 0.9,
         "meets_target": (min(big) >= 0.9) if big else None,
@@ -433,11 +440,11 @@ def main(argv=None) -> int:
         "wire_overhead_cpu": {k: round(v, 2) for k, v in overhead_us().items()},
         **({"base_wire_overhead_cpu": {k: round(v, 2) for k, v in overhead_us(fns=WIRES["base"]).items()}}
            if "base" in WIRES else {}),
-        "host": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg()), "pyzmq": zmq.pyzmq_version(),
-                 "libzmq": zmq.zmq_version(), "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}, "malloc": a.malloc,
+        "host": host(pyzmq=zmq.pyzmq_version(), libzmq=zmq.zmq_version(),
+                     glibc_tunables=os.environ.get("GLIBC_TUNABLES")), "malloc": a.malloc,
         "seconds": round(time.perf_counter() - t_start, 1),
     }
-    print(json.dumps(out))
+    emit(out, indent=None)
     return 0
 
 
