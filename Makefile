@@ -52,8 +52,8 @@ test-fast: install
 	$(PY) -m pytest -q -ra -m "not slow and not cluster" $(PYTEST_ARGS)
 
 bench: install
-	$(PY) bench/converge.py
-	$(PY) bench/transport.py
+	$(PY) -m bench.converge
+	$(PY) -m bench.transport
 
 crd: install
 	$(VENV)/bin/tianji crd > crds/tianjijob.yaml
