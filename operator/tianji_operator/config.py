@@ -4,10 +4,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from tianji.control.ports import DEFAULT_PORT_RANGE, parse_port_range
+from tianji.control.contracts.ports import DEFAULT_PORT_RANGE, parse_port_range
 
 DEFAULT_SCRAPERS: list[dict] = [
     # Prometheus (the kube-prometheus / prometheus-operator default label) and the
@@ -47,7 +48,7 @@ class OperatorConfig:
     metrics_scrapers: list[dict] = field(default_factory=lambda: [dict(p) for p in DEFAULT_SCRAPERS])
     profile_path: Optional[str] = None
     worker_command: list[str] = field(default_factory=lambda: ["tianji", "worker"])
-    host_port_range: str = DEFAULT_PORT_RANGE  # hostNetwork jobs' port blocks (tianji.control.ports)
+    host_port_range: str = DEFAULT_PORT_RANGE  # hostNetwork jobs' port blocks (tianji.control.contracts.ports)
     worker_defaults: Any = None  # tianji.control.spec.PodOverlay, or None
     prometheus_allowed: list[str] = field(default_factory=list)
     clock: Callable[[], float] = time.time
@@ -55,7 +56,7 @@ class OperatorConfig:
     connection: Any = None
 
     @classmethod
-    def from_env(cls, env: Optional[dict] = None) -> "OperatorConfig":
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> OperatorConfig:
         env = os.environ if env is None else env
         c = cls()
         for name, key, conv in (
@@ -87,7 +88,7 @@ class OperatorConfig:
         """The planner profile, or None for the planner's built-in estimates."""
         if not self.profile_path:
             return None
-        from tianji.control.plan import load_profile
+        from tianji.control.planner.plan import load_profile
 
         return load_profile(self.profile_path)
 

@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional, overload
 
 import aiohttp
 import kopf
 import yaml
 
-from tianji.control.accounting import Accounting
-
-from tianji.control.report import Report, ReportError
-from tianji.control.addressing import actor_set_name
+from tianji.control.contracts.accounting import Accounting
+from tianji.control.contracts.addressing import actor_set_name
+from tianji.control.contracts.rolereport import Report, ReportError
 from tianji.control.spec import API_VERSION, KIND, JobSpec, RunPolicy, SpecError, TianJiJob, parse_job
-from tianji.control.userenv import missing_spaces
-from tianji.control.yamlload import MAX_MANIFEST_BYTES
+from tianji.control.spec.userenv import missing_spaces
+from tianji.control.spec.yamlload import MAX_MANIFEST_BYTES
 
-from . import builders as b
+from .children import builders as b
 from .config import OperatorConfig
 from .kube import ApiError, KubeClient
 from .metrics import OperatorMetrics
@@ -52,7 +52,7 @@ class JobMemory:
     report_errors: list[str] = field(default_factory=list)
     warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
     ended: bool = False  # the job ended: only processes counted before the end may still add to it
-    node_lost: str = ""  # pods force-deleted off a lost node, until the job is Ready again (nodelost.py)
+    node_lost: str = ""  # pods force-deleted off a lost node, until the job is Ready again (timers/nodelost.py)
 
     def accounting(self, status: dict) -> Accounting:
         if self.acc is None:
@@ -62,7 +62,7 @@ class JobMemory:
                 self.acc = Accounting()
         return self.acc
 
-    def take(self, rep: "Report | ReportError") -> None:
+    def take(self, rep: Report | ReportError) -> None:
         acc = self.acc if self.acc is not None else Accounting()
         self.acc = acc
         if isinstance(rep, ReportError):
@@ -96,7 +96,7 @@ class Operator:
         self.connection: Any = config.connection
         self.kube = KubeClient(self._connection, on_request=self.metrics.api_request)
         self.jobs: dict[tuple[str, str], JobMemory] = {}
-        # hostports.py: blocks handed out (status written or not) and the turn-taking lock
+        # children/hostports.py: blocks handed out (status written or not) and the turn-taking lock
         self.host_ports: dict[str, Any] = {}
         self.host_ports_lock = asyncio.Lock()
         self._http: Optional[aiohttp.ClientSession] = None
@@ -138,7 +138,7 @@ class StatusConflict(Exception):
     """The job changed between reading it and writing its status."""
 
 
-async def update_status(op: "Operator", ns: Optional[str], name: str,
+async def update_status(op: Operator, ns: Optional[str], name: str,
                         compute: Callable[[dict], Optional[dict]], attempts: int = 5) -> Optional[dict]:
     """Read the job, compute status fields from THAT read, and write those that changed,
     only if the job is still at the resourceVersion read (a JSON-patch test); on a
@@ -171,7 +171,7 @@ def read_applied(cm: dict) -> tuple[dict, TianJiJob]:
     return applied, resolved
 
 
-async def actor_sets(op: Operator, ns: str, name: str, groups: int) -> dict[int, Optional[dict]]:
+async def actor_sets(op: Operator, ns: Optional[str], name: str, groups: int) -> dict[int, Optional[dict]]:
     return {g: await op.kube.get("StatefulSet", ns, actor_set_name(name, g)) for g in range(groups)}
 
 
@@ -224,6 +224,10 @@ def current_spec(body: Any) -> Optional[JobSpec]:
         return None
 
 
+@overload
+def run_policy_of(body: Any, resolved: TianJiJob) -> RunPolicy: ...
+@overload
+def run_policy_of(body: Any, resolved: None) -> Optional[RunPolicy]: ...
 def run_policy_of(body: Any, resolved: Optional[TianJiJob]) -> Optional[RunPolicy]:
     """The live spec's run policy, else the applied one's (None: neither is readable)."""
     live = current_spec(body)

@@ -2,10 +2,10 @@
 
 `register(registry, config)` installs the handlers into a Kopf registry (the default one
 for `python -m tianji_operator`, a fresh one per test) and returns the `Operator` context
-they share. The work itself: reconcile.py (create, resume, update), monitor.py (the
-monitor timer), counting.py (reports and final reports), children.py (children kept
-whole, refused creations, the end), scaling.py (the autoscale timer), context.py (shared
-state, fresh-read status writes).
+they share. The work itself: reconcile.py (create, resume, update), timers/monitor.py
+(the monitor timer), timers/counting.py (reports and final reports), children/lifecycle.py
+(children kept whole, refused creations, the end), timers/scaling.py (the autoscale timer),
+context.py (shared state, fresh-read status writes).
 """
 from __future__ import annotations
 
@@ -17,18 +17,18 @@ from typing import Any, Optional
 import aiohttp
 import kopf
 
-from tianji.control.crd import GROUP, PLURAL, VERSION
+from tianji.control.spec.crd import GROUP, PLURAL, VERSION
 
-from . import builders as b
+from .children import builders as b
+from .children.hostports import release as release_host_ports
 from .config import OperatorConfig
-from .context import FINALIZER, Operator, RELEASED, StatusConflict
-from .counting import on_pod_event
-from .hostports import release as release_host_ports
-from .monitor import monitor
-from .reconcile import reconcile
-from .scaling import autoscale
+from .context import FINALIZER, RELEASED, Operator, StatusConflict
 from .kube import ApiError, in_cluster_login
 from .metrics import OperatorMetrics
+from .reconcile import reconcile
+from .timers.counting import on_pod_event
+from .timers.monitor import monitor
+from .timers.scaling import autoscale
 
 
 # ----------------------------------------------------------------- registration
@@ -65,7 +65,8 @@ def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] =
     op = Operator(config or OperatorConfig.from_env(), metrics)
     # A job annotated RELEASED (helm uninstall's hook, docs/kubernetes.md) matches no handler:
     # Kopf then removes its finalizer itself, and the job no longer blocks CRD/namespace deletion.
-    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry, annotations={RELEASED: kopf.ABSENT})
+    res: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry,
+                               annotations={RELEASED: kopf.ABSENT})
     backoff = op.config.handler_backoff
 
     @kopf.on.startup(registry=registry)
@@ -81,19 +82,19 @@ def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] =
         await op.close()
 
     @kopf.on.create(**res, backoff=backoff, id="reconcile-create")
-    async def on_create(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+    async def on_create(body: Any, patch: Any, logger: kopf.Logger, **_: Any) -> None:
         await _guarded(op, "create", reconcile(op, body, patch, logger, "create"))
 
     @kopf.on.resume(**res, backoff=backoff, id="reconcile-resume")
-    async def on_resume(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+    async def on_resume(body: Any, patch: Any, logger: kopf.Logger, **_: Any) -> None:
         await _guarded(op, "resume", reconcile(op, body, patch, logger, "resume"))
 
     @kopf.on.update(**res, backoff=backoff, id="reconcile-update")
-    async def on_update(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+    async def on_update(body: Any, patch: Any, logger: kopf.Logger, **_: Any) -> None:
         await _guarded(op, "update", reconcile(op, body, patch, logger, "update"))
 
     @kopf.on.delete(**res, backoff=backoff, id="release")
-    async def on_delete(body: Any, logger: logging.Logger, **_: Any) -> None:
+    async def on_delete(body: Any, logger: kopf.Logger, **_: Any) -> None:
         # Children go with the owner (ownerReferences); only in-memory state is ours to drop.
         op.jobs.pop((body["metadata"].get("namespace") or "", body["metadata"]["name"]), None)
         release_host_ports(op, body["metadata"].get("namespace"), body["metadata"]["name"])
@@ -102,7 +103,7 @@ def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] =
         logger.info("released %s", body["metadata"]["name"])
 
     @kopf.on.event("", "v1", "pods", labels={b.LABEL_JOB: kopf.PRESENT}, registry=registry, id="final-reports")
-    def on_pod(event: dict, logger: logging.Logger, **_: Any) -> None:
+    def on_pod(event: kopf.RawEvent, logger: kopf.Logger, **_: Any) -> None:
         on_pod_event(op, event, logger)
 
     # Every job's pods, kept current by the watch (Kopf fills it before any handler runs):
@@ -112,14 +113,15 @@ def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] =
         return {(namespace or "", labels[b.LABEL_JOB]): copy.deepcopy(dict(body))}
 
     @kopf.timer(**res, interval=op.config.monitor_interval, id="monitor")
-    async def on_monitor(body: Any, patch: Any, logger: logging.Logger, job_pods: kopf.Index, **_: Any) -> None:
+    async def on_monitor(body: Any, patch: Any, logger: kopf.Logger, **kwargs: Any) -> None:
+        job_pods: kopf.Index = kwargs["job_pods"]  # Kopf passes every index by its id
         meta = body["metadata"]
         pods = list(job_pods.get((meta.get("namespace") or "", meta["name"]), []))
         await _guarded(op, "monitor", monitor(op, body, patch, logger, pods), temporary=False)
         op.metrics.timer_runs.labels(timer="monitor").inc()
 
     @kopf.timer(**res, interval=op.config.autoscale_tick, id="autoscale")
-    async def on_autoscale(body: Any, patch: Any, logger: logging.Logger, **_: Any) -> None:
+    async def on_autoscale(body: Any, patch: Any, logger: kopf.Logger, **_: Any) -> None:
         await _guarded(op, "autoscale", autoscale(op, body, patch, logger), temporary=False)
         op.metrics.timer_runs.labels(timer="autoscale").inc()
 

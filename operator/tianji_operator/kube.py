@@ -19,7 +19,8 @@ import json
 import os
 import ssl
 import tempfile
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 from urllib.parse import quote
 
 import aiohttp
@@ -152,7 +153,8 @@ class KubeClient:
                     await self._relogin()
                     continue
                 if resp.status >= 400:
-                    reason, message, causes = resp.reason or "", text[:500], []
+                    reason, message = resp.reason or "", text[:500]
+                    causes: list = []
                     try:
                         st = json.loads(text)
                         reason, message = st.get("reason", reason), st.get("message", message)
@@ -164,7 +166,7 @@ class KubeClient:
         raise AssertionError("unreachable")
 
     # ----------------------------------------------------------------- verbs
-    async def get(self, kind: str, namespace: str, name: str) -> Optional[dict]:
+    async def get(self, kind: str, namespace: Optional[str], name: str) -> Optional[dict]:
         try:
             return await self.request("GET", path_of(kind, namespace, name), verb="get", kind=kind)
         except ApiError as e:
@@ -172,7 +174,7 @@ class KubeClient:
                 return None
             raise
 
-    async def list(self, kind: str, namespace: str, label_selector: Optional[str] = None,
+    async def list(self, kind: str, namespace: Optional[str], label_selector: Optional[str] = None,
                    field_selector: Optional[str] = None) -> list[dict]:
         params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v} or None
         out = await self.request("GET", path_of(kind, namespace), params=params, verb="list", kind=kind)
@@ -194,12 +196,12 @@ class KubeClient:
             return await self.create(obj), True
         return existing, False
 
-    async def patch(self, kind: str, namespace: str, name: str, patch: dict) -> dict:
+    async def patch(self, kind: str, namespace: Optional[str], name: str, patch: dict) -> dict:
         """JSON merge patch (RFC 7386)."""
         return await self.request("PATCH", path_of(kind, namespace, name), body=patch,
                                   content_type="application/merge-patch+json", verb="patch", kind=kind)
 
-    async def patch_status(self, kind: str, namespace: str, name: str, resource_version: str,
+    async def patch_status(self, kind: str, namespace: Optional[str], name: str, resource_version: str,
                            fields: dict, has_status: bool = True) -> bool:
         """Set top-level `.status` fields with optimistic concurrency: a JSON patch that first
         tests metadata.resourceVersion. False (nothing written) if the object changed since."""
@@ -220,7 +222,7 @@ class KubeClient:
                 return False
             raise
 
-    async def delete(self, kind: str, namespace: str, name: str, *, grace_seconds: Optional[int] = None,
+    async def delete(self, kind: str, namespace: Optional[str], name: str, *, grace_seconds: Optional[int] = None,
                      uid: Optional[str] = None) -> bool:
         """DELETE (background propagation); `grace_seconds=0` with `uid` is a forced delete of exactly
         that object (`kubectl delete --force --grace-period=0`)."""

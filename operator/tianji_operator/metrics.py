@@ -50,7 +50,7 @@ class OperatorMetrics:
 
     def job_status(self, namespace: str, job: str, status: dict[str, Any]) -> None:
         """Mirror a job's status (as written) into the per-job gauges."""
-        series = set()
+        series: set[tuple[Gauge, tuple[str, ...]]] = set()
 
         def put(gauge: Gauge, value: Any, n: Any) -> None:
             key = (namespace, job, str(value))

@@ -28,7 +28,7 @@ RULES: list[dict] = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
     # learners' checkpoints (spec.checkpoint.size)
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
-    # cluster-scoped, read only: whether the cluster has a default StorageClass (state.py: where
+    # cluster-scoped, read only: whether the cluster has a default StorageClass (children/statevolume.py: where
     # learner state lives by default)
     {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["list"]},
     # secrets: one CurveZMQ keyring per role of a job (builders.curve_secrets), each created once.

@@ -17,7 +17,8 @@ import asyncio
 import logging
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 from .context import FINALIZER, RELEASED
 from .kube import ApiError, KubeClient, in_cluster_login

@@ -1,18 +1,19 @@
 """TianJiJob `.status`: phase, conditions, replicas per group — pure functions.
 
     phase               Pending | Running | Suspended | Succeeded | Failed
-    conditions[]        type (Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed), status, reason,
-                        message, lastTransitionTime (changes only when status flips), observedGeneration
+    conditions[]        type (Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed),
+                        status, reason, message, lastTransitionTime (changes only when status flips),
+                        observedGeneration
     observedGeneration  the metadata.generation the operator last reconciled
     plan                the planner's output (topology, per-role requests, predictions)
     groups[]            {group, actors|buffers|learners: {desired, ready}}
     actors              "ready/desired" over all groups (printer column)
     envFrames, episodes, meanReturn, meanEpisodeLength, policyVersion, policyLag, throughput, rates, bytesSent,
     droppedSamples, rejectedMessages, reportTime
-                        tianji.control.accounting's view (summary.json's numbers, camelCase)
+                        tianji.control.contracts.accounting's view (summary.json's numbers, camelCase)
     accounting          the accounting's state (an operator restart continues from it)
     autoscale           lastRescaleTime, lastDecision, lastEvaluation
-    restarts            container restarts of the job's pods (runPolicy.backoffLimit); restarts.py
+    restarts            container restarts of the job's pods (runPolicy.backoffLimit); timers/restarts.py
     restartsByRole, podsSeen  restarts and pod re-creations by role, and what was counted of each pod
     model[]             each learner's newest checkpoint (after the end: the one written as it stopped)
     activeSince         creation or last resume (runPolicy.activeDeadlineSeconds counts from it)
@@ -21,7 +22,8 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 CONDITION_TYPES = ("Planned", "Durable", "Ready", "Progressing", "Rescaled", "Suspended", "Succeeded", "Failed")
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
@@ -48,7 +50,8 @@ def condition(ctype: str, status: bool | str, reason: str, message: str = "", *,
     if ctype not in CONDITION_TYPES:
         raise ValueError(f"unknown condition type {ctype}")
     st = status if isinstance(status, str) else ("True" if status else "False")
-    c = {"type": ctype, "status": st, "reason": reason, "message": message, "lastTransitionTime": iso(now)}
+    c: dict[str, Any] = {"type": ctype, "status": st, "reason": reason, "message": message,
+                         "lastTransitionTime": iso(now)}
     if generation is not None:
         c["observedGeneration"] = generation
     return c
@@ -67,7 +70,7 @@ def set_conditions(current: Optional[Iterable[dict]], *updates: dict) -> list[di
         else:
             out.append(new)
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
-    return sorted(out, key=lambda c: order.get(c.get("type"), 99))
+    return sorted(out, key=lambda c: order.get(c.get("type", ""), 99))
 
 
 # ----------------------------------------------------------------- pods and groups
@@ -82,7 +85,7 @@ def pod_phase(pod: dict) -> str:
     return (pod.get("status") or {}).get("phase") or "Pending"
 
 
-def summarize(topology: Any, pods: list[dict], statefulsets: dict[int, Optional[dict]],
+def summarize(topology: Any, pods: list[dict], statefulsets: Mapping[int, Optional[dict]],
               label_role: str, label_group: str) -> tuple[list[dict], str]:
     """Per-group desired/ready counts and the "ready/desired" actors summary."""
     groups = []

@@ -4,22 +4,21 @@ checked on a fresh read just before the write, is never rescaled.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 import kopf
 
-from tianji.control.addressing import actor_set_name
+from tianji.control.contracts.addressing import actor_set_name
 from tianji.control.spec import SpecError, TianJiJob, parse_job
 
+from .. import status as st
+from ..children import builders as b
+from ..context import Operator, StatusConflict, actor_sets, manifest_of, read_applied, update_status
 from . import autoscaler as asc
-from . import builders as b
-from . import status as st
-from .context import Operator, StatusConflict, actor_sets, manifest_of, read_applied, update_status
 
 
 # ----------------------------------------------------------------- autoscale
-async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger) -> None:
+async def autoscale(op: Operator, body: Any, patch: Any, logger: kopf.Logger) -> None:
     meta = body["metadata"]
     name, ns = meta["name"], meta.get("namespace")
     status = dict(body.get("status") or {})
@@ -45,6 +44,7 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger)
                       message=f"spec.autoscale.prometheusUrl {url} is not in the operator's allow-list "
                               "(chart operator.prometheusAllowList): counting from the pods' reports instead"[:900])
         url = None
+    obs: Optional[asc.Observation]
     try:
         if url:
             obs = await asc.query_prometheus(op.http(), url, asc.promql_queries(
@@ -67,7 +67,7 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: logging.Logger)
 
 
 async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: TianJiJob, obs: asc.Observation,
-                               now: float, logger: logging.Logger) -> None:
+                               now: float, logger: kopf.Logger) -> None:
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
     sets = await actor_sets(op, ns, name, resolved.spec.topology.groups)
     current = {g: int((s.get("spec") or {}).get("replicas") or 0) for g, s in sets.items() if s is not None}

@@ -15,14 +15,13 @@ a deletion within the pod's grace period, so only pods of nodes that stopped ans
 ever overdue. Their checkpoints are what the learner's state volume kept."""
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kopf
 
-from . import status as st
-from .context import Operator
-from .kube import ApiError
+from .. import status as st
+from ..context import Operator
+from ..kube import ApiError
 
 FORCE_AFTER_S = 20.0  # past the pod's own deadline (deletionTimestamp = deletion request + grace)
 
@@ -37,7 +36,7 @@ def overdue(pods: list[dict], now: float, after: float = FORCE_AFTER_S) -> list[
     return out
 
 
-async def release(op: Operator, body: Any, pods: list[dict], now: float, logger: logging.Logger) -> list[str]:
+async def release(op: Operator, body: Any, pods: list[dict], now: float, logger: kopf.Logger) -> list[str]:
     """Force-delete the job's overdue pods; one line per pod released ("pod P on node N ...")."""
     out = []
     for p in overdue(pods, now):
@@ -50,8 +49,9 @@ async def release(op: Operator, body: Any, pods: list[dict], now: float, logger:
                 continue
             raise
         if gone:
+            due = st.parse_iso(meta["deletionTimestamp"]) or now  # overdue() read it: never `now`
             line = (f"pod {meta['name']} on node {node}: its deletion was not confirmed by the node for "
-                    f"{now - st.parse_iso(meta['deletionTimestamp']):.0f} s past its grace period "
+                    f"{now - due:.0f} s past its grace period "
                     f"(node lost?); force-deleted to be re-created on another node")
             logger.warning(line)
             kopf.warn(body, reason="NodeLost", message=line[:900])

@@ -5,23 +5,20 @@ good (the job fails with the apiserver's words, no retry loop), suspension, and 
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 import kopf
 
-from tianji.control.accounting import Accounting
-
-from tianji.control.addressing import actor_set_name
-from tianji.control.ports import PortBlock, with_block
+from tianji.control.contracts.accounting import Accounting
+from tianji.control.contracts.addressing import actor_set_name
+from tianji.control.contracts.ports import PortBlock, with_block
 from tianji.control.spec import SpecError, TianJiJob, parse_job
 
+from .. import status as st
+from ..context import Operator, adopt, manifest_of, run_policy_of, update_status
+from ..kube import ApiError
+from ..timers.counting import counted_fields
 from . import builders as b
-from . import status as st
-from .context import Operator, adopt, manifest_of, run_policy_of, update_status
-from .counting import counted_fields
-from .kube import ApiError
-
 
 # ----------------------------------------------------------------- children kept whole
 # Children the monitor re-creates when deleted, besides pods and StatefulSets (which it sees
@@ -30,7 +27,7 @@ KEPT_WHOLE = ("Service", "NetworkPolicy", "PersistentVolumeClaim")
 
 
 async def child_exists(op: Operator, kind: str, ns: Optional[str], name: str) -> bool:
-    # Literal kinds: tests/test_chart_rbac.py derives the RBAC rules from these calls.
+    # Literal kinds: tests/operator/test_chart_rbac.py derives the RBAC rules from these calls.
     if kind == "Service":
         return await op.kube.get("Service", ns, name) is not None
     if kind == "NetworkPolicy":
@@ -41,7 +38,7 @@ async def child_exists(op: Operator, kind: str, ns: Optional[str], name: str) ->
 
 
 def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
-    """The planned job rebuilt from the live spec and status.plan (as tianji.control.plan.resolve
+    """The planned job rebuilt from the live spec and status.plan (as tianji.control.planner.plan.resolve
     builds it), for a ConfigMap that was deleted."""
     try:
         doc = parse_job(manifest_of(body)).to_manifest()
@@ -60,7 +57,7 @@ def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
         return None
 
 
-async def recreate_configmap(op: Operator, body: Any, plan: dict, logger: logging.Logger) -> Optional[dict]:
+async def recreate_configmap(op: Operator, body: Any, plan: dict, logger: kopf.Logger) -> Optional[dict]:
     resolved = _resolved_from_plan(body, plan)
     if resolved is None:
         logger.warning("the job's ConfigMap is gone and cannot be rebuilt from its spec and status.plan")
@@ -74,7 +71,7 @@ async def recreate_configmap(op: Operator, body: Any, plan: dict, logger: loggin
 
 
 async def reconcile_manual_scaling(op: Operator, body: Any, resolved: TianJiJob, sets: dict,
-                                    logger: logging.Logger) -> None:
+                                    logger: kopf.Logger) -> None:
     """autoscale.mode off: actor StatefulSets have spec.topology.actors replicas; a manual
     `kubectl scale sts` is set back (Warning event ScaleReconciled). external: adopted
     (never touched); planner: the autoscaler's next decision applies."""
@@ -113,7 +110,7 @@ PRIVILEGED_HINT = ("host networking and RDMA (spec.network.hostNetwork, spec.net
 
 
 async def creation_refused(op: Operator, body: Any, resolved: TianJiJob, obj: dict, e: ApiError, now: float,
-                            logger: logging.Logger, handler: str) -> None:
+                            logger: kopf.Logger, handler: str) -> None:
     """The job fails with the apiserver's words (status and a Warning Event) instead of
     retrying a create that admission will refuse every time."""
     security = "violates PodSecurity" in e.message

@@ -1,4 +1,4 @@
-"""Role reports from pods: what the operator feeds tianji.control.accounting.
+"""Role reports from pods: what the operator feeds tianji.control.contracts.accounting.
 
 A running pod answers `GET http://<podIP>:<metrics port>/report` with its report;
 a container that ended left its final report as its termination message
@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 
-from tianji.control.report import Report, ReportError, parse_report
+from tianji.control.contracts.addressing import POD_INDEX_LABEL
+from tianji.control.contracts.rolereport import Report, ReportError, parse_report
 
-from tianji.control.addressing import POD_INDEX_LABEL
-
-from . import status as st
-from .builders import LABEL_GROUP, LABEL_INDEX, LABEL_ROLE
+from .. import status as st
+from ..children.builders import LABEL_GROUP, LABEL_INDEX, LABEL_ROLE
 
 
 def as_pod(rep: Report, pod: dict) -> Report:

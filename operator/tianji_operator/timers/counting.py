@@ -1,4 +1,4 @@
-"""The operator's side of tianji.control.accounting: pods' reports in, status numbers out.
+"""The operator's side of tianji.control.contracts.accounting: pods' reports in, status numbers out.
 
 Running pods answer /report; ended containers left their final report as termination
 message (`on_pod_event` catches those of pods being deleted, before the message is gone).
@@ -6,17 +6,19 @@ The numbers written are `Accounting.view()`: what a local run's summary.json sho
 """
 from __future__ import annotations
 
-import logging
 import re
+from collections.abc import Mapping
 from typing import Any, Optional
 
-from tianji.control.accounting import Accounting, status_numbers
-from tianji.control.report import Report
+import kopf
 
-from . import builders as b
-from . import status as st
-from .reports import scrape_reports, terminated_reports
-from .context import JobMemory, Operator
+from tianji.control.contracts.accounting import Accounting, status_numbers
+from tianji.control.contracts.rolereport import Report
+
+from .. import status as st
+from ..children import builders as b
+from ..context import JobMemory, Operator
+from .podreports import scrape_reports, terminated_reports
 
 
 # ----------------------------------------------------------------- accounting
@@ -30,19 +32,21 @@ async def count_reports(op: Operator, mem: JobMemory, name: str, pods: list[dict
     After the end (`ended`) only final reports count, and only of processes counted before
     it: the job's numbers are its result, not what pods kept running (cleanPodPolicy None) or
     made again afterwards do."""
+    acc = mem.acc
+    assert acc is not None, "count_reports: the caller loads the job's accounting first (JobMemory.accounting)"
     mem.ended = ended
     for pod in pods:
         for rep in terminated_reports(pod, name):
             mem.take(rep)
     if ended:
-        return mem.acc, []
+        return acc, []
     reports, errors = await scrape_reports(op.http(), pods, port, name)
     for rep in reports:
         mem.take(rep)
     if errors:
         op.metrics.errors.labels(where="reports").inc(len(errors))
         mem.refuse(errors, counted=False)  # unreachable pods are errors, not rejected reports
-    return mem.acc, reports
+    return acc, reports
 
 
 def best_versions(acc: Accounting) -> dict[int, int]:
@@ -121,7 +125,7 @@ def final_counted_fields(acc: Accounting, status: dict, now: float) -> Optional[
     return fields
 
 
-def on_pod_event(op: Operator, event: dict, logger: logging.Logger) -> None:
+def on_pod_event(op: Operator, event: Mapping[str, Any], logger: kopf.Logger) -> None:
     """A job's pod changed or went away: count the final report its container left, before
     the pod object (and with it the termination message) is gone."""
     pod = event.get("object") or {}

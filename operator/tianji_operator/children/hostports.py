@@ -1,6 +1,6 @@
 """Host-network port blocks, applied: which blocks other jobs hold, and this job's block.
 
-The choice itself is tianji.control.ports (pure). Here: the other jobs' blocks come from
+The choice itself is tianji.control.contracts.ports (pure). Here: the other jobs' blocks come from
 their status.hostPorts (what the operator recorded, kept across restarts), from the
 pinned ports of jobs not yet recorded, and from blocks this process handed out whose
 status write has not landed yet (`Operator.host_ports`). One lock per operator makes
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from tianji.control.ports import PortBlock, assign, block_of, is_pinned, parse_port_range
+from tianji.control.contracts.ports import PortBlock, assign, block_of, is_pinned, parse_port_range
 from tianji.control.spec import SpecError, TianJiJob, parse_job
 
-from . import status as st
-from .context import Operator, manifest_of
-from .kube import ApiError
+from .. import status as st
+from ..context import Operator, manifest_of
+from ..kube import ApiError
+
 
 def key(ns: Optional[str], name: str) -> str:
     return f"{ns}/{name}" if ns else name
@@ -63,7 +64,7 @@ async def taken_blocks(op: Operator, ns: Optional[str], name: str) -> dict[str, 
 
 async def job_block(op: Operator, ns: Optional[str], name: str, planned: TianJiJob, requested: TianJiJob,
                     recorded: Optional[dict]) -> PortBlock:
-    """This job's block (tianji.control.ports.assign); HostPortError when it cannot have one."""
+    """This job's block (tianji.control.contracts.ports.assign); HostPortError when it cannot have one."""
     async with op.host_ports_lock:
         block = assign(planned, requested.spec.network, await taken_blocks(op, ns, name),
                        parse_port_range(op.config.host_port_range),

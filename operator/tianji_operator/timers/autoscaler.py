@@ -8,12 +8,12 @@ Every `spec.autoscale.intervalSeconds` the timer takes, per group,
     capacity   learners' samples per busy second   tianji_learner_capacity_sps (gauge)
 
 either with PromQL against `spec.autoscale.prometheusUrl` (rate over a window),
-or, with no URL, from the job's accounting (tianji.control.accounting, fed by the
+or, with no URL, from the job's accounting (tianji.control.contracts.accounting, fed by the
 monitor from the pods' reports: the same counters). The status numbers (frames,
 mean return, lag, rates) are the accounting's in both cases; this module only
 decides actor counts.
 
-In `spec.autoscale.mode: planner` (or `enabled: true`), `tianji.control.plan.rebalance`
+In `spec.autoscale.mode: planner` (or `enabled: true`), `tianji.control.planner.plan.rebalance`
 (the planner's balance: actors_for, observed_bottleneck) turns the rates into an actor
 count per group; the operator clamps it to [minActors,
 maxActors], does nothing while a group has actors that are not ready yet (no pending
@@ -32,8 +32,8 @@ from typing import Any, Optional
 
 import aiohttp
 
-from tianji.control.accounting import Accounting
-from tianji.control.plan import GroupThroughput, RebalancePolicy, observed_bottleneck, rebalance
+from tianji.control.contracts.accounting import Accounting
+from tianji.control.planner.plan import GroupThroughput, RebalancePolicy, observed_bottleneck, rebalance
 
 ACTOR, BUFFER, LEARNER = "actor", "buffer", "learner"
 

@@ -1,12 +1,12 @@
 """Child objects of a TianJiJob: pure functions, job (+ plan) in, manifests (dicts) out.
 
 Names are fixed (idempotent creation, no duplicates after a restart), from
-`tianji.control.addressing`:
+`tianji.control.contracts.addressing`:
 
     ConfigMap      <job>-job            job.yaml: the job as planned (resolved topology and requests)
     PersistentVolumeClaim <job>-checkpoints  learners' checkpoints, when spec.checkpoint.size is set
     PersistentVolumeClaim <pod>-state   otherwise one per learner pod (and per buffer pod with
-                                        replaySnapshot), when the plan's stateVolume is "claims" (state.py)
+                                        replaySnapshot), when the plan's stateVolume is "claims" (statevolume.py)
     Service        <job>                headless; gives learner/buffer pods DNS names
     Pod            <job>-learner-<g>-<i>, <job>-buffer-<g>-<i>   hostname = pod name, subdomain = <job>
     StatefulSet    <job>-actor-<g>      one per group, podManagementPolicy Parallel
@@ -22,10 +22,20 @@ from typing import Optional
 
 import yaml
 
-from tianji.control.addressing import PORTS, actor_set_name, data_port, metrics_port, pod_name, service_name
-from tianji.control.curvekeys import keypair
-from tianji.control.launch import (CONFIG_DIR, CURVE_FILE, JOB_FILE, KEYED_ROLES, SCRATCH_DIR, STATE_DIR,
-                                   TERMINATION_LOG, curve_secret_name, worker_launch)
+from tianji.control.contracts.addressing import PORTS, actor_set_name, data_port, metrics_port, pod_name, service_name
+from tianji.control.contracts.curvekeys import keypair
+from tianji.control.contracts.launch import (
+    CONFIG_DIR,
+    CURVE_FILE,
+    JOB_FILE,
+    KEYED_ROLES,
+    SCRATCH_DIR,
+    STATE_DIR,
+    TERMINATION_LOG,
+    WorkerLaunch,
+    curve_secret_name,
+    worker_launch,
+)
 from tianji.control.spec import JobSpec, PodOverlay, TianJiJob
 
 LABEL_JOB = "tianji.dev/job"
@@ -184,7 +194,7 @@ def checkpoint_pvc(job: TianJiJob) -> Optional[dict]:
             "metadata": _meta(job, checkpoint_claim_name(job.name), labels(job.name, "learner")), "spec": spec}
 
 
-# The claim each learner pod gets by default (state.py decides; a checkpoint is the model, the
+# The claim each learner pod gets by default (statevolume.py decides; a checkpoint is the model, the
 # optimizer state and counters: tens of MB for an Atari network, times checkpoint.keep).
 AUTO_CLAIM_SIZE = "1Gi"
 
@@ -200,7 +210,7 @@ def state_claim_name(pod: str) -> str:
 
 
 def per_pod_claims(job: TianJiJob, plan: Optional[dict]) -> bool:
-    """The plan chose one claim per stateful pod (state.py: the cluster's default StorageClass),
+    """The plan chose one claim per stateful pod (statevolume.py: the cluster's default StorageClass),
     and the spec names no claim of its own."""
     c = job.spec.checkpoint
     mode = ((plan or {}).get("stateVolume") or {}).get("mode")
@@ -313,28 +323,30 @@ def port_slots(job: TianJiJob) -> Optional[int]:
     return job.spec.topology.buffers if job.spec.network.host_network else None
 
 
+def _slot_index(index: str) -> int:
+    """The pod's index for its ports: an actor's (`auto`, its ordinal) counts as 0, since the
+    actors of a group share their ports."""
+    return int(index) if index.isdigit() else 0
+
+
 def pod_metrics_port(job: TianJiJob, role: str, group: int, index: str) -> int:
-    i = int(index) if index.isdigit() else 0
-    return metrics_port(job.spec.network.metrics_port, role, group, i, port_slots(job))
+    return metrics_port(job.spec.network.metrics_port, role, group, _slot_index(index), port_slots(job))
 
 
 def container_ports(job: TianJiJob, role: str, group: int, index: str) -> list[dict]:
-    """Named data ports of the role (tianji.control.addressing's layout) and `metrics`."""
-    i = int(index) if index.isdigit() else 0
+    """Named data ports of the role (tianji.control.contracts.addressing's layout) and `metrics`."""
+    i = _slot_index(index)
     ports = [{"name": ch, "containerPort": data_port(job.spec.network.base_port, ch, group, i, port_slots(job)),
               "protocol": "TCP"} for ch in ROLE_PORTS[role]]
     ports.append({"name": "metrics", "containerPort": pod_metrics_port(job, role, group, index), "protocol": "TCP"})
     return ports
 
 
-def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
-             hostname: Optional[str] = None, defaults: Optional[PodOverlay] = None,
-             plan: Optional[dict] = None) -> dict:
-    net = job.spec.network
-    launch = worker_launch(job, role, group, index, engine="pod", job_file=f"{CONFIG_DIR}/{JOB_FILE}",
-                           command=command, metrics_port=pod_metrics_port(job, role, group, index))
-    ports = container_ports(job, role, group, index)
-    container = {
+# ----------------------------------------------------------------- the worker pod
+def worker_container(job: TianJiJob, role: str, group: int, index: str, launch: WorkerLaunch) -> dict:
+    """The worker container: `launch` (tianji.control.contracts.launch: command, env, the role's
+    own mounts), the role's ports and resources, a readiness probe, Pod Security "restricted"."""
+    return {
         "name": CONTAINER,
         "image": job.spec.image,
         "imagePullPolicy": "IfNotPresent",
@@ -344,7 +356,7 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
                 *({"name": k, "value": v} for k, v in launch.env.items())],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "ports": ports,
+        "ports": container_ports(job, role, group, index),
         "resources": _resources(job, role),
         # timeoutSeconds 5, not the default 1: a worker whose loop keeps its cores busy (unpaced
         # actors on 2 cores) can take over a second to render /metrics, and a pod marked not ready
@@ -360,6 +372,16 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
         ],
         "securityContext": container_security_context(job),
     }
+
+
+def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
+             hostname: Optional[str] = None, defaults: Optional[PodOverlay] = None,
+             plan: Optional[dict] = None) -> dict:
+    """Every worker pod's spec: learner, buffer and evaluator pods (`hostname`: their stable DNS
+    name) and the actor StatefulSets' template (index `auto`); the overlays last."""
+    launch = worker_launch(job, role, group, index, engine="pod", job_file=f"{CONFIG_DIR}/{JOB_FILE}",
+                           command=command, metrics_port=pod_metrics_port(job, role, group, index))
+    container = worker_container(job, role, group, index, launch)
     spec: dict = {
         # an evaluator that fails is restarted, never the job's failure (as an actor)
         "restartPolicy": "Always" if role in ("actor", "evaluator") else "OnFailure",
@@ -379,13 +401,14 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
     if hostname:
         spec["hostname"] = hostname
         spec["subdomain"] = service_name(job.name)
-    if net.host_network:
+    if job.spec.network.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     scheduling(job, role, spec, container, defaults)
     return spec
 
 
+# ----------------------------------------------------------------- key Secrets, pods, StatefulSets, all of them
 def curve_secrets(job: TianJiJob) -> list[dict]:
     """One CurveZMQ identity per role, each as its own Secret (fresh key pairs each call: `ensure`
     creates them once, and an existing one is never replaced), mounted only into that role's pods

@@ -17,9 +17,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tianji.control.addressing import actor_set_name, pod_name
+from tianji.control.contracts.addressing import actor_set_name, pod_name
 
-from . import builders as b
+from ..children import builders as b
 
 ROLES = ("learner", "buffer", "actor", "evaluator")
 

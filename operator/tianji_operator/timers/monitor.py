@@ -3,27 +3,33 @@
 Each tick reads the pods' reports into the job's accounting (counting.py), derives phase
 and readiness from the children, re-creates what is missing, applies the run policy
 (backoffLimit, activeDeadlineSeconds, ttlSecondsAfterFinished), and ends the job on its
-stop rule (tianji.control.accounting.StopRule, as `tianji run`). After the end it only
+stop rule (tianji.control.contracts.accounting.StopRule, as `tianji run`). After the end it only
 counts the final reports of the pods still stopping.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 import kopf
 
-from tianji.control.accounting import StopRule
-from tianji.control.addressing import actor_set_name
+from tianji.control.contracts.accounting import StopRule
+from tianji.control.contracts.addressing import actor_set_name
 from tianji.control.spec import SpecError, parse_job
 
-from . import builders as b
-from . import status as st
-from .children import (KEPT_WHOLE, PRIVILEGED_HINT, child_exists, clean_up, finish, reconcile_manual_scaling,
-                       recreate_configmap)
-from .context import Operator, actor_sets, adopt, current_spec, manifest_of, read_applied, run_policy_of, update_status
+from .. import status as st
+from ..children import builders as b
+from ..children.lifecycle import (
+    KEPT_WHOLE,
+    PRIVILEGED_HINT,
+    child_exists,
+    clean_up,
+    finish,
+    reconcile_manual_scaling,
+    recreate_configmap,
+)
+from ..context import Operator, actor_sets, adopt, current_spec, manifest_of, read_applied, run_policy_of, update_status
+from ..kube import ApiError
 from .counting import count_reports, counted_fields, elapsed_since_start, final_counted_fields, learners_behind
-from .kube import ApiError
 from .nodelost import release as release_lost_pods
 from .restarts import Ledger, expected_pods
 
@@ -66,7 +72,7 @@ def _unschedulable(pods: list[dict]) -> list[tuple[str, str]]:
     return out
 
 
-async def _expire(op: Operator, body: Any, status: dict, now: float, logger: logging.Logger) -> bool:
+async def _expire(op: Operator, body: Any, status: dict, now: float, logger: kopf.Logger) -> bool:
     """runPolicy.ttlSecondsAfterFinished: delete a job that ended long enough ago. True if deleted."""
     rp = run_policy_of(body, None)
     done = st.parse_iso(status.get("completionTime"))
@@ -82,7 +88,7 @@ async def _expire(op: Operator, body: Any, status: dict, now: float, logger: log
 
 
 # ----------------------------------------------------------------- monitor
-async def monitor(op: Operator, body: Any, patch: Any, logger: logging.Logger, pods: list[dict]) -> None:
+async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods: list[dict]) -> None:
     """One tick for one job; `pods`: the job's pods as the watch last saw them (an index)."""
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
     # The live object, not the timer's copy: that may predate the end (or a suspension), and a
@@ -191,7 +197,7 @@ async def _decide_end(op: Operator, body: Any, resolved: Any, pods: list[dict], 
     return False, waiting
 
 
-async def _restart_stopped(op: Operator, body: Any, pods: list[dict], logger: logging.Logger) -> None:
+async def _restart_stopped(op: Operator, body: Any, pods: list[dict], logger: kopf.Logger) -> None:
     """A learner, buffer or evaluator pod that exited 0 while the job runs (its worker was
     stopped by a signal: restartPolicy OnFailure leaves it stopped) is deleted; the next tick
     makes it again, and the learner resumes from its checkpoint."""
@@ -203,7 +209,7 @@ async def _restart_stopped(op: Operator, body: Any, pods: list[dict], logger: lo
 
 
 async def _heal(op: Operator, body: Any, resolved: Any, pods: list[dict], sets: dict, status: dict,
-                logger: logging.Logger) -> None:
+                logger: kopf.Logger) -> None:
     """Self-healing: a learner/buffer pod, a StatefulSet or a kept child that is gone comes back."""
     ns = body["metadata"].get("namespace")
     topo = resolved.spec.topology

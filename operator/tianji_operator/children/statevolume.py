@@ -19,10 +19,10 @@ from typing import Optional
 
 from tianji.control.spec import TianJiJob
 
+from .. import status as st
+from ..context import Operator
+from ..kube import ApiError
 from . import builders as b
-from . import status as st
-from .context import Operator
-from .kube import ApiError
 
 DEFAULT_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
                              "storageclass.beta.kubernetes.io/is-default-class")
