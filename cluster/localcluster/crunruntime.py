@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Optional
 
 from . import network
-from .ocibundle import bind, crun, crun_argv, oci_config
 from .containers import Incarnation, PodStartError
+from .ocibundle import bind, crun, crun_argv, oci_config, own_volume
 from .podinputs import _expand
 from .pods import Node, PodWorker
 
@@ -179,20 +179,8 @@ class CrunRuntime:
         return [(d, rw) for d, rw in out if d.is_dir()]
 
     def _own_volumes(self, w: PodWorker, fs_group: Optional[int]) -> None:
-        """Volume ownership as a kubelet sets it (the process mode runs as root and needs none):
-        emptyDirs world-writable; with fsGroup every file group-owned by it, readable (0440) in
-        configMap/secret/projected volumes, writable (0660) in emptyDirs, folders setgid."""
         for top, rw in self._volume_dirs(w):
-            if rw:
-                top.chmod(0o777)
-            if fs_group is None:
-                continue
-            for path in [top, *top.rglob("*")]:
-                os.lchown(path, -1, fs_group)
-                if path.is_dir():
-                    path.chmod(path.stat().st_mode & 0o7777 | 0o2000 | (0o070 if rw else 0o050))
-                elif path.is_file():
-                    path.chmod(path.stat().st_mode & 0o7777 | (0o660 if rw else 0o440))
+            own_volume(top, rw, fs_group)
 
     async def launch(self, w: PodWorker, inc: Incarnation, mounts: list[tuple[Path, str, bool]]) -> None:
         img = await self.image(w)

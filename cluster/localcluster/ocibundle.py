@@ -3,15 +3,16 @@ root filesystem from a buildah mount, the container's command/args in place of t
 ENTRYPOINT/CMD, env, user, capabilities, no_new_privs, readOnlyRootFilesystem, bind-mounted
 volumes, hostname, optionally a network namespace to join).
 
-`oci_config` is the one config writer; the local cluster's crun runtime (crunruntime.py) and
-the image tier (tests/images: `pod_container`, a pod without a cluster, configMap/secret items
-written here, emptyDirs as fresh directories, a cluster hosts file at /etc/hosts) use it.
+`oci_config` is the one config writer and `own_volume` the one volume-ownership rule; the local
+cluster's crun runtime (crunruntime.py) and the image tier (tests/images: `pod_container`, a pod
+without a cluster, configMap/secret keys written as the local kubelet writes them
+(podinputs.project_keys), emptyDirs as fresh directories, a cluster hosts file at /etc/hosts)
+use them.
 
 Not modelled: cgroup limits (crun refuses this machine's hybrid cgroups, see CRUN), the
 RuntimeDefault seccomp profile."""
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -19,6 +20,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from .podinputs import key_bytes, project_keys
 
 CRUN_ROOT = "/run/tianji-images-crun"  # the image tier's container state, apart from anyone else's
 MASKED = ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
@@ -62,55 +65,55 @@ def container_env(pod: dict, container: dict, image_env: list[str], ip: str) -> 
     return [f"{k}={v}" for k, v in env.items()]
 
 
-def _items(source: dict, data: dict[str, bytes]) -> dict[str, bytes]:
-    items = source.get("items") or [{"key": k, "path": k} for k in data]
-    return {it["path"]: data[it["key"]] for it in items}
-
-
-def _object_data(obj: dict) -> dict[str, bytes]:
-    if obj["kind"] == "Secret":
-        out = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
-        out.update({k: v.encode() for k, v in (obj.get("stringData") or {}).items()})
-        return out
-    return {k: v.encode() for k, v in (obj.get("data") or {}).items()}
+def own_volume(top: Path, writable: bool, fs_group: Optional[int]) -> None:
+    """Volume ownership as a kubelet sets it (a process runtime runs as root and needs none): a
+    writable volume (emptyDir) world-writable; with fsGroup every file group-owned by it,
+    readable (0440) in configMap/secret/projected volumes, writable (0660) in emptyDirs,
+    folders setgid."""
+    if writable:
+        top.chmod(0o777)
+    if fs_group is None:
+        return
+    for path in [top, *top.rglob("*")]:
+        os.lchown(path, -1, fs_group)
+        if path.is_dir():
+            path.chmod(path.stat().st_mode & 0o7777 | 0o2000 | (0o070 if writable else 0o050))
+        elif path.is_file():
+            path.chmod(path.stat().st_mode & 0o7777 | (0o660 if writable else 0o440))
 
 
 def volume_mounts(pod: dict, container: dict, objects: dict, vol_dir: Path) -> list[dict]:
     """OCI mounts for the container's volumeMounts; `objects`: (kind, name) -> ConfigMap/Secret."""
-    sc = pod["spec"].get("securityContext") or {}
-    fs_group = sc.get("fsGroup", 0)
+    fs_group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
     volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
     mounts = []
     for vm in container.get("volumeMounts") or []:
         vol = volumes[vm["name"]]
         src = vol_dir / vm["name"]
-        opts = ["rbind", "ro" if vm.get("readOnly") else "rw", "nosuid", "nodev"]
         if (vol.get("emptyDir") or {}).get("medium") == "Memory":
             mounts.append({"destination": vm["mountPath"], "type": "tmpfs", "source": "tmpfs",
                            "options": ["nosuid", "nodev", "mode=1777", "size=256m"]})
             continue
-        src.mkdir(parents=True, exist_ok=True)
         if "emptyDir" in vol:
-            os.chown(src, 0, fs_group)
-            src.chmod(0o2777)  # a kubelet's emptyDir: writable by the pod's user, setgid fsGroup
+            src.mkdir(parents=True, exist_ok=True)
+            own_volume(src, True, fs_group)
         elif "configMap" in vol or "secret" in vol:
             kind, ref = ("ConfigMap", vol["configMap"]) if "configMap" in vol else ("Secret", vol["secret"])
-            obj = objects[(kind, ref.get("name") or ref.get("secretName"))]
-            mode = 0o440 if kind == "Secret" else 0o444
-            for path, data in _items(ref, _object_data(obj)).items():
-                (src / path).write_bytes(data)
-                os.chown(src / path, 0, fs_group)
-                (src / path).chmod(mode)
+            name = ref.get("name") or ref.get("secretName")
+            project_keys(src, key_bytes(objects[(kind, name)], secret=kind == "Secret"), ref,
+                         f'{kind.lower()} "{name}"')
+            own_volume(src, False, fs_group)
         else:
             raise AssertionError(f"volume {vm['name']}: {sorted(vol)} not modelled")
-        mounts.append({"destination": vm["mountPath"], "type": "bind", "source": str(src), "options": opts})
+        mounts.append(bind(src, vm["mountPath"], bool(vm.get("readOnly"))))
     return mounts
 
 
 def _base_mounts() -> list[dict]:
     return [
         {"destination": "/proc", "type": "proc", "source": "proc"},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
@@ -128,7 +131,7 @@ class Container:
     proc: Optional[subprocess.Popen] = None
     extra: dict = field(default_factory=dict)
 
-    def start(self) -> "Container":
+    def start(self) -> Container:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([*CRUN, "run", "--bundle", str(self.bundle), self.cid],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)

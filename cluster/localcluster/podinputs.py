@@ -1,6 +1,10 @@
 """What a pod's container is given (a mixin of pods.PodWorker): its volumes (configMap, secret,
 emptyDir, hostPath, and the node's own kinds) as host folders to bind, and its environment
-(`$(VAR)` expansion and the downward API: fieldRef, resourceFieldRef, configMapKeyRef)."""
+(`$(VAR)` expansion and the downward API: fieldRef, resourceFieldRef, configMapKeyRef).
+
+`project_keys` writes a ConfigMap's or Secret's keys as files: for this kubelet's configMap and
+secret volumes, the sources of its projected volumes (projected.py) and the image tier's pods
+without a cluster (ocibundle.volume_mounts)."""
 from __future__ import annotations
 
 import base64
@@ -8,25 +12,47 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .containers import PodStartError
 
 
-def _project(target: Path, data: dict[str, bytes], src: dict, what: str) -> Path:
-    """A configMap or secret volume: its items (or every key) as files, with their modes."""
+def write_file(target: Path, rel: str, data: bytes, mode: int) -> None:
+    path = target / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, mode)
+
+
+def key_bytes(obj: Optional[dict], secret: bool) -> dict[str, bytes]:
+    """A ConfigMap's or Secret's keys as file contents (None: no keys). A Secret's data is base64;
+    its stringData is folded in as the apiserver does on write (objects that never went through
+    one, the image tier's, still carry it)."""
+    obj = obj or {}
+    if not secret:
+        return {k: v.encode() for k, v in (obj.get("data") or {}).items()}
+    out = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+    out.update({k: v.encode() for k, v in (obj.get("stringData") or {}).items()})
+    return out
+
+
+def project_keys(target: Path, data: dict[str, bytes], src: dict, what: str, *, default_mode: Optional[int] = None,
+                 missing: str = "CreateContainerConfigError") -> Path:
+    """A configMap or secret volume (or such a source of a projected volume): its items, or every
+    key, as files under `target`, each with its item's mode, else `default_mode` (None: the
+    source's defaultMode, else 0644). A key the object lacks is skipped when the source is
+    optional; otherwise the start fails with reason `missing`."""
     target.mkdir(parents=True, exist_ok=True)
+    if default_mode is None:
+        default_mode = int(src.get("defaultMode", 0o644))
     for it in src.get("items") or [{"key": k, "path": k} for k in sorted(data)]:
         if it["key"] not in data:
             if src.get("optional"):
                 continue
-            raise PodStartError("CreateContainerConfigError", f'{what} has no key "{it["key"]}"')
-        path = target / it["path"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data[it["key"]])
-        os.chmod(path, int(it.get("mode", src.get("defaultMode", 0o644))))
+            raise PodStartError(missing, f'{what} has no key "{it["key"]}"')
+        mode = it.get("mode")
+        write_file(target, it["path"], data[it["key"]], int(mode if mode is not None else default_mode))
     return target
-
 
 
 def _quantity(text: Any) -> float:
@@ -66,16 +92,15 @@ class PodInputs:
                     return target
                 raise PodStartError("ContainerCreating", f'MountVolume.SetUp failed for volume "{name}": '
                                     f'configmap "{src["name"]}" not found')
-            data = {k: v.encode() for k, v in (cm.get("data") or {}).items()}
-            return _project(target, data, src, f'configmap "{src["name"]}"')
+            return project_keys(target, key_bytes(cm, secret=False), src, f'configmap "{src["name"]}"')
         if "secret" in vol:
             src = vol["secret"]
             secret = await self.kubelet.read("secrets", self.namespace, src["secretName"])
             if secret is None:
                 raise PodStartError("ContainerCreating", f'MountVolume.SetUp failed for volume "{name}": '
                                     f'secret "{src["secretName"]}" not found')
-            data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-            return _project(self.dir / "volumes" / "secret" / name, data, src, f'secret "{src["secretName"]}"')
+            return project_keys(self.dir / "volumes" / "secret" / name, key_bytes(secret, secret=True), src,
+                                f'secret "{src["secretName"]}"')
         if "emptyDir" in vol:
             if (vol["emptyDir"] or {}).get("medium") == "Memory" and Path("/dev/shm").is_dir():
                 target = self.kubelet.shm_root / f"{self.uid[:8]}-{name}"

@@ -4,12 +4,11 @@ the namespace). The token comes from the TokenRequest API, bound to the pod, so 
 Tokens are not refreshed: test pods live far shorter than the token's hour."""
 from __future__ import annotations
 
-import base64
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from .podinputs import key_bytes, project_keys, write_file
 from .pods import PodStartError
 
 if TYPE_CHECKING:
@@ -17,14 +16,7 @@ if TYPE_CHECKING:
     from .pods import PodWorker
 
 
-def _write(target: Path, rel: str, data: bytes, mode: int) -> None:
-    path = target / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    os.chmod(path, mode)
-
-
-async def _token(agent: "NodeAgent", w: "PodWorker", src: dict) -> bytes:
+async def _token(agent: NodeAgent, w: PodWorker, src: dict) -> bytes:
     sa = w.spec.get("serviceAccountName") or "default"
     body: dict[str, Any] = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                             "spec": {"expirationSeconds": int(src.get("expirationSeconds", 3607)),
@@ -39,42 +31,26 @@ async def _token(agent: "NodeAgent", w: "PodWorker", src: dict) -> bytes:
     return out["status"]["token"].encode()
 
 
-def _items(data: dict[str, bytes], spec: dict, what: str) -> list[tuple[str, bytes, Any]]:
-    out = []
-    for it in spec.get("items") or [{"key": k, "path": k} for k in sorted(data)]:
-        if it["key"] not in data:
-            if spec.get("optional"):
-                continue
-            raise PodStartError("ContainerCreating", f'{what} has no key "{it["key"]}"')
-        out.append((it["path"], data[it["key"]], it.get("mode")))
-    return out
-
-
-async def project(agent: "NodeAgent", w: "PodWorker", proj: dict, target: Path) -> Path:
+async def project(agent: NodeAgent, w: PodWorker, proj: dict, target: Path) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     default_mode = int(proj.get("defaultMode", 0o644))
     for src in proj.get("sources") or []:
-        files: list[tuple[str, bytes, Any]] = []
         if "serviceAccountToken" in src:
             s = src["serviceAccountToken"]
-            files = [(s.get("path", "token"), await _token(agent, w, s), None)]
-        elif "configMap" in src:
-            s = src["configMap"]
-            cm = await agent.read("configmaps", w.namespace, s["name"])
-            if cm is None and not s.get("optional"):
-                raise PodStartError("ContainerCreating", f'configmap "{s["name"]}" not found')
-            files = _items({k: v.encode() for k, v in ((cm or {}).get("data") or {}).items()}, s,
-                           f'configmap "{s["name"]}"')
-        elif "secret" in src:
-            s = src["secret"]
-            sec = await agent.read("secrets", w.namespace, s["name"])
-            if sec is None and not s.get("optional"):
-                raise PodStartError("ContainerCreating", f'secret "{s["name"]}" not found')
-            files = _items({k: base64.b64decode(v) for k, v in ((sec or {}).get("data") or {}).items()}, s,
-                           f'secret "{s["name"]}"')
+            write_file(target, s.get("path", "token"), await _token(agent, w, s), default_mode)
+        elif "configMap" in src or "secret" in src:
+            kind = "configmap" if "configMap" in src else "secret"
+            s = src["configMap" if kind == "configmap" else "secret"]
+            obj = await agent.read(f"{kind}s", w.namespace, s["name"])
+            if obj is None and not s.get("optional"):
+                raise PodStartError("ContainerCreating", f'{kind} "{s["name"]}" not found')
+            # a key it lacks fails the volume's mount: the pod stays ContainerCreating
+            project_keys(target, key_bytes(obj, secret=kind == "secret"), s, f'{kind} "{s["name"]}"',
+                         default_mode=default_mode, missing="ContainerCreating")
         elif "downwardAPI" in src:
-            files = [(it["path"], w._field(it["fieldRef"]["fieldPath"]).encode(), it.get("mode"))
-                     for it in src["downwardAPI"].get("items") or [] if "fieldRef" in it]
-        for rel, data, mode in files:
-            _write(target, rel, data, int(mode) if mode is not None else default_mode)
+            for it in src["downwardAPI"].get("items") or []:
+                if "fieldRef" in it:
+                    mode = it.get("mode")
+                    write_file(target, it["path"], w._field(it["fieldRef"]["fieldPath"]).encode(),
+                               int(mode) if mode is not None else default_mode)
     return target
