@@ -184,7 +184,8 @@ def run(sizes: list[int], actor_counts: list[int], sims: list[float], size_b: in
                     points.append({"actors": k, "seconds": round(samples * sec / m_b, 3),
                                    "sampling_only_seconds": round(sampling, 3),
                                    "measured_link_seconds": round(samples * max(mu, sim / k), 3),
-                                   "planner_default_seconds": round(samples * max(planner_default_mu(size_b), sim / k), 3)})
+                                   "planner_default_seconds": round(
+                                       samples * max(planner_default_mu(size_b), sim / k), 3)})
                     print(f"  (b) sim {sim:g}s {tr} {mode} x{k}: {points[-1]['seconds']:.2f}s "
                           f"(sampling alone {sampling:.2f}s)", file=sys.stderr)
                 mu = mu_wire[(tr, size_b)]

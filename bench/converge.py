@@ -147,9 +147,10 @@ def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env:
         hit["475.0"] = s["seconds_to_target"]
         hit.setdefault("300.0", s["seconds_to_target"])
     hit = {k: round(v + pre, 3) for k, v in hit.items()}
-    out = {"seconds": hit, "launcher_start_s": round(pre, 3), "env_frames": s["env_frames"], "policy_lag_mean": s["policy_lag"]["mean"],
-           "consumed_sps": round(s["throughput"]["consumed_sps"]), "exit_reason": s["exit_reason"],
-           "run_dir": str(run), "stability": stability(curve, curve[-1][0] if curve else None)}
+    out = {"seconds": hit, "launcher_start_s": round(pre, 3), "env_frames": s["env_frames"],
+           "policy_lag_mean": s["policy_lag"]["mean"], "consumed_sps": round(s["throughput"]["consumed_sps"]),
+           "exit_reason": s["exit_reason"], "run_dir": str(run),
+           "stability": stability(curve, curve[-1][0] if curve else None)}
     if q:
         out["q_mean_max"], out["q_mean_final"] = round(max(q), 2), round(q[-1], 2)
     return out

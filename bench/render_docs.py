@@ -304,7 +304,7 @@ def render_validation(files: list[dict]) -> list[str]:
                          pct(median(errs)), pct(max(errs)), f"{sum(kinds1)} of {len(kinds1)}"])
     out = [line for d in files for line in provenance(d)]
     return out + [""] + table(["run", "points measured", "median abs. error", "max", "bottleneck kind right"],
-                              rows) + [l for d in files for l in plot(d, "planner validation, 2026-11-25")]
+                              rows) + [line for d in files for line in plot(d, "planner validation, 2026-11-25")]
 
 
 def _topology(t: dict, planned: bool) -> str:

@@ -16,11 +16,11 @@ and a bottleneck read from the same rates:
   sample         consumed ≥ 90 % of r·produced (the learner is held by the replay ratio);
   training       otherwise (the learner is the limit; paced actors wait for it).
 
-Predicted per point: `tianji.control.planner.sharedhost.predict_on_host` (the planner's cost model for
-one shared machine, where actors and learners take turns: costmodel.host_turns) from a profile (`tianji profile`, measured at the start unless
---profile) and the CPU this host has free: `cores` = os.cpu_count(), `background` = busy
-processes of other work, from a probe just before each run (cores spinning processes
-for 1 s: each gets cores/(cores + background) of a core).
+Predicted per point: `tianji.control.planner.sharedhost.predict_on_host` (the planner's cost model
+for one shared machine, where actors and learners take turns: costmodel.host_turns) from a
+profile (`tianji profile`, measured at the start unless --profile) and the CPU this host has
+free: `cores` = os.cpu_count(), `background` = busy processes of other work, from a probe just
+before each run (cores spinning processes for 1 s: each gets cores/(cores + background) of a core).
 
 Also predicted given the CPU each role was measured to get over the same window
 (`predict_with_shares`, CPU time of the run's processes from /proc): this checks the
@@ -113,7 +113,7 @@ def _role_cpu(root_pid: int) -> dict:
         fields = stat[stat.rindex(")") + 2:].split()
         procs[int(d.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK, cmd)
     out: dict = {}
-    for pid, (ppid, cpu, cmd) in procs.items():
+    for ppid, cpu, cmd in procs.values():
         p, seen = ppid, 0
         while p not in (0, 1, root_pid) and p in procs and seen < 50:
             p, seen = procs[p][0], seen + 1
@@ -285,8 +285,9 @@ def main(argv=None) -> int:
     if "c" in a.sweeps:
         rows.append(point("c", "1 group", a.job, base, ["spec.topology.actors=1"], prof, a.seconds, 1))
         for mode in ("average", "allreduce"):  # the mode in the record: the model treats them differently
-            rows.append(point("c", f"2 groups, {mode}", a.job, base, ["spec.topology.actors=1", "spec.topology.groups=2",
-                              f"spec.topology.groupSync.mode={mode}"], prof, a.seconds, 1))
+            rows.append(point("c", f"2 groups, {mode}", a.job, base,
+                              ["spec.topology.actors=1", "spec.topology.groups=2",
+                               f"spec.topology.groupSync.mode={mode}"], prof, a.seconds, 1))
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     job_name = os.path.relpath(a.job, ROOT) if Path(a.job).resolve().is_relative_to(ROOT) else a.job

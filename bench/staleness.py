@@ -79,8 +79,8 @@ def main() -> None:
     for seed in range(1, a.seeds + 1):  # settings interleaved per seed: machine load hits them alike
         for s in settings:
             runs[s].append(run_one(s, seed, a.budget, a.target))
-            print(f"{s} seed {seed}: {json.dumps({k: runs[s][-1][k] for k in ('reached', 'seconds_to_target', 'frames_to_target', 'final_mean_return')})}",
-                  file=sys.stderr)
+            shown = ("reached", "seconds_to_target", "frames_to_target", "final_mean_return")
+            print(f"{s} seed {seed}: {json.dumps({k: runs[s][-1][k] for k in shown})}", file=sys.stderr)
     emit({**stamp("staleness"), "job": str(JOB.relative_to(ROOT)), "target": a.target, "budget_s": a.budget,
           "seeds": a.seeds, "settings": {s: {"summary": aggregate(r), "runs": r} for s, r in runs.items()}}, indent=2)
 

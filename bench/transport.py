@@ -63,6 +63,10 @@ import numpy as np
 import zmq
 
 from bench.harness import emit, host, stamp
+
+# Received zero-copy messages are malloc'ed per message by libzmq; with glibc's defaults a
+# receiver that holds each one for a few µs makes the heap trim and re-fault MB-sized buffers.
+from tianji.control.contracts.launch import MALLOC_TUNABLES as TUNED_MALLOC  # what the launcher gives workers
 from tianji.runtime import wire as _wire
 
 encode, decode, send_frames, recv_frames = _wire.encode, _wire.decode, _wire.send, _wire.recv
@@ -96,10 +100,6 @@ JOB = "bench"
 
 
 RECV_TIMEOUT_S = 10.0
-# Received zero-copy messages are malloc'ed per message by libzmq; with glibc's defaults a
-# receiver that holds each one for a few µs makes the heap trim and re-fault MB-sized buffers.
-from tianji.control.contracts.launch import MALLOC_TUNABLES as TUNED_MALLOC  # what the launcher gives workers
-
 PER_MESSAGE_GUESS_S = 50e-6  # Python + pyzmq cost per message, for sizing transfers only
 
 
@@ -172,7 +172,7 @@ class Stalled(RuntimeError):
 
 
 def _run_retry(addr_base: str, mode: str, size: int, n: int, stalls: list) -> tuple[float, ...]:
-    for attempt in range(3):
+    for _ in range(3):
         try:
             return _run(addr_base, mode, size, n)
         except Stalled as e:
@@ -298,10 +298,11 @@ def overhead_us(size: int = 4096, reps: int = 20_000, fns: tuple | None = None) 
     b.connect("inproc://overhead")
     out = {}
     for label, arrays, r in (("1_array", {"obs": arr}, reps), ("8_arrays", frag, reps // 4)):
-        out[f"encode_{label}_us"] = _min_cpu_us(lambda: encode("fragment", JOB, "actor-0-0", 1, 7, arrays, meta), r)
+        out[f"encode_{label}_us"] = _min_cpu_us(
+            lambda arrays=arrays: encode("fragment", JOB, "actor-0-0", 1, 7, arrays, meta), r)
         send_frames(a, encode("fragment", JOB, "actor-0-0", 1, 7, arrays, meta))
         frames = recv_frames(b)
-        out[f"decode_{label}_us"] = _min_cpu_us(lambda: decode(frames, job=JOB), r)
+        out[f"decode_{label}_us"] = _min_cpu_us(lambda frames=frames: decode(frames, job=JOB), r)
     a.close()
     b.close()
     ctx.term()
@@ -419,7 +420,8 @@ def main(argv=None) -> int:
             print(f"  {tr} {size:>8} B: raw {row['raw_MBps']:8.0f} MB/s  " + "  ".join(
                 f"{m} {row[('' if m == 'wire' else m + '_') + 'wire_MBps']:8.0f} MB/s cpu ratio "
                 f"{row[('' if m == 'wire' else m + '_') + 'cpu_ratio']:.3f} "
-                f"(per rep {row[('' if m == 'wire' else m + '_') + 'cpu_ratio_per_rep_range']})" for m in WIRES), file=sys.stderr)
+                f"(per rep {row[('' if m == 'wire' else m + '_') + 'cpu_ratio_per_rep_range']})" for m in WIRES),
+                file=sys.stderr)
     try:
         os.rmdir(tmp)
     except OSError:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import random
 
-from bench.harness import ROOT
-
 from bench import planner_validation as pv
+from bench.harness import ROOT
 from tianji.control.planner.plan import default_profile
 from tianji.control.planner.sharedhost import predict_on_host
 from tianji.control.spec import load_job

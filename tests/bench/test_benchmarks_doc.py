@@ -3,9 +3,8 @@
 import json
 import re
 
-from bench.harness import RESULTS
-
 from bench import render_docs
+from bench.harness import RESULTS
 
 DOC = render_docs.DOC
 
