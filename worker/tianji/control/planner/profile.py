@@ -105,8 +105,8 @@ class Profile:
                 message_seconds=float(d["message_seconds"]),
                 fragment_samples=int(d["fragment_samples"]),
                 bytes_per_sample=float(d["bytes_per_sample"]),
-                **{k: (d[k] if isinstance(d[k], (dict, bool)) else float(d[k])) for k in OPTIONAL_PROFILE_KEYS
-                   if d.get(k) is not None},
+                **{k: (d[k] if isinstance(d[k], (dict, bool)) or k in _TEXT_KEYS else float(d[k]))
+                   for k in OPTIONAL_PROFILE_KEYS if d.get(k) is not None},
             )
         except (TypeError, ValueError) as e:
             raise ValueError(f"profile: {e}") from None
