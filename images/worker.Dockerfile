@@ -45,7 +45,7 @@ COPY images/constraints.txt /tmp/constraints.txt
 RUN --mount=type=cache,target=/root/.cache/pip pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 # Bytecode is compiled at build time (the root filesystem is read-only at run time). torch ships
 # one 3.12-only test helper that 3.11 cannot parse and no worker imports: it alone is skipped,
-# on every base, so the same command serves 3.11 and 3.12 (tests/test_image_build_inputs.py).
+# on every base, so the same command serves 3.11 and 3.12 (tests/images/test_image_build_inputs.py).
 # pip caches in a build cache mount: a rebuild reuses the wheels (where the index lets pip cache
 # them: images/README.md), and no layer keeps them.
 COPY pyproject.toml README.md /src/
