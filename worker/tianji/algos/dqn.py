@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tianji.algos import apply_gradients, to_tensor
+from tianji.algos import BatchStager, apply_gradients, autocast, resolve_precision
 from tianji.control.spec import DQNConfig
 
 
@@ -45,6 +45,8 @@ class DQNLearner:
         self.model, self.cfg = model, cfg
         self.device = next(model.parameters()).device
         self.target = copy.deepcopy(model).requires_grad_(False)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.stage = BatchStager(self.device)
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.steps = 0
         self.sync_grads = None  # set by a data-parallel learner: averages gradients across learners
@@ -54,25 +56,34 @@ class DQNLearner:
         with torch.no_grad():
             for t, o in zip(self.target.parameters(), self.model.parameters()):
                 t.lerp_(o, tau) if tau < 1 else t.copy_(o)
+    def loss(self, obs: torch.Tensor, act: torch.Tensor, ret: torch.Tensor, disc: torch.Tensor,
+             nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Huber loss of one minibatch and its Q(o, a). The forward passes run under the learner's
+        precision, the targets and the loss in float32 (`.float()` of a float32 tensor is the tensor
+        itself: fp32 is the plain path)."""
+        dev = self.device
+        with torch.no_grad(), autocast(dev, self.precision):
+            q_next_t = self.target(nxt).float()
+            a_star = (self.model(nxt).float() if self.cfg.double_dqn else q_next_t).argmax(-1, keepdim=True)
+        y = ret + disc * q_next_t.gather(1, a_star).squeeze(1)
+        with autocast(dev, self.precision):
+            q_all = self.model(obs)
+        q = q_all.float().gather(1, act[:, None]).squeeze(1)
+        return F.smooth_l1_loss(q, y), q
+
 
     def update(self, b: dict[str, np.ndarray], tick=None) -> dict[str, float]:
         """stepsPerBatch gradient steps; `tick()` after each (the learner's heartbeat, as PPO's)."""
         c = self.cfg
-        dev = self.device
-        obs, nxt = to_tensor(b["obs"], dev), to_tensor(b["next_obs"], dev)
-        act = to_tensor(b["actions"], dev, np.int64)
-        ret, disc = to_tensor(b["returns"], dev, np.float32), to_tensor(b["discounts"], dev, np.float32)
+        t = self.stage(b, {"obs": None, "next_obs": None, "actions": np.int64, "returns": np.float32,
+                           "discounts": np.float32})
+        obs, nxt, act, ret, disc = t["obs"], t["next_obs"], t["actions"], t["returns"], t["discounts"]
         total = obs.shape[0]
         bs = c.batch_size
         loss_sum, q_sum, steps, skipped, norms = 0.0, 0.0, 0, 0, {"grad_norm": 0.0}
         for s in range(0, total - bs + 1, bs):
             sl = slice(s, s + bs)
-            with torch.no_grad():
-                q_next_t = self.target(nxt[sl])
-                a_star = (self.model(nxt[sl]) if c.double_dqn else q_next_t).argmax(-1, keepdim=True)
-                y = ret[sl] + disc[sl] * q_next_t.gather(1, a_star).squeeze(1)
-            q = self.model(obs[sl]).gather(1, act[sl, None]).squeeze(1)
-            loss = F.smooth_l1_loss(q, y)
+            loss, q = self.loss(obs[sl], act[sl], ret[sl], disc[sl], nxt[sl])
             if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads, norms):
                 skipped += 1
                 continue

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos import apply_gradients, distributions, to_tensor
+from tianji.algos import BatchStager, apply_gradients, autocast, distributions, resolve_precision
 from tianji.algos.normalize import scale_rewards
 from tianji.algos.vtrace import vtrace
 from tianji.control.spec import PPOConfig
@@ -72,6 +72,9 @@ class PPOLearner:
         self.model, self.cfg = model, cfg
         self.device = next(model.parameters()).device
         self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.stage = BatchStager(self.device)
+        self.continuous = getattr(model, "continuous", False)
         self.gen = torch.Generator().manual_seed(seed)
         self.samples_seen = 0
         self.sync_grads = None  # set by a data-parallel learner: averages gradients across learners
@@ -88,45 +91,82 @@ class PPOLearner:
         # learner, so their schedules agree.
         return c.lr * max(0.0, 1.0 - self.samples_seen / c.lr_anneal_frames)
 
+    def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model under the learner's precision; outputs float32 (the loss is computed in float32;
+        `.float()` of a float32 tensor is the tensor itself, so fp32 is the plain path)."""
+        with autocast(self.device, self.precision):
+            logits, v = self.model(x)
+        return logits.float(), v.float()
+
+    def _stage(self, b: dict) -> dict[str, torch.Tensor]:
+        """The arrays the update reads, on the learner's device (one pinned copy on CUDA)."""
+        f32 = np.float32
+        return self.stage(b, {"obs": None, "last_obs": None, "rewards": f32, "dones": f32, "terminated": f32,
+                              "valid": bool, "logp": f32, "actions": f32 if self.continuous else np.int64})
+
+    def _flat_actions(self, actions: torch.Tensor, n: int) -> torch.Tensor:
+        return actions.reshape(n, actions.shape[-1]) if self.continuous else actions.reshape(n)
+
+    @torch.no_grad()
+    def _targets(self, t: dict, flat_obs: torch.Tensor, rewards: torch.Tensor, T: int, N: int):
+        """Values at update start, then advantages and returns (GAE, or V-trace); with the mean
+        importance weight and the critic's explained variance."""
+        c = self.cfg
+        logits0, values = self._forward(flat_obs)
+        values = values.reshape(T, N)
+        _, last_value = self._forward(t["last_obs"])
+        valid_tn = t["valid"].reshape(T, N)
+        dones, terminated = t["dones"], t["terminated"]
+        rho_mean = 1.0
+        if c.off_policy_correction == "vtrace":
+            act0 = self._flat_actions(t["actions"], T * N)
+            target_logp = distributions.logp_entropy(self.model, logits0, act0, self.continuous)[0].reshape(T, N)
+            vt = vtrace(target_logp, t["logp"], rewards, values, last_value, dones, terminated, c.gamma,
+                        c.gae_lambda, c.vtrace_rho_bar, c.vtrace_c_bar, valid_tn)
+            adv, ret = vt.advantages, vt.vs
+            rho_mean = float(vt.rhos[valid_tn].mean()) if bool(valid_tn.any()) else 1.0
+        else:
+            adv = gae(rewards, values, last_value, dones, terminated, c.gamma, c.gae_lambda)
+            ret = adv + values
+        return adv, ret, rho_mean, explained_variance(values[valid_tn], ret[valid_tn])
+
+    def loss(self, obs: torch.Tensor, act: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor,
+             ret: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The clipped-surrogate loss of one minibatch: (loss, policy loss, value loss, entropy,
+        ratio, log ratio); the forward pass under the learner's precision, the rest in float32."""
+        c = self.cfg
+        logits, v = self._forward(obs)
+        logp, entropy = distributions.logp_entropy(self.model, logits, act, self.continuous)
+        log_ratio = logp - behaviour_logp
+        ratio = log_ratio.exp()
+        if c.norm_adv and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)).mean()
+        vl = 0.5 * (v - ret).pow(2).mean()
+        ent = entropy.mean()
+        return pg + c.vf_coef * vl - c.ent_coef * ent, pg, vl, ent, ratio, log_ratio
+
     def update(self, b: dict[str, np.ndarray], tick=None) -> dict[str, float]:
         """One PPO iteration (epochs x minibatches) on a [T, N] batch; returns loss stats. `tick()`
         runs after every minibatch step (the learner's heartbeat: an update can outlast its timeout)."""
         c = self.cfg
         dev = self.device
-        obs = to_tensor(b["obs"], dev)
+        t = self._stage(b)
+        obs = t["obs"]
         T, N = obs.shape[:2]
-        f = lambda k: to_tensor(b[k], dev, np.float32)  # noqa: E731
-        rewards, dones, terminated = f("rewards"), f("dones"), f("terminated")
-        valid = to_tensor(b["valid"], dev, bool).reshape(-1)
+        rewards = t["rewards"]
+        valid = t["valid"].reshape(-1)
         flat_obs = obs.reshape(T * N, *obs.shape[2:])
         # learner-owned statistics (normalize.py), from the batch's raw valid observations
         if getattr(self.model, "obs_rms", None) is not None:
             self.model.obs_rms.update(flat_obs[valid])
         if getattr(self.model, "ret_rms", None) is not None:
-            rewards = scale_rewards(self.model.ret_rms, rewards, dones, c.gamma)
-        with torch.no_grad():
-            logits0, values = self.model(flat_obs)
-            values = values.reshape(T, N)
-            _, last_value = self.model(to_tensor(b["last_obs"], dev))
-            valid_tn = valid.reshape(T, N)
-            rho_mean = 1.0
-            if c.off_policy_correction == "vtrace":
-                continuous0 = getattr(self.model, "continuous", False)
-                act0 = distributions.flat_actions(b["actions"], T * N, continuous0, dev)
-                target_logp = distributions.logp_entropy(self.model, logits0, act0, continuous0)[0].reshape(T, N)
-                vt = vtrace(target_logp, f("logp"), rewards, values, last_value, dones, terminated, c.gamma,
-                            c.gae_lambda, c.vtrace_rho_bar, c.vtrace_c_bar, valid_tn)
-                adv, ret = vt.advantages, vt.vs
-                rho_mean = float(vt.rhos[valid_tn].mean()) if bool(valid_tn.any()) else 1.0
-            else:
-                adv = gae(rewards, values, last_value, dones, terminated, c.gamma, c.gae_lambda)
-                ret = adv + values
-            explained_var = explained_variance(values[valid_tn], ret[valid_tn])
+            rewards = scale_rewards(self.model.ret_rms, rewards, t["dones"], c.gamma)
+        adv, ret, rho_mean, explained_var = self._targets(t, flat_obs, rewards, T, N)
         idx_valid = torch.nonzero(valid).squeeze(-1)
         mb_obs = flat_obs[idx_valid]
-        continuous = getattr(self.model, "continuous", False)
-        mb_act = distributions.flat_actions(b["actions"], T * N, continuous, dev)[idx_valid]
-        mb_logp = f("logp").reshape(-1)[idx_valid]
+        mb_act = self._flat_actions(t["actions"], T * N)[idx_valid]
+        mb_logp = t["logp"].reshape(-1)[idx_valid]
         mb_adv = adv.reshape(-1)[idx_valid]
         mb_ret = ret.reshape(-1)[idx_valid]
         n = int(idx_valid.numel())
@@ -143,17 +183,8 @@ class PPOLearner:
             perm = torch.randperm(n, generator=self.gen).to(dev).repeat((per_epoch * mbs) // max(n, 1) + 1)
             for s in range(0, per_epoch * mbs, mbs):
                 i = perm[s:s + mbs]
-                logits, v = self.model(mb_obs[i])
-                logp, entropy = distributions.logp_entropy(self.model, logits, mb_act[i], continuous)
-                log_ratio = logp - mb_logp[i]
-                ratio = log_ratio.exp()
-                a = mb_adv[i]
-                if c.norm_adv and a.numel() > 1:
-                    a = (a - a.mean()) / (a.std() + 1e-8)
-                pg = torch.max(-a * ratio, -a * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)).mean()
-                vl = 0.5 * (v - mb_ret[i]).pow(2).mean()
-                ent = entropy.mean()
-                loss = pg + c.vf_coef * vl - c.ent_coef * ent
+                loss, pg, vl, ent, ratio, log_ratio = self.loss(mb_obs[i], mb_act[i], mb_logp[i], mb_adv[i],
+                                                                mb_ret[i])
                 if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads, stats):
                     skipped += 1
                     continue

@@ -12,7 +12,9 @@ next to them.
 (b) learner consumption: the real PPOLearner / DQNLearner `update` on synthetic
     batches of the job's shapes at the job's batch size and two candidates
     (half and double), samples/s; on a CUDA machine, the same per GPU (wall
-    clock, synchronised) with the model on `cuda`;
+    clock, synchronised) with the model on `cuda`, at the precision the job's
+    spec.algorithm.precision gives there (auto: bf16 where the GPU supports it),
+    recorded with the device's name (`learner_gpu.device_name`, `.precision`);
 (c) message cost: one fragment-sized message through the real wire
     (`encode` → PUSH → ipc → PULL → `decode` + the buffer's `check_fragment`),
     seconds per message, sender and receiver in this process;
@@ -185,6 +187,8 @@ def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cp
     rng = np.random.default_rng(0)
     cands = candidate_batch_sizes(job)
     out: dict[str, Any] = {"device": device, "candidates": {}}
+    if device.startswith("cuda"):
+        out["device_name"] = torch.cuda.get_device_name(torch.device(device))
     est_per_sample: Optional[float] = None
     sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
     for i, B in enumerate(cands):
@@ -199,7 +203,11 @@ def measure_learner(job: TianJiJob, seconds: float, info=None, device: str = "cp
         # the learner follows its model
         model = build_model(s.algorithm, s.model, info, s.env.seed, s.env.imports).to(device)
         learner = cls(model, cfg, 0)
+        out["precision"] = learner.precision  # spec.algorithm.precision on this device (auto: bf16 on a GPU with it)
         batch = synthetic_batch(job, B, info.obs_shape, info.obs_dtype, info.n_actions, rng, info.act_shape)
+        if device != "cpu":  # CUDA context, kernel loading, autotuning: never part of the rate
+            learner.update(batch)
+            sync()
         res = _time_updates(functools.partial(learner.update, batch), budget, sync)
         res["batch_size"] = B
         out["candidates"][str(B)] = res
@@ -279,6 +287,8 @@ def measure_profile(job: TianJiJob, seconds: float = 3.0) -> dict:
         "actor_fps_per_core": actor["fps_per_core"],
         "learner_sps_per_core": learner["sps"],
         "learner_sps_per_gpu": gpu["sps"] if gpu and "sps" in gpu else None,
+        "learner_gpu_name": gpu.get("device_name") if gpu else None,  # what learner_sps_per_gpu was measured on
+        "learner_gpu_precision": gpu.get("precision") if gpu else None,
         "message_seconds": message["seconds_per_cpu"],
         "fragment_samples": message["fragment_samples"],
         "bytes_per_sample": message["bytes_per_sample"],

@@ -1,0 +1,62 @@
+"""bench/device/run.sh --dry-run: every step of the GPU device check, briefly, on the CPU, so the
+script that runs on a borrowed GPU machine cannot rot between such machines."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = {"run.json", "profile-pong-ppo.json", "profile-pong-dqn.json", "scaling-pong-ppo.json",
+         "pong-ppo-planned.json", "pong-sb3.json"}
+
+pytestmark = pytest.mark.slow  # two profiles and two short Pong runs: ~1-2 minutes on 2 cores
+
+
+def _sb3_importable() -> bool:
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_device_check_dry_run(tmp_path):
+    out = tmp_path / "device"
+    env = {**os.environ, "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(ROOT / "bench" / "device" / "run.sh"), "--dry-run", "--out", str(out)],
+                       cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    names = {x.name for x in out.iterdir()}
+    assert names == FILES and all(x.is_file() for x in out.iterdir())  # the device tool returns 8 plain files
+    docs = {n: json.loads((out / n).read_text()) for n in names}
+    for n, d in docs.items():  # every result says where, when and how it was made
+        assert d["dry_run"] is True and d["command"].startswith("bench/device/run.sh --dry-run"), n
+        assert d["machine"]["cores"] == os.cpu_count() and d["date"], n
+        assert "driver" in d["machine"] and "gpu" in d["machine"], n
+    run = docs["run.json"]
+    assert set(run["steps"]) == {"a", "b", "c", "d"}
+    assert all(s["status"] == "ok" for s in run["steps"].values()), run["steps"]
+    for algo in ("ppo", "dqn"):  # (a) the real profiler, its planner keys filled in
+        prof = docs[f"profile-pong-{algo}.json"]
+        assert "error" not in prof, prof.get("log_tail")
+        assert prof["algorithm"] == algo and prof["learner_sps_per_core"] > 0 and prof["actor_fps_per_core"] > 0
+    scaling = docs["scaling-pong-ppo.json"]  # (b) a real run per actor count, read back from its metrics
+    point = scaling["points"][0]
+    assert "error" not in point, point.get("log_tail") or point.get("error")
+    assert point["actors"] == 1 and point["env_frames"] > 0 and point["rows"]
+    assert point["resolved"]["topology"]["actors"] == 1 and point["resolved"]["resources"]["learner"]["gpu"] == 0
+    assert [c["actors"] for c in scaling["curve"]] == [1]
+    planned = docs["pong-ppo-planned.json"]  # (c) the plan for this machine, then a run of it
+    assert "error" not in planned["plan"] and planned["plan"]["actors"] >= 1
+    assert planned["profile"] == "profile-pong-ppo.json"
+    assert "error" not in planned["run"] and planned["run"]["env_frames"] > 0
+    sb3 = docs["pong-sb3.json"]  # (d) the peer run, when Stable-Baselines3 is there
+    if _sb3_importable():
+        assert "error" not in sb3 and sb3["env_frames"] > 0
+    else:
+        assert "stable-baselines3" in sb3["skipped"]
