@@ -1,4 +1,4 @@
-"""`tianji` command line: run, worker, plan, profile, eval, plot, dashboard, crd.
+"""`tianji` command line: run, check, worker, plan, profile, eval, plot, dashboard, crd.
 
 Each sub-command lives in its own module; this file only parses arguments
 and maps SpecError (bad input) to exit code 2 with a one-line message.
@@ -39,6 +39,12 @@ def _run(a: argparse.Namespace) -> int:
     except RunDirError as e:
         print(f"tianji run: {e}", file=sys.stderr)
         return 2
+
+
+def _check(a: argparse.Namespace) -> int:
+    from tianji.cli.check import check_command
+
+    return check_command(a)
 
 
 def _eval(a: argparse.Namespace) -> int:
@@ -88,6 +94,16 @@ def _crd(a: argparse.Namespace) -> int:
     return 0
 
 
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, for an editable install)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tianji")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def spec_error_text(err: SpecError) -> str:
     """One line for one problem; a header and one line per field when there are several."""
     text = str(err)
@@ -97,6 +113,7 @@ def spec_error_text(err: SpecError) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tianji",
                                 description="Highly parallel RL training with relaxed assignment dependencies.")
+    p.add_argument("--version", action="version", version=f"tianji {package_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run a TianJiJob locally, one process per role")
@@ -115,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also serve the run's TensorBoard on 127.0.0.1:PORT (default 6006) while it runs "
                         "(event files are written into the run dir either way)")
     r.set_defaults(fn=_run)
+
+    from tianji.cli.check import add_arguments as check_arguments
+
+    ck = sub.add_parser("check", help="check a TianJiJob as `tianji run` does before it starts (the spec, and the "
+                                      "env, wrappers and model built against the env's spaces), running nothing")
+    check_arguments(ck)
+    ck.set_defaults(fn=_check)
 
     w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")
     worker_arguments(w)

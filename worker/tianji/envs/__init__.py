@@ -9,15 +9,15 @@ actor marks that step invalid (see roles/actor.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.wrappers.vector import DtypeObservation
 
 from tianji.control.spec import EnvConfig, EnvSpaces
-from tianji.control.userenv import missing_spaces
+from tianji.control.spec.userenv import missing_spaces
 from tianji.envs.custom import UserCodeError, carried_observation_problem, cast_observation_note, gym_id, wrapper_fns
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,8 @@ def check_env_spec(cfg: EnvConfig, source: str, algorithm: str | None = None,
         if isinstance(e, TypeError) and cfg.kwargs:  # most likely a keyword the constructor does not take
             raise SpecError(f"{source}: spec.env.kwargs: {cfg.id!r} cannot be made with {cfg.kwargs}: "
                             f"TypeError: {text}") from None
-        raise SpecError(f"{source}: spec.env.id: {cfg.id!r} cannot be used: {text}") from None
+        raise SpecError(f"{source}: spec.env.id: {cfg.id!r} cannot be used: "
+                        f"{type(e).__name__}{': ' + extra_hint(e, text) if str(e) else ''}") from None
     if not info.obs_shape or np.dtype(info.obs_dtype).name not in ("uint8", "float32", "float64"):
         raise SpecError(f"{source}: spec.env.id: {cfg.id!r} observations {info.obs_dtype}{list(info.obs_shape)} "
                         "are not a fixed-shape uint8/float array")
@@ -181,6 +182,19 @@ def check_env_spec(cfg: EnvConfig, source: str, algorithm: str | None = None,
         raise SpecError(f"{source}: spec.algorithm.name: {algorithm} needs a Discrete action space, but "
                         f"{cfg.id!r} has a continuous one, {continuous_space_text(info)}; use ppo")
     return info
+
+
+# Gymnasium's families that need packages TianJi does not install by default: the extra that does.
+EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
+
+
+def extra_hint(e: Exception, text: str) -> str:
+    """`text` (the error's first line); for Gymnasium's DependencyNotInstalled of a family TianJi has
+    an extra for, what is missing and that extra instead of Gymnasium's own pip command."""
+    extra = next((x for key, x in EXTRAS.items() if key in text.lower()), None)
+    if type(e).__name__ != "DependencyNotInstalled" or extra is None:
+        return text
+    return f"{text.split(',')[0]}: install TianJi's {extra} extra, pip install -e '.[{extra}]'"
 
 
 def continuous_space_text(info: EnvInfo) -> str:
