@@ -33,8 +33,9 @@ def running_tianji(tmp_path):
     if any of its workers outlived it."""
     runs: list[TianjiRun] = []
 
-    def start(job: str, *args: str, run_dir: Path | None = None) -> TianjiRun:
-        run = TianjiRun.start(job, *args, run_dir=run_dir or tmp_path / "run", log=tmp_path / f"tianji-{len(runs)}.out")
+    def start(job: str, *args: str, run_dir: Path | None = None, export_keys: bool = True) -> TianjiRun:
+        run = TianjiRun.start(job, *args, run_dir=run_dir or tmp_path / "run", log=tmp_path / f"tianji-{len(runs)}.out",
+                              export_keys=export_keys)
         runs.append(run)
         return run
 

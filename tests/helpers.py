@@ -79,18 +79,25 @@ def pid_of(run_dir, role: str, index: int) -> int:
             except OSError:
                 continue
             if str(run_dir).encode() in b" ".join(cmd) and b"worker" in cmd and b"--role" in cmd \
-                    and cmd[cmd.index(b"--role") + 1] == role.encode() and cmd[cmd.index(b"--index") + 1] == str(index).encode():
+                    and cmd[cmd.index(b"--role") + 1] == role.encode() \
+                    and cmd[cmd.index(b"--index") + 1] == str(index).encode():
                 return int(d)
     raise AssertionError(f"no {role}-{index}")
 
 
+def exported_keys(run_dir: Path) -> Path:
+    """Where a run started by `TianjiRun.start` has the launcher write every process's secret
+    keyring (TIANJI_TEST_EXPORT_KEYS): beside the run dir, never in it. A real run writes none."""
+    return Path(f"{run_dir}.keys")
+
+
 def as_job_client(sock, run_dir: Path, identity: str = "actor-0-0", peer: str = "buffer-0-0"):
-    """Give a test's socket the CurveZMQ keyring of one of the job's processes (`<run dir>/keys/
-    IDENTITY.json`), talking to PEER (its key pinned): what it then sends is judged as that
-    process's messages, by the receiver's identity checks and validation, not refused by ZAP."""
+    """Give a test's socket the CurveZMQ keyring of one of the job's processes (exported_keys),
+    talking to PEER (its key pinned): what it then sends is judged as that process's messages,
+    by the receiver's identity checks and validation, not refused by ZAP."""
     from tianji.runtime.security import Curve, read_keyring
 
-    path = Path(run_dir) / "keys" / f"{identity}.json"
+    path = exported_keys(run_dir) / f"{identity}.json"
     wait_for(path.exists, 60, f"{identity}'s keys")
     Curve(None, read_keyring(path)).client(sock, peer)
     return sock
@@ -111,11 +118,16 @@ class TianjiRun:
     log: Path  # the launcher's stdout and stderr
 
     @classmethod
-    def start(cls, *args: str, run_dir: Path, log: Path) -> "TianjiRun":
+    def start(cls, *args: str, run_dir: Path, log: Path, export_keys: bool = True) -> TianjiRun:
+        """`export_keys`: tests play insiders with the processes' keys (exported_keys); a test of
+        what an insider can find passes False, and the run writes no secret anywhere."""
+        env = {k: v for k, v in os.environ.items() if k != "TIANJI_TEST_EXPORT_KEYS"}
+        if export_keys:
+            env["TIANJI_TEST_EXPORT_KEYS"] = str(exported_keys(run_dir))
         with open(log, "wb") as out:  # a file, not a pipe: nobody has to drain it
             # Its own process group, so that teardown can kill it whole.
             proc = subprocess.Popen(tianji_cmd("run", *args, "--run-dir", str(run_dir), "--quiet"), stdout=out,
-                                    stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env)
         return cls(proc, Path(run_dir), Path(log))
 
     def frames(self) -> float:

@@ -1,5 +1,6 @@
 """Zero trust inside a job (docs/security.md): each forgery an insider can try with another process's
 key, against real roles over real CURVE sockets. Each must be refused and counted by its reason."""
+import json
 import os
 import tempfile
 import time
@@ -28,7 +29,7 @@ NAMES = ["learner-0-0", "buffer-0-0", "actor-0-0", "actor-0-1", "actor-1-0", sec
 
 
 # ------------------------------------------------------------------ units
-def test_a_duplicate_a_regression_or_a_number_from_the_future_is_a_replay():
+def test_a_duplicate_or_a_regression_is_a_replay_and_only_a_shared_key_has_a_clock_bound():
     g = SeqGuard()
     t = now_us()
     g.accept("actor-0-0", t)
@@ -36,10 +37,15 @@ def test_a_duplicate_a_regression_or_a_number_from_the_future_is_a_replay():
         with pytest.raises(WireError, match="already accepted") as e:
             g.accept("actor-0-0", bad)
         assert e.value.reason == "replay"
-    with pytest.raises(WireError, match="ahead of this clock"):
+    with pytest.raises(WireError, match="ahead of this clock"):  # a name spoken with a role key
         g.accept("actor-0-0", now_us() + int(2 * MAX_AHEAD_S * 1e6))
     g.accept("actor-0-0", t + 1)  # refused numbers did not block the sender
     g.accept("actor-0-1", t - 5)  # each sender has its own numbering
+    # a process with a key of its own: no window anyone could move; far ahead locks out only itself
+    g.accept("actor-0-2", 2 ** 62, exclusive=True)
+    with pytest.raises(WireError, match="already accepted"):
+        g.accept("actor-0-2", now_us(), exclusive=True)
+    g.accept("actor-0-1", now_us())
 
 
 def test_a_key_covers_its_own_process_or_every_instance_of_its_role_and_nothing_else():
@@ -187,6 +193,68 @@ def test_the_buffer_takes_credits_only_from_its_learner_and_fragments_once(job_k
         buf.ctx.destroy(linger=0)
 
 
+def test_a_flooding_actor_drops_only_its_own_fragments_and_batches_take_turns(job_keys):
+    """actor-0-0 floods 100 valid, fresh fragments; actor-0-1 sends 3. The flooder holds at most its
+    share of the queue (64 / 2 senders), dropping its own oldest (over_share, counted as its own);
+    the other's 3 all wait, and a batch takes the newest of each sender in turn."""
+    from tianji.runtime.roles.buffer import Buffer
+
+    job, rings, role, insider = job_keys
+    buf = role(Buffer, "buffer-0-0")
+    ctx = zmq.Context()
+    try:
+        learner = ctx.socket(zmq.PULL)  # where the buffer's batches go, as learner-0-0
+        learner.setsockopt(zmq.LINGER, 0)
+        security.Curve(ctx, rings["learner-0-0"]).server(learner)
+        learner.bind(f"ipc://{os.environ['TIANJI_SOCK_DIR']}/learner-0-0-batches")
+        flood, other = insider("actor-0-0", "buffer-0-0", "fragments"), insider("actor-0-1", "buffer-0-0", "fragments")
+        for k in range(100):
+            send(flood, fragment())
+            if k % 30 == 0:
+                send(other, fragment(sender="actor-0-1"))
+        wait_for(lambda: buf.step() or buf.metrics.counts.get("samples_received_total", 0) >= 104 * 128, 60,
+                 "every fragment")
+        share = job.spec.staleness.queue_fragments // 2
+        assert len(buf.queue.q["actor-0-0"]) == share and len(buf.queue.q["actor-0-1"]) == 4
+        assert dict(buf.over_share) == {"actor-0-0": (100 - share) * hostile.T * hostile.N}
+        assert buf.metrics.reasons["samples_dropped_total"] == {"over_share": (100 - share) * hostile.T * hostile.N}
+        assert buf.report()["extra"]["over_share"] == {"actor-0-0": (100 - share) * hostile.T * hostile.N}
+        send(insider("learner-0-0", "buffer-0-0", "credits"), credit(grant=1, reset=True))
+        wait_for(lambda: buf.step() or learner.poll(0), 30, "a batch")
+        assert len(buf.queue.q["actor-0-0"]) == share - 1 and len(buf.queue.q["actor-0-1"]) == 3  # one each
+    finally:
+        ctx.destroy(linger=0)
+        buf.ctx.destroy(linger=0)
+
+
+def test_sequence_and_version_skew_lock_out_no_one_else(job_keys):
+    """actor-0-0's key: a fragment as actor-0-1 numbered a day ahead is refused (sender) and moves
+    nothing; as itself numbered 2^61 it locks out only itself; actor-0-1 goes on. Versions: at
+    most the learner's announced version + slack (2 updates); beyond that refused (version)."""
+    from tianji.runtime.roles.buffer import Buffer
+
+    job, rings, role, insider = job_keys
+    buf = role(Buffer, "buffer-0-0")
+    try:
+        evil, honest = insider("actor-0-0", "buffer-0-0", "fragments"), insider("actor-0-1", "buffer-0-0", "fragments")
+        send(insider("learner-0-0", "buffer-0-0", "credits"), credit(pv=5, grant=0, reset=True))  # no batch yet
+        wait_for(lambda: buf.step() or buf.version_high == 5, 30, "the learner's version")
+        send(evil, fragment(sender="actor-0-1", seq=now_us() + 86_400 * 10 ** 6, pv=5))
+        send(evil, fragment(seq=2 ** 61, pv=5))
+        send(evil, fragment(pv=5))  # its own honest numbering is now behind: its own loss
+        got = run_until(buf, {"sender": 1, "replay": 1})
+        for pv in (5, 7):  # the learner's version, and 2 updates ahead (parameters published after one)
+            send(honest, fragment(sender="actor-0-1", pv=pv))
+        send(honest, fragment(sender="actor-0-1", pv=8))
+        send(honest, fragment(sender="actor-0-1", pv=1005))
+        got = run_until(buf, {"sender": 1, "replay": 1, "version": 2})
+        assert got == {"sender": 1, "replay": 1, "version": 2}, got
+        assert len(buf.queue.q["actor-0-1"]) == 2 and len(buf.queue.q["actor-0-0"]) == 1
+        assert buf.seqs.last["actor-0-0"] == 2 ** 61 and buf.seqs.last["actor-0-1"] < now_us()
+    finally:
+        buf.ctx.destroy(linger=0)
+
+
 def test_the_learner_trains_only_on_batches_its_buffer_sent_once(job_keys):
     from tianji.runtime.roles.learner import Learner
 
@@ -197,12 +265,18 @@ def test_the_learner_trains_only_on_batches_its_buffer_sent_once(job_keys):
         as_buffer = insider("buffer-0-0", "learner-0-0", "batches")
         send(as_actor, hostile.batch_msg())  # an actor's key claiming buffer-0-0
         send(as_actor, hostile.batch_msg(sender="actor-0-0"))  # an actor as itself
+        ahead = hostile.batch()
+        ahead["versions"][:3] = 1  # tagged with a version this learner (at 0) never published
+        send(as_buffer, encode("batch", hostile.JOB, "buffer-0-0", now_us(), 0, ahead, {"buffer": 0}))
         good = encode("batch", hostile.JOB, "buffer-0-0", now_us(), 0, hostile.batch(), {"buffer": 0})
         send(as_buffer, good, times=3)
         got = run_until(learner, {"sender": 1, "role": 1, "replay": 2}, timeout=120)
         assert got == {"sender": 1, "role": 1, "replay": 2}, got
-        wait_for(lambda: learner.step() or learner.version >= 1, 60, "the one update")
-        assert learner.version == 1 and learner.consumed == int(hostile.batch()["valid"].sum())
+        wait_for(lambda: learner.step() or learner.version >= 2, 60, "the two updates")
+        n = int(hostile.batch()["valid"].sum())
+        assert learner.version == 2 and learner.consumed == n + n * 5 // 8
+        assert learner.metrics.reasons["samples_dropped_total"] == {"ahead": n * 3 // 8}
+        assert learner.metrics.lag["min"] >= 0  # no sample with a negative lag was counted
     finally:
         learner.ctx.destroy(linger=0)
 
@@ -270,7 +344,7 @@ def test_the_launcher_takes_a_report_only_from_the_process_it_is_about(tmp_path)
         server.server(pull)
         pull.bind(la.report_addr)
         push = ctx.socket(zmq.PUSH)
-        Curve(None, security.read_keyring(la.keys_dir / "actor-0-0.json")).client(push, security.LAUNCHER)
+        Curve(None, la.rings["actor-0-0"]).client(push, security.LAUNCHER)
         push.connect(la.report_addr)
         by = {c.name: c for c in la.children}
         by["actor-0-0"].pids.add(111)
@@ -299,37 +373,86 @@ def test_the_launcher_takes_a_report_only_from_the_process_it_is_about(tmp_path)
         ctx.destroy(linger=0)
 
 
-def test_a_target_without_a_checkpoint_of_a_trained_policy_is_no_target(tmp_path):
+def test_a_target_needs_the_saved_policys_evaluation(tmp_path):
+    """Actor returns met the rule, but no evaluation of a checkpoint passed: an error, not a target.
+    With a passing evaluation the summary names its checkpoint, version and evaluation."""
     la = launcher_with_keys(tmp_path)
-    la.acc.take(parse_report(worker_report(hostile.JOB, "learner", 0, 0, version=0), hostile.JOB))
+    rep = worker_report(hostile.JOB, "learner", 0, 0, version=7)
+    rep["extra"]["checkpoint"] = "ckpt-000000000007.pt"
+    la.acc.take(parse_report(rep, hostile.JOB))
     reason = la._verdict("target")
     s = la.summary(reason, 1.0)
     assert reason == "error" and s["exit_reason"] == "error" and s["reached_target"] is False
     assert "no checkpoint of a trained policy" in s["error"] and s["target_checkpoint"] is None
+    assert s["target_evaluation"] is None and s["target_checks"]["count"] == 0
     la = launcher_with_keys(tmp_path / "b")
-    rep = worker_report(hostile.JOB, "learner", 0, 0, version=7)
-    rep["extra"]["checkpoint"] = "ckpt-000007.pt"
     la.acc.take(parse_report(rep, hostile.JOB))
+    passed = {"checkpoint": "ckpt-000000000006.pt", "policy_version": 6, "episodes": 100, "mean_return": 480.0}
+    la.target_check.passed = passed
+    la.target_check.checks.append(passed)
     la.target_reached_at = 1.0
-    la.acc.cross_target(475.0, 1.0, 1000, 476.0)  # what _drain records as the mean meets the rule
+    la.acc.cross_target(475.0, 1.0, 1000, 476.0)  # what _cross_target records as the evaluation passes
     s = la.summary(la._verdict("target"), 2.0)
     assert s["exit_reason"] == "target" and s["reached_target"] is True
-    assert (s["target_checkpoint"], s["target_policy_version"]) == ("ckpt-000007.pt", 7)
+    assert (s["target_checkpoint"], s["target_policy_version"]) == ("ckpt-000000000006.pt", 6)
+    assert s["target_evaluation"] == passed and s["target_checks"]["count"] == 1
 
 
-def test_each_process_gets_its_own_key_file_readable_only_by_its_user(tmp_path):
+def test_no_secret_key_is_written_anywhere_and_each_process_has_its_own(tmp_path, monkeypatch):
+    """The launcher keeps every keyring in memory; the run dir holds public keys only. A worker's
+    keyring is an anonymous descriptor (memfd), read once and closed, its variable removed."""
+    monkeypatch.delenv("TIANJI_TEST_EXPORT_KEYS", raising=False)
+    (tmp_path / "run" / "keys").mkdir(parents=True)
+    (tmp_path / "run" / "keys" / "actor-0-0.json").write_text("{}")  # an older version's key file
     la = launcher_with_keys(tmp_path)
-    files = sorted(p.name for p in la.keys_dir.iterdir())
-    assert files == sorted(f"{c.name}.json" for c in la.children)  # the launcher's own stays in memory
-    assert oct(os.stat(la.keys_dir).st_mode & 0o777) == "0o700"
-    secrets = set()
-    for p in la.keys_dir.iterdir():
-        assert os.stat(p).st_mode & 0o077 == 0
-        ring = security.read_keyring(p)
-        assert ring.identity == p.stem and set(ring.peers) == {c.name for c in la.children} | {security.LAUNCHER}
-        secrets.add(ring.keys.secret)
-    assert len(secrets) == len(files)
-    assert Path(la.run_dir / "curve.json").exists() is False  # no job-wide key any more
+    assert not (la.run_dir / "keys").exists()
+    pub = json.loads((la.run_dir / "public-keys.json").read_text())["peers"]
+    assert set(pub) == {c.name for c in la.children} | {security.LAUNCHER}
+    assert len({r.keys.secret for r in la.rings.values()}) == len(la.rings)  # one key pair each
+    secrets = {r.keys.secret.decode() for r in la.rings.values()}
+    for p in la.run_dir.rglob("*"):
+        if p.is_file():
+            assert not any(x in p.read_text(errors="replace") for x in secrets), p
+    fd = security.keyring_fd(la.rings["actor-0-1"])
+    assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:tianji-keyring")  # no path to open
+    monkeypatch.setenv("TIANJI_CURVE_KEYS_FD", str(fd))
+    curve = security.from_env(zmq.Context.instance(), required=True)
+    assert curve.ring == la.rings["actor-0-1"] and "TIANJI_CURVE_KEYS_FD" not in os.environ
+    with pytest.raises(OSError):
+        os.fstat(fd)  # read once, closed
+
+
+def test_episodes_an_env_cannot_produce_are_refused():
+    from tianji.runtime.validate import episode_bounds
+
+    b = episode_bounds(load_job(PPO).spec.env)  # CartPole-v1: 500 steps, reward 0..1 a step
+    assert (b.max_steps, b.reward_low, b.reward_high) == (500, 0.0, 1.0)
+    assert b.problem(500.0, 500) is None and b.problem(37.0, 37) is None
+    assert "10 steps" in b.problem(500.0, 10) and "outside 1..500" in b.problem(600.0, 600)
+    assert b.problem(-1.0, 5) is not None and b.problem(float("nan"), 5) is not None
+
+
+def test_the_launcher_refuses_a_report_with_impossible_returns(tmp_path):
+    la = launcher_with_keys(tmp_path)
+    ctx = zmq.Context()
+    try:
+        server = security.Curve(ctx, la.rings[security.LAUNCHER])
+        pull = ctx.socket(zmq.PULL)
+        server.server(pull)
+        pull.bind(la.report_addr)
+        push = ctx.socket(zmq.PUSH)
+        security.Curve(None, la.rings["actor-0-0"]).client(push, security.LAUNCHER)
+        push.connect(la.report_addr)
+        la._by_key[("actor", 0, 0)].pids.add(111)
+        rep = worker_report(hostile.JOB, "actor", 0, 0, episodes=[500.0] * 100)
+        rep.update(pid=111, recent=[[time.time(), 500.0, 10]] * 100)  # 500 in 10 steps of CartPole
+        push.send_multipart(encode("report", hostile.JOB, "actor-0-0", now_us(), 0, None, rep))
+        with pytest.raises(WireError, match="10 steps") as e:
+            la._report(pull.recv_multipart(copy=False))
+        assert e.value.reason == "return"
+    finally:
+        server.close()
+        ctx.destroy(linger=0)
 
 
 # ------------------------------------------------------------------ live runs (agent training: slow)

@@ -31,25 +31,28 @@ from typing import Optional
 
 import zmq
 
-from tianji.control.accounting import Accounting, StopRule
-from tianji.control.launch import worker_launch
-from tianji.control.plan import Profile, resolve
-from tianji.control.report import parse_report
-from tianji.control.spec import TianJiJob, dump_job, load_job
-from tianji.envs import check_env_spec, spaces_of
+from tianji.control.contracts.accounting import Accounting, StopRule
+from tianji.control.contracts.launch import ENV_CURVE_KEYS, ENV_CURVE_KEYS_FD, learner_device, worker_launch
+from tianji.control.contracts.rolereport import parse_report
+from tianji.control.planner.plan import Profile, resolve
+from tianji.control.spec import SpecError, TianJiJob, dump_job, load_job, stop_problem
+from tianji.envs import spaces_of
 from tianji.local import resume as resume_
 from tianji.local import runfiles, zygote
+from tianji.local.preflight import check_entry_points
 from tianji.local.runfiles import MetricsLog, Warner
 from tianji.local.summary import ended_line, run_summary
-from tianji.local.supervisor import NO_HEARTBEAT, Child, count_failure, failed
+from tianji.local.supervisor import NO_HEARTBEAT, Child, count_failure, exit_text, failed, failure_text, idle_run
+from tianji.local.targetcheck import TargetCheck
 from tianji.local.worker_logs import last_exception
 from tianji.observability.exporter import JobExporter
 from tianji.observability.learnerstats import lag_histogram, learner_stats
 from tianji.observability.progress import Progress
 from tianji.observability.runlog import RunLog
 from tianji.runtime import atomicfile
+from tianji.runtime.replayguard import SeqGuard
 from tianji.runtime.security import covers, sender_identity
-from tianji.runtime.sequence import SeqGuard
+from tianji.runtime.validate import EpisodeBounds, episode_bounds
 from tianji.runtime.wire import WireError, decode
 
 POLL_S = 0.1
@@ -57,6 +60,9 @@ SAMPLE_EVERY_S = 1.0
 RECORD_EVERY_S = 1.0
 STOP_GRACE_S = 15.0
 ROLE_ORDER = ("learner", "buffer", "actor")
+PUBLIC_KEYS = "public-keys.json"  # <run dir>/: every process's public CURVE key (nothing secret)
+# Tests only: also write every process's secret keyring to this folder (tests play insiders with them).
+ENV_EXPORT_KEYS = "TIANJI_TEST_EXPORT_KEYS"
 CLI = [sys.executable, "-m", "tianji.cli"]  # + ["worker", ...]: the worker entry point, spawned or forked
 
 
@@ -78,11 +84,11 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
         if not (rd / "job.yaml").is_file():
             raise RunDirError(f"--resume {resume}: no job.yaml there; is it a TianJi run directory?")
         job, _ = resolve(load_job(rd / "job.yaml", overrides), profile)
+        check_stop(job, rd / "job.yaml", max_seconds)
     else:
         job, _ = resolve(load_job(job_path, overrides), profile)
-        # before any process starts (needs Gymnasium: not in control)
-        info = check_env_spec(job.spec.env, str(job_path), job.spec.algorithm.name,
-                              note=lambda text: print(f"tianji: note: {text}", file=sys.stderr))
+        check_stop(job, job_path, max_seconds)
+        info = check_entry_points(job, str(job_path))  # before any process starts (local/preflight.py)
         job.spec.env.spaces = spaces_of(info)  # buffers and learners read them; they build no env
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
@@ -99,6 +105,12 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
                        metrics_port=metrics_port, tensorboard_port=tensorboard_port).run()
     return 0 if summary["exit_reason"] in ("target", "frames", "seconds") else (
         130 if summary["exit_reason"] == "interrupted" else 1)
+
+
+def check_stop(job: TianJiJob, source, max_seconds: Optional[float]) -> None:
+    """A local run must be able to end: a stop rule, or --max-seconds (control/spec/run.py)."""
+    if (problem := stop_problem(job.spec.stop, max_seconds)) is not None:
+        raise SpecError(f"{source}: {problem}")
 
 
 class Launcher:
@@ -123,7 +135,6 @@ class Launcher:
                          for i in range(getattr(t, r + "s"))]
         if job.spec.evaluation.enabled:  # spec.evaluation: one evaluator, following learner-0-0
             self.children.append(Child("evaluator", 0, 0))
-        self.keys_dir: Optional[Path] = None
         self.rings: dict = {}
         if job.spec.network.encryption == "curve":
             self._issue_keys()
@@ -145,51 +156,73 @@ class Launcher:
             self.warnings += missing
             if missing:  # a learner starts over: the previous launches' returns were not its policy's
                 self.acc.restart_window(time.time())
+        self.frames_at_start = int(self.acc.totals()["env_frames"])  # a resumed run's earlier launches'
         self.started = time.monotonic()
-        self.target_reached_at: Optional[float] = None
+        self.target_reached_at: Optional[float] = None  # this launch's clock; the crossing is the accounting's
         self.target_backing: Optional[dict] = None  # the checkpoint and version behind a reached target
-        self.mean_at_target: Optional[float] = None  # the mean-100 that met the stop rule
+        self.metrics: Optional[MetricsLog] = None  # while the main loop runs: the crossing's record goes there
+        self.target_check = TargetCheck(job, run_dir, CLI, {**_worker_env(None), "OMP_NUM_THREADS": "1"})
+        self.bounds = _episode_bounds(job)  # what one of the env's episodes can be (refused otherwise)
+        self.refused: dict[str, int] = {}  # reports and handshakes this launcher refused, by reason
+        self.report_curve = None  # the report socket's CURVE (its ZAP handler counts refused handshakes)
+        self.stopping = False
         self.interrupted = False
         self.error: Optional[str] = None
         self.zygote: Optional[zygote.Zygote] = None
 
     def _issue_keys(self) -> None:
-        """A CURVE key pair per process (and the launcher's), fresh for each launch: each worker's
-        keyring is its own 0600 file under <run dir>/keys (runtime/security.py)."""
+        """A CURVE key pair per process (and the launcher's), fresh for each launch, held in this
+        process's memory only: each worker gets its keyring on a descriptor as it starts (`_spawn`).
+        Only the public keys are written (<run dir>/public-keys.json). A previous version's key
+        files (keys/, curve.json) are void and removed."""
         from tianji.runtime import security
 
-        self.keys_dir = self.run_dir / "keys"
-        shutil.rmtree(self.keys_dir, ignore_errors=True)  # a previous launch's keys are void
-        (self.run_dir / "curve.json").unlink(missing_ok=True)  # so is an older version's job-wide key
-        self.keys_dir.mkdir(mode=0o700)
+        shutil.rmtree(self.run_dir / "keys", ignore_errors=True)
+        (self.run_dir / "curve.json").unlink(missing_ok=True)
         self.rings = security.issue([c.name for c in self.children] + [security.LAUNCHER])
-        for c in self.children:
-            security.write_keyring(self.keys_dir / f"{c.name}.json", self.rings[c.name])
+        security.write_public_keys(self.run_dir / PUBLIC_KEYS, self.rings)
+        export = os.environ.get(ENV_EXPORT_KEYS)
+        if export:  # tests only: they play insiders holding one process's key
+            print(f"tianji: {ENV_EXPORT_KEYS} is set: writing every process's SECRET key to {export}",
+                  file=sys.stderr)
+            os.makedirs(export, mode=0o700, exist_ok=True)
+            for name, ring in self.rings.items():
+                security.write_keyring(Path(export) / f"{name}.json", ring)
 
     # ---------------------------------------------------------------- processes
     def _launch(self, c: Child, **kw):
+        if c.role == "learner":  # one GPU per learner while there are enough (launch.learner_device)
+            kw["device"] = learner_device(self.job, c.group, c.index, visible_gpus(self.job))
         return worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
                              run_dir=str(self.run_dir), sock_dir=str(self.sock_dir), parent_pid=os.getpid(), **kw)
 
     def _spawn(self, c: Child) -> None:
-        launch = self._launch(c, command=[*CLI, "worker"], report=self.report_addr, dist_init=self.dist_init,
-                              curve_keys=str(self.keys_dir / f"{c.name}.json") if self.keys_dir else None)
+        launch = self._launch(c, command=[*CLI, "worker"], report=self.report_addr, dist_init=self.dist_init)
         env = _worker_env(launch)
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
         c.log.flush()
         c.log_offset = os.fstat(c.log.fileno()).st_size
         c.proc = None
-        if self.zygote is not None:  # forked from the pre-imported template (same entry point, same env)
-            try:
-                c.proc = self.zygote.spawn(launch.argv[len(CLI):], env, c.log.name)
-            except OSError as e:
-                print(f"tianji: worker template failed ({e}); starting workers as new processes", file=sys.stderr)
-                self._close_zygote()
-        if c.proc is None:
-            # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
-            c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+        keys = self._keyring_fd(c)  # this worker's keyring, for it alone to inherit
+        try:
+            if keys is not None:
+                env[ENV_CURVE_KEYS_FD] = str(keys)
+            if self.zygote is not None:  # forked from the pre-imported template (same entry point, same env)
+                try:
+                    c.proc = self.zygote.spawn(launch.argv[len(CLI):], env, c.log.name,
+                                               fd=None if keys is None else (ENV_CURVE_KEYS_FD, keys))
+                except OSError as e:
+                    print(f"tianji: worker template failed ({e}); starting workers as new processes",
+                          file=sys.stderr)
+                    self._close_zygote()
+            if c.proc is None:
+                # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
+                c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env,
+                                          start_new_session=True, pass_fds=() if keys is None else (keys,))
+        finally:
+            if keys is not None:
+                os.close(keys)
         c.pids.add(c.proc.pid)
         c.started_at = time.monotonic()
         c.last_report = None
@@ -204,19 +237,20 @@ class Launcher:
             code = failed(c, now)
             if code is None:
                 continue
+            error = last_exception(Path(c.log.name), c.log_offset) if code != NO_HEARTBEAT else None
+            c.last_error = error or c.last_error  # a later kill without a traceback keeps the cause in view
             delay = count_failure(c, now, code)
             if delay is None and c.role == "evaluator":  # training goes on without evaluations
-                print(f"tianji: {c.name} failed {c.failures} times in a row (last: {code}); no more "
-                      f"evaluations this run (see {c.log.name})", file=sys.stderr)
+                print(f"tianji: {c.name} failed {c.failures} times in a row{failure_text(c)}; no more "
+                      "evaluations this run", file=sys.stderr)
                 self.warnings.append(f"{c.name} gave up after {c.failures} failures")
                 c.restart_at = math.inf
                 continue
             if delay is None:
-                self.error = f"{c.name} failed {c.failures} times in a row (last: {code}); see {c.log.name}"
+                self.error = f"{c.name} failed {c.failures} times in a row{failure_text(c)}"
                 return
-            error = last_exception(Path(c.log.name), c.log_offset) if code != NO_HEARTBEAT else None
-            print(f"tianji: {c.name} exited ({code}){': ' + error if error else ''}; restart {c.restarts} in "
-                  f"{delay:.1f}s{f' (traceback in {c.log.name})' if error else ''}", file=sys.stderr)
+            print(f"tianji: {c.name} exited ({exit_text(code)}){': ' + error if error else ''}; restart "
+                  f"{c.restarts} in {delay:.1f}s{f' (traceback in {c.log.name})' if error else ''}", file=sys.stderr)
 
     def _stop_children(self, sock: zmq.Socket) -> None:
         for c in self.children:
@@ -236,6 +270,13 @@ class Launcher:
             if c.proc is not None and c.proc.poll() is None:
                 c.proc.kill()
                 c.proc.wait()
+
+    def _keyring_fd(self, c: Child) -> Optional[int]:
+        if not self.rings:
+            return None
+        from tianji.runtime.security import keyring_fd
+
+        return keyring_fd(self.rings[c.name])
 
     def _start_zygote(self) -> None:
         """The pre-imported worker template (local/zygote.py); without it each worker imports torch."""
@@ -267,16 +308,54 @@ class Launcher:
                 rep = self._report(frames)
                 child = self._by_key[rep.key]
                 self.acc.take(rep)
+                child.reported = True
                 if rep.key[0] == "learner":
                     self.learner_reported = True
-            except Exception:  # noqa: BLE001 - (WireError, ReportError, anything): a counted reject
-                self.acc.rejected += 1
+            except Exception as e:  # noqa: BLE001 - (WireError, ReportError, anything): a counted reject
+                self._refuse(getattr(e, "reason", "report"), str(e))
                 continue
-            if rep.episodes_total and self.target_reached_at is None and self.stop_rule.target_reached(self.acc):
-                self.target_reached_at = time.monotonic() - self.started
-                self.mean_at_target = self.acc.mean_return()
             if child.proc is not None and child.proc.pid == rep.pid:
                 child.last_report = time.monotonic()
+            if rep.episodes_total and self.target_reached_at is None and not self.stopping \
+                    and self.stop_rule.target_reached(self.acc):
+                self._check_target(time.monotonic())
+
+    def _check_target(self, now: float) -> None:
+        """The actors' mean met stop.meanReturn: only a trigger. The saved policy must meet it too
+        (local/targetcheck.py); `_cross_target` follows once it has."""
+        rep = self.acc.procs.get(("learner", 0, 0))
+        version = int(rep.extra.get("version", 0) or 0) if rep is not None else 0
+        if self.target_check.ready(now, version):
+            pids = [c.proc.pid for c in self.children if c.role == "learner" and c.proc is not None
+                    and c.last_report is not None and c.proc.poll() is None]  # set up: SIGUSR1 is handled
+            self.target_check.trigger(now, version, pids)
+
+    def _count_handshakes(self) -> None:
+        """CURVE handshakes the report socket's ZAP handler refused (a key not of this launch)."""
+        seen = self.refused.get("handshake", 0)
+        if self.report_curve is not None and self.report_curve.refused > seen:
+            self._refuse("handshake", "(a key not of this run)", self.report_curve.refused - seen)
+
+    def _refuse(self, reason: str, detail: str = "", n: int = 1) -> None:
+        """A report (or handshake) refused: counted in the accounting (rejected_messages), by reason here."""
+        self.acc.rejected += n
+        self.refused[reason] = self.refused.get(reason, 0) + n
+        if self.refused[reason] <= 3 or self.refused[reason] % 1000 == 0:
+            print(f"tianji: refused a report ({reason}) {detail[:300]} [{self.refused[reason]} so far]",
+                  file=sys.stderr)
+
+    def _cross_target(self, now: float) -> None:
+        """The saved policy met stop.meanReturn (the confirming evaluation passed): the crossing
+        (its time, frames and mean) is the accounting's, kept once, and its metrics record is
+        written now, so that summary.json's seconds_to_target, frames_to_target and
+        mean_return_at_target are that record's. A resumed run whose earlier launch crossed keeps
+        that crossing (and its record)."""
+        self.target_reached_at = now - self.started
+        row = self._row(now)
+        _, new = self.acc.cross_target(self.stop_rule.stop.mean_return, row["elapsed"], row["env_frames"],
+                                       row["mean_return"])
+        if new and self.metrics is not None:
+            self._record(self.metrics, now, row=row, stop="target")
 
     def _report(self, frames: list):
         """A worker's report, refused (WireError, ReportError) unless its sender is the process the
@@ -291,17 +370,29 @@ class Launcher:
         child = self._by_key.get(rep.key)
         if child is None or child.name != msg.sender or rep.pid not in child.pids:  # only our own workers
             raise WireError("report", f"report from pid {rep.pid} as {rep.key} sent by {msg.sender!r}")
-        self.report_seqs.accept(msg.sender, msg.seq)
+        if rep.role == "actor":  # episodes the env cannot produce refuse the whole report
+            for ep in rep.recent:
+                if (why := self.bounds.problem(ep[1], ep[2] if len(ep) > 2 else None)) is not None:
+                    raise WireError("return", f"{msg.sender}: {why}")
+        self.report_seqs.accept(msg.sender, msg.seq, exclusive=bool(self.rings))  # a key per process
         return rep
 
     # ---------------------------------------------------------------- stop rule
     def _verdict(self, reason: str) -> str:
         """The one place a run's result is decided, once every process has stopped and sent its final
-        report: "target" stands only if the learners' final checkpoint, of a policy past version 0,
-        backs it (then `target_backing` names both); otherwise the run ends in "error", saying why."""
+        report: "target" stands only if a checkpoint of a policy past version 0 backs it, the one the
+        confirming evaluation played (then `target_backing` names both); otherwise the run ends in
+        "error", saying why."""
+        if reason in ("seconds", "frames"):  # a budget spent: was any work done?
+            idle = idle_run(self.children, int(self.acc.totals()["env_frames"]) - self.frames_at_start,
+                            time.monotonic() - self.started)
+            if idle is not None:
+                self.error = self.error or idle
+                return "error"
         if reason != "target":
             return reason
-        ckpt, version = self.acc.checkpoint(), self.acc.policy_version()
+        passed = self.target_check.passed or {}
+        ckpt, version = passed.get("checkpoint"), passed.get("policy_version", 0)
         if ckpt is None or version <= 0:
             self.error = self.error or ("the target was met but no checkpoint of a trained policy backs it "
                                         f"(checkpoint {ckpt}, policy version {version})")
@@ -316,7 +407,7 @@ class Launcher:
             return "interrupted"
         if self.target_reached_at is not None:
             return "target"
-        return self.stop_rule.check(self.acc, now - self.started)
+        return self.stop_rule.budget(self.acc, now - self.started)  # a target needs the saved policy
 
     # ---------------------------------------------------------------- outputs
     def _row(self, now: float) -> dict:
@@ -340,9 +431,12 @@ class Launcher:
             out[c.role] += c.restarts
         return out
 
-    def _record(self, f: MetricsLog, now: float) -> None:
-        row = self._row(now)
+    def _record(self, f: MetricsLog, now: float, row: Optional[dict] = None, stop: Optional[str] = None) -> None:
+        """One metrics.jsonl record (and TensorBoard's, W&B's); `stop`: the stop rule this record met."""
+        row = dict(row or self._row(now))
         row["t"] = round(row.pop("elapsed"), 3)
+        if stop is not None:
+            row["stop"] = stop
         row["dropped_by_reason"] = self.acc.reasons("samples_dropped_total")
         row["learner"] = learner_stats(self.acc)
         row["lag_hist"] = lag_histogram(self.acc)
@@ -354,7 +448,7 @@ class Launcher:
 
     def _export(self) -> None:
         if self.exporter is not None:
-            self.exporter.update(self.acc)
+            self.exporter.update(self.acc, self.refused)
         try:
             atomicfile.atomic_write_json(self.run_dir / "accounting.json", self.acc.state())
         except OSError as e:  # a full disk: keep running, the next record retries
@@ -366,13 +460,26 @@ class Launcher:
 
     def summary(self, reason: str, wall: float) -> dict:
         """`reason` as `_verdict` decided it: a target is reached only with its backing."""
-        reached = reason == "target" and self.target_reached_at is not None and self.target_backing is not None
-        return run_summary(self.job, self.acc, reason=reason, wall=self.t_offset + wall,
-                           seconds_to_target=self.t_offset + self.target_reached_at if reached else None,
-                           mean_at_target=self.mean_at_target if reached else None,
-                           target=self.target_backing if reached else None, restarts=self._restarts(),
-                           run_dir=str(self.run_dir), resumed_from=self.resumed_from, error=self.error,
-                           warnings=self.warnings)
+        crossing = self.acc.target_crossing
+        reached = reason == "target" and crossing is not None and self.target_backing is not None
+        out = run_summary(self.job, self.acc, reason=reason, wall=self.t_offset + wall,
+                          crossing=crossing if reached else None,
+                          target=self.target_backing if reached else None, restarts=self._restarts(),
+                          run_dir=str(self.run_dir), resumed_from=self.resumed_from, error=self.error,
+                          warnings=self.warnings)
+        # the launcher's own refusals by reason (their total is the accounting's, persisted)
+        by = {k: v for k, v in out["rejected_by_reason"].items() if k != "launcher_report"}
+        extra = self.acc.rejected - sum(self.refused.values())  # counted by an earlier launch (--resume)
+        for r, n in {**self.refused, **({"report": extra} if extra > 0 else {})}.items():
+            by[f"launcher_{r}"] = by.get(f"launcher_{r}", 0) + n
+        out["rejected_by_reason"] = by
+        out.update(self.target_check.summary())  # the saved policy's evaluations (a target needs one)
+        over: dict[str, float] = {}  # samples each sender lost over its fair share at the buffers
+        for (role, _, _), p in self.acc.procs.items():
+            for sender, n in p.extra.get("over_share", {}).items() if role == "buffer" else ():
+                over[sender] = over.get(sender, 0) + int(n)
+        out["dropped_over_share_by_sender"] = over
+        return out
 
     # ---------------------------------------------------------------- main loop
     def _on_signal(self, signum, frame) -> None:
@@ -382,6 +489,7 @@ class Launcher:
         """Start the workers, count their reports, supervise them, record; the exit reason."""
         with MetricsLog(self.run_dir / "metrics.jsonl", self.warn) as mf, \
                 Progress(f"TianJi · {self.job.name}", self.progress_enabled, caption=str(self.run_dir)) as view:
+            self.metrics = mf
             self._start_zygote()
             for c in self.children:
                 self._spawn(c)
@@ -391,8 +499,11 @@ class Launcher:
                 now = time.monotonic()
                 if not self.interrupted:
                     self._supervise(now)
+                if self.target_check.poll(now, self.acc) is not None and self.target_reached_at is None:
+                    self._cross_target(now)  # the saved policy met the target
                 if now - last_sample >= SAMPLE_EVERY_S:
                     last_sample = now
+                    self._count_handshakes()
                     self.acc.sample(now)  # (the target is checked as episodes arrive, in _drain)
                     view.update(self._row(now))
                 if now - last_record >= RECORD_EVERY_S:
@@ -401,7 +512,10 @@ class Launcher:
                 reason = self._exit_reason(now)
                 if reason:
                     break
+            self.stopping = True
+            self.target_check.close()
             self._stop_children(sock)
+            self._count_handshakes()
             reason = self._verdict(reason)
             now = time.monotonic()
             self.acc.sample(now)
@@ -426,6 +540,7 @@ class Launcher:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         ctx = zmq.Context()
         sock, curve = self._report_socket(ctx)
+        self.report_curve = curve
         reason = "error"
         t0 = self.started = time.monotonic()
         self.exporter = JobExporter(self.job.name) if self.metrics_port else None
@@ -443,6 +558,7 @@ class Launcher:
             self._kill_children()
         finally:
             self._close_zygote()
+            self.target_check.close()
             if zygote.enabled():
                 try:
                     zygote.set_subreaper(False)
@@ -466,8 +582,34 @@ class Launcher:
         return summary
 
 
+def visible_gpus(job: TianJiJob) -> int:
+    """CUDA devices this process sees (0 when learners are given none: torch is not imported then).
+    torch's count reads NVML without creating a CUDA context, and workers are new processes
+    (no zygote with a GPU learner), so the launcher holds no GPU state."""
+    if job.spec.resources.learner.gpu <= 0:
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no usable CUDA: the learners fall back to the CPU and say so
+        return 0
+
+
+def _episode_bounds(job: TianJiJob) -> EpisodeBounds:
+    try:
+        return episode_bounds(job.spec.env)
+    except Exception as e:  # noqa: BLE001 - bounds are a check on top: none is no reason not to run
+        print(f"tianji: the env's episode bounds are unknown ({e}); episodes are not bounded", file=sys.stderr)
+        return EpisodeBounds()
+
+
 def _worker_env(launch) -> dict[str, str]:
-    env = {**os.environ, **launch.env}
+    """A worker's environment (None: the launcher's own, without what no child may see)."""
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_EXPORT_KEYS, ENV_CURVE_KEYS, ENV_CURVE_KEYS_FD)}
+    if launch is None:
+        return env
+    env.update(launch.env)
     if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
         env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
     return env

@@ -21,9 +21,14 @@ the worker's argv, in the room the zygote's padded argv leaves.
 Jobs whose learner has a GPU spawn their workers: a driver initialised before
 fork (torch may probe CUDA while importing) is unusable in the child.
 
-Protocol, one JSON line each way: {"argv", "env", "log"} -> {"pid"} or {"error"}.
-The zygote exits at end of input (the launcher closed the pipe) or with the
-launcher (PDEATHSIG).
+Protocol, one JSON line each way: {"argv", "env", "log"[, "fd_env"]} -> {"pid"} or {"error"}.
+With "fd_env" the launcher has first passed one descriptor (the worker's CurveZMQ keyring,
+runtime/security.keyring_fd) over a Unix socket beside the pipe (SCM_RIGHTS): the worker
+inherits it and learns its number from the variable `fd_env`; the zygote never reads it and
+closes its copy once it has forked, and every worker closes the socket first thing, so no
+worker can receive another's descriptor and no secret is ever in the zygote's memory (which
+every worker it forks would share). The zygote exits at end of input (the launcher closed
+the pipe) or with the launcher (PDEATHSIG).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +47,7 @@ PR_SET_CHILD_SUBREAPER = 36
 TITLE_ROOM = 4096  # bytes of argv the zygote is started with: a forked worker's command line goes there
 REPARENT_TIMEOUT_S = 5.0
 ENV_DISABLE = "TIANJI_ZYGOTE"  # "0": spawn each worker as its own process (imports torch every time)
+ENV_FD_CHANNEL = "TIANJI_ZYGOTE_FDS"  # the zygote's end of the socket descriptors come over
 # torch._dynamo: the first optimizer a learner builds imports it (~800 modules, sympy among them: 1.2 s
 # of CPU), which held the first update back by 7-9 s on a busy 2-core machine.
 PRELOAD = ("numpy", "zmq", "torch", "torch._dynamo", "gymnasium", "msgpack", "tianji.runtime.worker",
@@ -112,24 +119,37 @@ class Zygote:
     subreaper (set_subreaper) for the workers to become its children."""
 
     def __init__(self, env: dict[str, str], log_path: str):
-        env = {**env, "OPENBLAS_NUM_THREADS": "1"}  # no BLAS thread pool alive at fork
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tianji.local.zygote", "--title-room=" + "-" * TITLE_ROOM],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+        self.fds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = {**env, "OPENBLAS_NUM_THREADS": "1", ENV_FD_CHANNEL: str(theirs.fileno())}  # no BLAS pool at fork
+        try:
+            with open(log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "tianji.local.zygote", "--title-room=" + "-" * TITLE_ROOM],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True,
+                    pass_fds=(theirs.fileno(),))
+        except BaseException:
+            self.fds.close()
+            raise
+        finally:
+            theirs.close()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def spawn(self, argv: list[str], env: dict[str, str], log_path: str) -> ForkedProc:
+    def spawn(self, argv: list[str], env: dict[str, str], log_path: str,
+              fd: Optional[tuple[str, int]] = None) -> ForkedProc:
         """Fork a worker running `tianji worker` (argv: ["worker", ...]); blocks until the zygote has imported
-        everything (first call only) and forked. Raises OSError when the zygote is gone."""
-        req = json.dumps({"argv": argv, "env": env, "log": log_path}) + "\n"
+        everything (first call only) and forked. `fd`: (variable, descriptor) the worker inherits, its
+        number in the worker in that variable. Raises OSError when the zygote is gone."""
+        doc = {"argv": argv, "env": env, "log": log_path}
         try:
-            self.proc.stdin.write(req.encode())
+            if fd is not None:
+                doc["fd_env"] = fd[0]
+                socket.send_fds(self.fds, [b"f"], [fd[1]])
+            self.proc.stdin.write((json.dumps(doc) + "\n").encode())
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
-        except (BrokenPipeError, ValueError) as e:
+        except (BrokenPipeError, ConnectionError, ValueError) as e:
             raise OSError(f"zygote gone: {e}") from None
         if not line:
             raise OSError(f"zygote exited ({self.proc.poll()})")
@@ -149,6 +169,7 @@ class Zygote:
             self.proc.kill()
             self.proc.wait()
         self.proc.stdout.close()
+        self.fds.close()
 
 
 # ------------------------------------------------------------------ the zygote process
@@ -164,10 +185,12 @@ def _set_cmdline(argv: list[str]) -> None:
     ctypes.memmove(start, data + b"\0" * (room - len(data)), room)
 
 
-def _child(req: dict, launcher: int) -> None:
+def _child(req: dict, launcher: int, channel: Optional[int]) -> None:
     """The worker, after the second fork: never returns."""
     rc = 1
     try:
+        if channel is not None:  # other workers' descriptors come over it: never this worker's to read
+            os.close(channel)
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -203,7 +226,7 @@ def _child(req: dict, launcher: int) -> None:
             os._exit(rc)
 
 
-def _fork_worker(req: dict, launcher: int) -> int:
+def _fork_worker(req: dict, launcher: int, channel: Optional[int] = None) -> int:
     """Double fork; returns the worker's pid once the intermediate has exited (the worker
     is then the launcher's child)."""
     r, w = os.pipe()
@@ -214,7 +237,7 @@ def _fork_worker(req: dict, launcher: int) -> int:
             pid = os.fork()
             if pid == 0:
                 os.close(w)
-                _child(req, launcher)
+                _child(req, launcher, channel)
             os.write(w, str(pid).encode())
         finally:
             os._exit(0)
@@ -241,14 +264,34 @@ def serve() -> int:
         print(f"tianji zygote: {threads} threads alive after imports", file=sys.stderr)
         return 1
     out = sys.stdout.buffer
+    channel = int(os.environ.pop(ENV_FD_CHANNEL)) if os.environ.get(ENV_FD_CHANNEL) else None
     for line in sys.stdin.buffer:
+        fd = None
         try:
-            reply = {"pid": _fork_worker(json.loads(line), launcher)}
+            req = json.loads(line)
+            if req.get("fd_env"):
+                fd = _receive_fd(channel)
+                req["env"][str(req["fd_env"])] = str(fd)
+            reply = {"pid": _fork_worker(req, launcher, channel)}
         except Exception as e:  # noqa: BLE001 - the launcher falls back to spawning
             reply = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            if fd is not None:  # the worker has its copy; the zygote keeps none
+                os.close(fd)
         out.write((json.dumps(reply) + "\n").encode())
         out.flush()
     return 0
+
+
+def _receive_fd(channel: Optional[int]) -> int:
+    """The one descriptor the launcher sent ahead of a request (never read here)."""
+    if channel is None:
+        raise OSError("no descriptor channel")
+    with socket.socket(fileno=os.dup(channel)) as s:
+        _, fds, _, _ = socket.recv_fds(s, 1, 1)
+    if len(fds) != 1:
+        raise OSError("the launcher's descriptor did not arrive")
+    return fds[0]
 
 
 if __name__ == "__main__":

@@ -8,15 +8,15 @@ its counters from zero, exactly like a restarted pod: PromQL's rate() handles it
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
-from typing import Iterator, Optional
+from typing import Optional
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from tianji.control.accounting import Accounting
-
-from tianji.control.report import COUNTERS, GAUGES, REASON_LABELED
+from tianji.control.contracts.accounting import Accounting
+from tianji.control.contracts.rolereport import COUNTERS, GAUGES, REASON_LABELED
 from tianji.observability.metrics import LABELS, PREFIX, add_lag_histogram, lag_histogram_family, serve_registry
 
 
@@ -31,7 +31,9 @@ class JobExporter:
         self.registry.register(self)
         self.server: Optional[ThreadingHTTPServer] = None
 
-    def update(self, acc: Accounting) -> None:
+    def update(self, acc: Accounting, launcher_rejected: Optional[dict[str, int]] = None) -> None:
+        """`launcher_rejected`: what the launcher itself refused (reports, handshakes), by reason:
+        messages_rejected_total{role="launcher"}."""
         counters = {n: CounterMetricFamily(PREFIX + n.removesuffix("_total"), d,
                                            labels=[*LABELS, *(["reason"] if n in REASON_LABELED else [])])
                     for n, d in COUNTERS.items()}
@@ -49,6 +51,8 @@ class JobExporter:
                 gauges[n].add_metric(lab, v)
             if role == "learner" and p.lag.get("hist"):
                 add_lag_histogram(lag_samples, lab, p.lag)
+        for reason, v in sorted((launcher_rejected or {}).items()):
+            counters["messages_rejected_total"].add_metric([self.job, "launcher", "0", "0", reason], v)
         self._families = [*counters.values(), *gauges.values(), lag_samples]
 
     def collect(self) -> Iterator[Metric]:

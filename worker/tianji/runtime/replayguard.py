@@ -3,11 +3,15 @@
 A sender numbers its messages `next_seq(previous)` = max(previous + 1, its clock in µs): strictly
 increasing, and across restarts too (a new incarnation starts at its clock, past every number the
 old one used, as long as it sent fewer than a million messages a second). A receiver keeps the
-last number it accepted from each (authenticated) sender and refuses, with reason "replay":
+last number it accepted from each (authenticated) sender and refuses, with reason "replay", a
+duplicate or a regression (a message sent again, an old incarnation's message).
 
-- a duplicate or a regression (a message sent again, an old incarnation's message);
-- a number more than MAX_AHEAD_S ahead of its own clock: a forger holding a sender's key cannot
-  push that sender's numbering out of reach for longer than that.
+Who can move a sender's numbering? Only a holder of a key that covers it (runtime/security.py).
+A sender with a key of its own (`exclusive`: every process of `tianji run`) can only lock
+itself out, so its numbers are not bounded at all: no clock window exists that another
+process could push it past. A name spoken with a shared role key (pods' "actor" key) could be
+moved by any holder of that key; for those, a number more than MAX_AHEAD_S ahead of the
+receiver's clock is refused too, so a forger blocks such a sender for at most that long.
 
 Only messages that passed every other check advance a sender's number (`accept` is called last),
 so a refused forgery never blocks the honest sender. Torch-free (the buffer imports it).
@@ -18,7 +22,7 @@ import time
 
 from tianji.runtime.wire import WireError
 
-MAX_AHEAD_S = 60.0  # clock skew between hosts tolerated (and the longest a forger can block a sender)
+MAX_AHEAD_S = 60.0  # shared keys only: clock skew tolerated (and the longest a forger can block a sender)
 MAX_SENDERS = 4096  # senders remembered (with CURVE, a job's own processes: far fewer)
 
 
@@ -37,12 +41,13 @@ class SeqGuard:
         self.last: dict[str, int] = {}
         self._horizon = 0  # now + MAX_AHEAD_S when last read: the clock is read only past it
 
-    def accept(self, sender: str, seq: int) -> None:
-        """Raises WireError("replay") unless `seq` is new from `sender`; then remembers it."""
+    def accept(self, sender: str, seq: int, exclusive: bool = False) -> None:
+        """Raises WireError("replay") unless `seq` is new from `sender`; then remembers it.
+        `exclusive`: the sender's key is its own (no bound ahead: see the module's docstring)."""
         last = self.last.get(sender)
         if last is not None and seq <= last:
             raise WireError("replay", f"{sender}: seq {seq} <= {last} already accepted")
-        if seq > self._horizon:
+        if not exclusive and seq > self._horizon:
             self._horizon = now_us() + int(MAX_AHEAD_S * 1e6)
             if seq > self._horizon:
                 raise WireError("replay", f"{sender}: seq {seq} is ahead of this clock")

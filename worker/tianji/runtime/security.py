@@ -1,14 +1,18 @@
-"""CurveZMQ identities: every process of a job proves which role it is, on every socket.
+"""CurveZMQ identities: every process of a job proves which process it is, on every socket.
 
-A job's processes do not share one key. Each holds a *keyring* (the JSON file named by
-TIANJI_CURVE_KEYS, mode 0600 locally, a Secret mounted only into that role's pods):
+A job's processes do not share one key. Each holds a *keyring*:
 
     {"identity": "actor-0-1", "public": z85, "secret": z85, "peers": {"learner-0-0": z85, ...}}
 
-- `identity` is a process ("role-group-index": `tianji run` issues one key pair per process,
-  and one for the launcher) or a role ("actor": the operator issues one per role, and every
-  pod of that role holds it). A key *covers* the senders it may speak as: its own name, or,
-  for a role key, every "role-G-I" (`covers`).
+- Locally (`tianji run`) every process has a key pair of its own, and the launcher one. A
+  worker's keyring reaches it as an inherited descriptor (TIANJI_CURVE_KEYS_FD: an anonymous
+  in-memory file, `keyring_fd`) that it reads once and closes (`from_env`): it is never a path
+  another process can open, and nothing secret is written to disk. Only public keys are
+  (`write_public_keys`, for people and tools; workers take their peers from their keyring).
+- Pods read a keyring file (TIANJI_CURVE_KEYS, a Secret mounted read-only into the pod).
+  Its `identity` may be a role ("actor": every pod of that role holds it).
+- A key *covers* the senders it may speak as: its own name, or, for a role key, every
+  "role-G-I" (`covers`); `exclusive` says whether a sender's name has a key of its own.
 - `peers` holds the public keys of every identity of the job (public keys are not secret).
 - A binding socket is a CURVE server; its ZAP handler lets a client in only with a key in
   `peers` and gives each message the key's identity as its ZeroMQ "User-Id". Receivers
@@ -35,7 +39,7 @@ from typing import Optional
 
 import zmq
 
-from tianji.control.contracts.launch import ENV_CURVE_KEYS
+from tianji.control.contracts.launch import ENV_CURVE_KEYS, ENV_CURVE_KEYS_FD
 
 log = logging.getLogger("tianji")
 LAUNCHER = "launcher"  # the local launcher's identity (it receives reports)
@@ -48,6 +52,11 @@ class KeyError_(ValueError):
 
 def role_of(name: str) -> str:
     return name.split("-", 1)[0]
+
+
+def exclusive(ring: Optional[Keyring], sender: str) -> bool:
+    """Does `sender` have a key of its own in the job (a process key), not only its role's?"""
+    return ring is not None and sender in ring.peers
 
 
 def covers(identity: Optional[str], sender: str) -> bool:
@@ -95,17 +104,53 @@ def issue(names: Iterable[str]) -> dict[str, Keyring]:
 
 
 def write_keyring(path: str | Path, ring: Keyring) -> None:
-    """Write one keyring, mode 0600, replacing an older one atomically (never readable by others)."""
-    path = Path(path)
+    """Write one keyring, mode 0600, replacing an older one atomically (pods' Secrets, tests)."""
+    _write_file(Path(path), ring.to_json())
+
+
+def write_public_keys(path: str | Path, rings: dict[str, Keyring]) -> None:
+    """Every identity's public key (nothing secret): {"peers": {identity: z85}}."""
+    peers = {n: r.keys.public.decode() for n, r in sorted(rings.items())}
+    _write_file(Path(path), json.dumps({"peers": peers}), mode=0o644)
+
+
+def _write_file(path: Path, text: str, mode: int = 0o600) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(ring.to_json())
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+PIPE_MAX = 16 << 10  # a keyring that fits any pipe's buffer (where there is no memfd)
+
+
+def keyring_fd(ring: Keyring) -> int:
+    """A descriptor holding `ring`, read from its start, for one child process to inherit: an
+    anonymous in-memory file (memfd, close-on-exec: only a child given it with pass_fds, or forked
+    with it, has it), or a pipe where memfd is missing. The caller closes it once the child has it."""
+    data = ring.to_json().encode()
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("tianji-keyring", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.lseek(fd, 0, os.SEEK_SET)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    if len(data) > PIPE_MAX:
+        raise KeyError_(f"a keyring of {len(data)} bytes does not fit a pipe (no memfd on this system)")
+    r, w = os.pipe()
+    os.write(w, data)
+    os.close(w)
+    return r
 
 
 def _key(v) -> bytes:
@@ -117,7 +162,25 @@ def _key(v) -> bytes:
 
 def read_keyring(path: str | Path) -> Keyring:
     try:
-        doc = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+    except OSError as e:
+        raise KeyError_(f"{path}: cannot read this process's CURVE keyring ({e})") from None
+    return parse_keyring(text, str(path))
+
+
+def read_keyring_fd(fd: int) -> Keyring:
+    """The keyring in inherited descriptor `fd` (keyring_fd), which is closed once read."""
+    try:
+        with os.fdopen(fd, "rb") as f:
+            text = f.read(1 << 20)
+    except OSError as e:
+        raise KeyError_(f"descriptor {fd}: cannot read this process's CURVE keyring ({e})") from None
+    return parse_keyring(text, f"descriptor {fd}")
+
+
+def parse_keyring(text, source: str) -> Keyring:
+    try:
+        doc = json.loads(text)
         keys = Keys(_key(doc["public"]), _key(doc["secret"]))
         if zmq.curve_public(keys.secret) != keys.public:
             raise ValueError("not a matching CURVE key pair")
@@ -128,8 +191,8 @@ def read_keyring(path: str | Path) -> Keyring:
         if peers.get(identity) != keys.public:
             raise ValueError("its own public key is not among its peers")
         return Keyring(identity, keys, peers)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise KeyError_(f"{path}: cannot read this process's CURVE keyring ({e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise KeyError_(f"{source}: cannot read this process's CURVE keyring ({e})") from None
 
 
 class _Identities:
@@ -210,10 +273,20 @@ def sender_identity(frame) -> Optional[str]:
 
 
 def from_env(ctx: zmq.Context, required: bool) -> Optional[Curve]:
-    """This process's Curve from TIANJI_CURVE_KEYS; a job that asks for encryption without keys fails."""
+    """This process's Curve: from the descriptor TIANJI_CURVE_KEYS_FD names (local workers: read
+    once, closed, and the variable removed), else the file TIANJI_CURVE_KEYS names (pods). A job
+    that asks for encryption without keys fails."""
+    fd = os.environ.pop(ENV_CURVE_KEYS_FD, None)
+    if fd:
+        try:
+            n = int(fd)
+        except ValueError:
+            raise KeyError_(f"{ENV_CURVE_KEYS_FD}={fd!r} is not a descriptor number") from None
+        return Curve(ctx, read_keyring_fd(n))
     path = os.environ.get(ENV_CURVE_KEYS)
     if not path:
         if required:
-            raise KeyError_(f"spec.network.encryption is curve but {ENV_CURVE_KEYS} is not set")
+            raise KeyError_(f"spec.network.encryption is curve but neither {ENV_CURVE_KEYS_FD} nor "
+                            f"{ENV_CURVE_KEYS} is set")
         return None
     return Curve(ctx, read_keyring(path))

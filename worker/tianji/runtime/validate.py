@@ -12,6 +12,7 @@ peer sends reaches storage or the weights unchecked.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -21,8 +22,8 @@ from tianji.runtime.fields import BATCH, FRAGMENT, STEP_DTYPES
 from tianji.runtime.wire import MAX_INT, Limits, Message, WireError
 
 # A behaviour version may run ahead of the last version a buffer heard of (the learner publishes
-# right after an update, before its next credit), never by more than this.
-VERSION_SLACK = 1024
+# right after an update, before its next credit): by at most this many updates (version_slack).
+SLACK_UPDATES = 2
 # Log-probs of sampled actions: log(p) with p >= e^-50 (exp of a larger gap overflows the PPO ratio).
 LOGP_MIN = -50.0
 LOGP_MAX = 1e-5
@@ -144,9 +145,17 @@ def check_learner_version(v: int) -> None:
         raise WireError("version", f"learner version {v} outside 0..{MAX_POLICY_VERSION}")
 
 
-def check_policy_version(v: int, learner_high: int) -> None:
+def version_slack(spec) -> int:
+    """How far an honest behaviour version can be ahead of the learner's last credit: each credit
+    carries the learner's version before the update it pays for, and the parameters published
+    after that update are one update ahead (PPO: +1; DQN: +stepsPerBatch). SLACK_UPDATES of them."""
+    per_update = 1 if spec.algorithm.name == "ppo" else spec.algorithm.steps_per_batch
+    return SLACK_UPDATES * per_update
+
+
+def check_policy_version(v: int, learner_high: int, slack: int) -> None:
     """A behaviour version can't be negative or ahead of what the learner has announced (+ slack)."""
-    _versions(np.asarray([v]), learner_high + VERSION_SLACK)
+    _versions(np.asarray([v]), learner_high + slack)
 
 
 def check_fragment(msg: Message, spec, info) -> dict:
@@ -278,3 +287,71 @@ def check_headroom(h) -> Optional[float]:
 def check_frames(v) -> Optional[int]:
     """The global frame count a learner publishes with its parameters: a non-negative int, or None."""
     return None if v is None else _count(v, "frames", MAX_FRAMES)
+
+
+# ------------------------------------------------------------------ episodes an env can produce
+# Per-step rewards of Gymnasium built-ins that declare none (Gymnasium 1.x dropped Env.reward_range),
+# as their docs and code define them, for the default kwargs only.
+BUILTIN_REWARDS = {"CartPole-v0": (0.0, 1.0), "CartPole-v1": (0.0, 1.0), "Acrobot-v1": (-1.0, 0.0),
+                   "MountainCar-v0": (-1.0, 0.0), "Pendulum-v1": (-16.2736044, 0.0)}
+
+
+@dataclass(frozen=True)
+class EpisodeBounds:
+    """What one episode of the env can be: at most `max_steps` steps (its time limit), each reward
+    within [reward_low, reward_high] (its declared per-step range). None: not declared."""
+
+    max_steps: Optional[int] = None
+    reward_low: Optional[float] = None
+    reward_high: Optional[float] = None
+
+    def problem(self, ret: float, length: Optional[int]) -> Optional[str]:
+        """Why an episode (return, length in steps) cannot come from this env; None if it can."""
+        if not math.isfinite(ret):
+            return f"return {ret} is not finite"
+        if length is None:  # a report without lengths: only the return's own bounds apply
+            length = self.max_steps
+            if length is None:
+                return None
+        elif length < 1 or self.max_steps is not None and length > self.max_steps:
+            return f"episode length {length} outside 1..{self.max_steps}"
+        tol = 1e-6 * max(1.0, abs(ret))
+        if self.reward_high is not None and ret > length * self.reward_high + tol:
+            return f"return {ret:g} > {length} steps x {self.reward_high:g} per step"
+        if self.reward_low is not None and ret < length * self.reward_low - tol:
+            return f"return {ret:g} < {length} steps x {self.reward_low:g} per step"
+        return None
+
+
+def episode_bounds(cfg) -> EpisodeBounds:
+    """The bounds an env declares: its time limit (EnvSpec.max_episode_steps, or a max_episode_steps
+    kwarg) and its per-step reward range (the env class's `reward_range`, else BUILTIN_REWARDS for
+    a built-in with default kwargs). Nothing for Atari or envs with wrappers (they may reshape
+    rewards and time), nor for what cannot be looked up."""
+    from tianji.envs import is_atari
+
+    if is_atari(cfg.id) or cfg.wrappers:
+        return EpisodeBounds()
+    try:
+        import gymnasium as gym
+
+        from tianji.envs.custom import gym_id
+
+        target = gym_id(cfg)
+        spec = gym.spec(target) if isinstance(target, str) else target
+    except Exception:  # noqa: BLE001 - an unknown env: no bounds, not an error here
+        return EpisodeBounds()
+    steps = cfg.kwargs.get("max_episode_steps", spec.max_episode_steps)
+    steps = int(steps) if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+    low = high = None
+    try:
+        creator = gym.envs.registration.load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) \
+            else spec.entry_point
+        declared = getattr(creator, "reward_range", None)
+    except Exception:  # noqa: BLE001
+        declared = None
+    if declared is not None and len(declared) == 2:
+        low, high = (float(x) if math.isfinite(float(x)) else None for x in declared)
+    elif not cfg.kwargs and spec.id in BUILTIN_REWARDS:
+        low, high = BUILTIN_REWARDS[spec.id]
+    return EpisodeBounds(steps, low, high)

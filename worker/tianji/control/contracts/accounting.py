@@ -463,6 +463,11 @@ class StopRule:
         """"target" | "frames" | "seconds", or None to go on."""
         if self.target_reached(acc):
             return "target"
+        return self.budget(acc, elapsed)
+
+    def budget(self, acc: Accounting, elapsed: float) -> Optional[str]:
+        """"frames" | "seconds" once a budget is spent, or None. (`tianji run` takes a target only
+        from the saved policy's evaluation: local/targetcheck.py.)"""
         if self.stop.env_frames is not None and acc.totals()["env_frames"] >= self.stop.env_frames:
             return "frames"
         if self.seconds is not None and elapsed >= self.seconds:

@@ -11,6 +11,8 @@ process is always `tianji worker ARGS` with this environment:
   local engine only
     TIANJI_SOCK_DIR     the 0700 folder of the run's ipc sockets
     TIANJI_PARENT_PID   the launcher: the worker dies with it (PR_SET_PDEATHSIG)
+    TIANJI_CURVE_KEYS_FD  the descriptor the worker inherits its CurveZMQ keyring on (read once,
+                        closed; set by the launcher as it starts the process: runtime/security.py)
   pods only
     TIANJI_NAMESPACE    downward API metadata.namespace: peers' DNS names
     TIANJI_POD_IP       downward API status.podIP: data ports and /metrics bind here,
@@ -32,6 +34,11 @@ process is always `tianji worker ARGS` with this environment:
                         so counts made after the last scrape are not lost
   both, when the job has several learners
     TIANJI_DIST_INIT    torch.distributed rendezvous (set locally; in pods derived from DNS)
+  local engine, learners given a GPU
+    TIANJI_DEVICE       the learner's CUDA device, cuda:<k mod visible GPUs> for the k-th learner
+                        of the job (`learner_device`): one GPU each while there are enough. Pods
+                        never get it: the device plugin exposes only the pod's own GPU
+                        (CUDA_VISIBLE_DEVICES), which is cuda:0 there
 
 Malloc: libzmq mallocs every received message; a receiver that holds a
 multi-MB message for microseconds makes glibc trim the heap and fault the
@@ -65,10 +72,22 @@ ENV_SOCK_DIR = "TIANJI_SOCK_DIR"
 ENV_PARENT_PID = "TIANJI_PARENT_PID"
 ENV_DIST_INIT = "TIANJI_DIST_INIT"
 ENV_TERMINATION_LOG = "TIANJI_TERMINATION_LOG"
-ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # this process's CurveZMQ keyring (runtime/security.py)
+ENV_DEVICE = "TIANJI_DEVICE"
+ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # pods: the file of this process's CurveZMQ keyring (runtime/security.py)
+ENV_CURVE_KEYS_FD = "TIANJI_CURVE_KEYS_FD"  # local: the inherited descriptor that holds it (never a file)
 CURVE_DIR = "/etc/tianji-curve"  # pods: the role's key Secret is mounted here (see runtime/security.py)
 CURVE_FILE = "curve.json"
 KEYED_ROLES = ("learner", "buffer", "actor", "evaluator")  # pods: one CURVE identity (Secret) per role
+
+
+def learner_device(job, group: int, index: int, visible_gpus: int) -> Optional[str]:
+    """The local learner (group, index)'s device: cuda:<k mod visible_gpus> for the job's k-th learner
+    (k = group x learners + index), when the plan gives learners a GPU and one is visible; else None
+    (the learner decides: the CPU, with a warning if it was given a GPU)."""
+    if job.spec.resources.learner.gpu <= 0 or visible_gpus <= 0:
+        return None
+    k = group * job.spec.topology.learners + index
+    return f"cuda:{k % visible_gpus}"
 
 
 def torch_threads(job, role: str) -> int:
@@ -97,7 +116,8 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
                   job_file: str, command: Optional[list[str]] = None, run_dir: Optional[str] = None,
                   report: Optional[str] = None, metrics_port: Optional[int] = None,
                   sock_dir: Optional[str] = None, parent_pid: Optional[int] = None,
-                  dist_init: Optional[str] = None, curve_keys: Optional[str] = None) -> WorkerLaunch:
+                  dist_init: Optional[str] = None, curve_keys: Optional[str] = None,
+                  device: Optional[str] = None) -> WorkerLaunch:
     """The one way a role process is described. `index` is an int, or "auto" (a StatefulSet
     pod's ordinal, from its hostname)."""
     args = ["--role", role, "--group", str(group), "--index", str(index), "--job", job_file]
@@ -117,6 +137,8 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
             args += ["--report", report]
         if curve_keys:
             env[ENV_CURVE_KEYS] = curve_keys
+        if device:
+            env[ENV_DEVICE] = device
     elif engine == "pod":
         field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP",
                      ENV_POD_NAME: "metadata.name"}

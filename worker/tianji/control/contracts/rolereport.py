@@ -185,6 +185,7 @@ def _dict(v: Any, what: str) -> dict:
     return v
 
 
+MAX_SENDERS = 1024  # senders a buffer names in extra.over_share
 MAX_RETURN = 1e12  # |return| beyond this is hostile or broken (recent episodes and evaluations)
 
 
@@ -263,6 +264,11 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
         extra["eval"] = _eval(extra_in["eval"])
     if isinstance(extra_in.get("checkpoint"), str):
         extra["checkpoint"] = extra_in["checkpoint"][:4096]
+    if extra_in.get("over_share") is not None:  # a buffer's samples dropped over each sender's share
+        by = _dict(extra_in["over_share"], "extra.over_share")
+        if len(by) > MAX_SENDERS:
+            raise ReportError(f"extra.over_share: more than {MAX_SENDERS} senders")
+        extra["over_share"] = {str(k)[:64]: _num(v, f"extra.over_share.{str(k)[:64]}") for k, v in by.items()}
     return Report(role=role, group=_int(d.get("group"), "group", 0, 1 << 20),
                   index=_int(d.get("index"), "index", 0, 1 << 20), incarnation=inc,
                   pid=_int(d.get("pid", 0), "pid", 0, 1 << 31),

@@ -170,7 +170,8 @@ class Role:
     def accept(self, msg: Message) -> None:
         """The last check before a message takes effect: raises WireError("replay") for a
         sequence number already seen from its sender (runtime/replayguard.py)."""
-        self.seqs.accept(msg.sender, msg.seq)
+        self.seqs.accept(msg.sender, msg.seq,
+                         exclusive=security.exclusive(self.curve.ring if self.curve else None, msg.sender))
 
     def handle(self, handler, msg: Message) -> None:
         """Run a message handler: a WireError is a reject with its reason, any other exception a

@@ -3,14 +3,18 @@
 Loop: drain fragments (validate each against the job: runtime/validate.py),
 drain credits from the learner (each credit also carries the learner's current
 version), drop what is too stale, then send as many batches as credits allow.
-Credits count only from the learner that owns this buffer; a fragment's
+Credits count only from the learner that owns this buffer, fragments only from
+the actors that feed it (addressing.buffer_for_actor); a fragment's
 policy_version must lie between 0 and the highest version that learner has
-announced (+ validate.VERSION_SLACK); the on-policy queue is capped in bytes
-as well as fragments. Any exception while handling a message is a counted
-reject (roles/base.py), never a crash.
+announced plus one update or two (validate.version_slack). Any exception while
+handling a message is a counted reject (roles/base.py), never a crash.
 
-On-policy (PPO): a FIFO of fragments, each consumed once; a batch is
-`batchSize / (numEnvs * fragmentLength)` whole fragments.
+Each sender gets its share (runtime/fairshare.py): a flooding actor drops only
+its own fragments (reason "over_share", per sender in the report's extra).
+
+On-policy (PPO): a queue of fragments per sender, each consumed once, capped
+in bytes as well as fragments; a batch is `batchSize / (numEnvs *
+fragmentLength)` whole fragments, the newest of each sender in turn.
 Off-policy (DQN): a replay ring behind a sample-to-insert limiter
 (control/contracts/ratelimit.py): a batch of `batchSize * stepsPerBatch` samples is sent
 only when the limiter allows it, and a fragment it refuses is dropped
@@ -36,12 +40,13 @@ import time
 import numpy as np
 import zmq
 
-from tianji.control.contracts.addressing import learner_for_buffer
+from tianji.control.contracts.addressing import buffer_for_actor, learner_for_buffer
 from tianji.control.spec import DQNConfig, PPOConfig
 from tianji.envs import declared_info
 from tianji.runtime import replay_snapshot
+from tianji.runtime.fairshare import AdmissionShare, SenderQueues
 from tianji.runtime.roles.base import Role
-from tianji.runtime.storage import Replay, RolloutQueue, fragment_samples, nstep_transitions
+from tianji.runtime.storage import Replay, fragment_samples, nstep_transitions
 from tianji.runtime.validate import (
     check_fragment,
     check_learner_version,
@@ -49,6 +54,7 @@ from tianji.runtime.validate import (
     fragment_bytes,
     limits_for,
     ppo_batch_fragments,
+    version_slack,
 )
 from tianji.runtime.wire import Limits, Message, WireError
 
@@ -74,8 +80,11 @@ class Buffer(Role):
                                      max_msg=1 << 20)
         learner = learner_for_buffer(self.index, s.topology.learners)
         self.learner_name = f"learner-{self.group}-{learner}"
-        self.actor_prefix = f"actor-{self.group}-"  # fragments come from this group's actors only
+        # fragments come from the actors of this group that feed this buffer, each under its own name
+        self.actors = {f"actor-{self.group}-{a}" for a in range(s.topology.actors)
+                       if buffer_for_actor(a, s.topology.buffers) == self.index}
         self.version_high = 0  # the highest version the owning learner has announced (trusted)
+        self.slack = version_slack(s)
         self.out = self.socket(zmq.PUSH, self.addrs.connect("batches", self.group, learner), bind=False,
                                hwm=self.window + 1, peer=self.learner_name)
         self.poller = zmq.Poller()
@@ -88,10 +97,13 @@ class Buffer(Role):
         self.feedback = {"received": 0, "dropped": 0, "fragments": 0}  # since the last batch sent
         self.snapshotter = None  # checkpoint.replaySnapshot (DQN)
         if isinstance(self.algo, PPOConfig):
-            self.queue = RolloutQueue(s.staleness.queue_fragments,
+            self.queue = SenderQueues(s.staleness.queue_fragments,
                                       max_bytes=s.staleness.queue_fragments * fragment_bytes(s, self.info))
             self.frags_per_batch = ppo_batch_fragments(s)
+            self.over_share = self.queue.over_share
         else:
+            self.share = AdmissionShare()
+            self.over_share = self.share.over_share
             self.replay = Replay(self.algo.replay_capacity, s.env.seed + 7919 * (self.group * 64 + self.index))
             self.limiter = s.replay_limiter()
             if s.checkpoint.replay_snapshot and self.run_dir:
@@ -130,9 +142,9 @@ class Buffer(Role):
     # ---------------------------------------------------------------- inputs
     def _take_fragment(self, msg: Message) -> None:
         """Raises WireError for anything not this job's (counted by Role.handle)."""
-        if not msg.sender.startswith(self.actor_prefix):  # (authenticated: roles/base.py)
-            raise WireError("sender", f"fragment from {msg.sender!r}, not an actor of group {self.group}")
-        check_policy_version(msg.policy_version, self.version_high)
+        if msg.sender not in self.actors:  # (authenticated: roles/base.py)
+            raise WireError("sender", f"fragment from {msg.sender!r}, not an actor of {self.sender}")
+        check_policy_version(msg.policy_version, self.version_high, self.slack)
         frag = check_fragment(msg, self.spec, self.info)  # rebuilds stacked frames (framestack.py)
         self.accept(msg)  # not a replay
         frag["version"] = msg.policy_version
@@ -143,13 +155,21 @@ class Buffer(Role):
         if self.max_lag is not None and self.learner_version - msg.policy_version > self.max_lag:
             self._drop(n, "stale")
             return
+        now = time.monotonic()
         if isinstance(self.algo, PPOConfig):
-            self._drop(self.queue.put(frag), "overflow")
+            over, overflow = self.queue.put(msg.sender, frag, now)
+            self._drop(over, "over_share")
+            self._drop(overflow, "overflow")
             counted = n
         else:
+            if not self.share.admit(msg.sender, n, now):
+                self._drop(n, "over_share")
+                return
             if not self.limiter.insert(n):
+                self.share.refused(now)
                 self._drop(n, "ratio")
                 return
+            self.share.admitted(msg.sender)
             self.replay.put(nstep_transitions(frag, self.algo.n_step, self.algo.gamma))
             counted = n if self.limiter.sampling else 0  # the limiter counts from the learning start
         self.inserted += counted
@@ -229,6 +249,9 @@ class Buffer(Role):
         if self.snapshotter is not None \
                 and time.monotonic() - self.last_snapshot_t > self.spec.checkpoint.interval_seconds:
             self._snapshot()
+
+    def report_extra(self) -> dict:
+        return {"over_share": dict(self.over_share)} if self.over_share else {}
 
     def teardown(self) -> None:
         if self.snapshotter is not None:

@@ -29,8 +29,11 @@ checkpointed.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections import deque
+from typing import Optional
 
 import numpy as np
 import torch
@@ -41,6 +44,7 @@ from tianji.algos.dqn import DQNLearner
 from tianji.algos.models import build_model, state_arrays
 from tianji.algos.ppo import PPOLearner
 from tianji.control.contracts.addressing import dist_init_method, learner_for_buffer
+from tianji.control.contracts.launch import ENV_DEVICE
 from tianji.control.contracts.rolereport import LEARNER_STATS
 from tianji.control.spec import dump_job
 from tianji.envs import declared_info
@@ -58,6 +62,20 @@ MAX_DRAIN = 64
 RECV_QUEUE_BYTES = 64 << 20  # what the batch socket may queue (credits bound honest batches anyway)
 
 
+def learner_cuda_device(name: Optional[str]) -> torch.device:
+    """TIANJI_DEVICE as a CUDA device (unset: cuda:0); ValueError for anything but a visible one."""
+    if not name:
+        return torch.device("cuda", 0)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type != "cuda" or dev.index is None or not 0 <= dev.index < torch.cuda.device_count():
+        raise ValueError(f"{ENV_DEVICE}={name!r}: not one of the {torch.cuda.device_count()} visible CUDA devices "
+                         "(cuda:0 ...)")
+    return dev
+
+
 class Learner(Role):
     name = "learner"
 
@@ -68,6 +86,8 @@ class Learner(Role):
         self.model = build_model(s.algorithm, s.model, self.info, s.env.seed, s.env.imports).to(self._device())
         seed = s.env.seed + 31 * self.group + self.index
         self.algo = (PPOLearner if self.algo_name == "ppo" else DQNLearner)(self.model, s.algorithm, seed)
+        log.info("%s: precision %s (spec.algorithm.precision: %s)", self.sender, self.algo.precision,
+                 s.algorithm.precision)
         self.batch_limits = limits_for(batch_bytes(s, self.info))
         self.version = 0
         self.consumed = 0
@@ -81,6 +101,13 @@ class Learner(Role):
         self.ckpt_dir = checkpoint.checkpoint_dir(self.run_dir, self.group, self.index) if self.run_dir else None
         self.last_ckpt_t = time.monotonic()
         self.last_ckpt = None
+        # SIGUSR1: checkpoint now (`tianji run` evaluates the saved policy before calling a target
+        # reached: local/targetcheck.py)
+        self.ckpt_requested = False
+        try:
+            signal.signal(signal.SIGUSR1, self._on_checkpoint_request)
+        except ValueError:  # not the main thread (a test's): no requests then
+            pass
         self._resume()
         self.good = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # last finite weights
         self.averager = None
@@ -112,11 +139,20 @@ class Learner(Role):
             self._credit(b, s.credit_window, reset=True)
         self.publish()
 
+    def _on_checkpoint_request(self, signum, frame) -> None:
+        self.ckpt_requested = True
+
     def _device(self) -> torch.device:
-        """The GPU when the plan gives this learner one (and CUDA is there), else the CPU."""
+        """The GPU when the plan gives this learner one (and CUDA is there), else the CPU. Locally the
+        launcher names it (TIANJI_DEVICE: cuda:<k mod visible GPUs> for the job's k-th learner). A pod
+        has no TIANJI_DEVICE: the device plugin exposes only the pod's own GPU (it sets
+        CUDA_VISIBLE_DEVICES), so cuda:0 is that GPU."""
         if self.spec.resources.learner.gpu > 0:
             if torch.cuda.is_available():
-                return torch.device("cuda")
+                dev = learner_cuda_device(os.environ.get(ENV_DEVICE))
+                torch.cuda.set_device(dev)  # what names no device (streams, events, collectives) uses it too
+                log.info("%s: training on %s (%s)", self.sender, dev, torch.cuda.get_device_name(dev))
+                return dev
             log.warning("%s: resources.learner.gpu > 0 but CUDA is not available; training on the CPU",
                         self.sender)
         return torch.device("cpu")
@@ -203,29 +239,35 @@ class Learner(Role):
         self.accept(msg)
         self.pending.append(msg)
 
-    def _drop_stale(self, arrays: dict, n_valid: int) -> tuple[dict, int]:
-        """Drop what lags more than maxPolicyLag behind the version this update starts from.
-        Returns the arrays to train on (None: nothing left) and the samples dropped."""
+    def _drop_stale(self, arrays: dict) -> tuple[Optional[dict], dict[str, int]]:
+        """Drop what this update must not train on: samples tagged with a version ahead of this
+        learner's (reason "ahead": a policy it never published, such as a forged tag within the
+        buffer's slack or a restarted learner's old numbering, so a lag is never negative), and
+        samples lagging more than maxPolicyLag behind it ("stale"). Returns the arrays to train on
+        (None: nothing left) and the samples dropped by reason."""
         max_lag = self.spec.max_policy_lag
         versions = np.asarray(arrays["versions"])
-        stale = self.version - versions > max_lag if max_lag is not None else None
-        if stale is None or not stale.any():
-            return arrays, 0
-        if stale.all():
-            return None, n_valid
+        ahead = versions > self.version
+        stale = (self.version - versions > max_lag) if max_lag is not None else np.zeros_like(ahead)
+        bad = ahead | stale
+        if not bad.any():
+            return arrays, {}
         out = dict(arrays)
         if self.algo_name == "ppo":  # one version per env column: mask its steps out of the loss
             valid = np.array(arrays["valid"], dtype=bool)
-            dropped = int(valid[:, stale].sum())
-            valid[:, stale] = False
+            dropped = {"ahead": int(valid[:, ahead].sum()), "stale": int(valid[:, stale & ~ahead].sum())}
+            valid[:, bad] = False
             out["valid"] = valid
-            return (out, dropped) if valid.any() else (None, n_valid)
-        # DQN: replace stale rows by fresh ones of the same batch, so every update keeps the same
+            return (out if valid.any() else None), dropped
+        dropped = {"ahead": int(ahead.sum()), "stale": int((stale & ~ahead).sum())}
+        if bad.all():
+            return None, dropped
+        # DQN: replace dropped rows by kept ones of the same batch, so every update keeps the same
         # number of gradient steps (data-parallel learners must stay in step).
-        fresh = np.flatnonzero(~stale)
+        fresh = np.flatnonzero(~bad)
         idx = np.arange(len(versions))
-        idx[stale] = fresh[np.random.default_rng(self.train_steps).integers(0, len(fresh), int(stale.sum()))]
-        return {k: np.asarray(v)[idx] for k, v in arrays.items()}, int(stale.sum())
+        idx[bad] = fresh[np.random.default_rng(self.train_steps).integers(0, len(fresh), int(bad.sum()))]
+        return {k: np.asarray(v)[idx] for k, v in arrays.items()}, dropped
 
     def _batch(self, msg: Message) -> None:
         """Train on a batch that passed _accept."""
@@ -235,12 +277,11 @@ class Learner(Role):
         self.frames += msg.meta.get("fragments", 0) * self.spec.env.num_envs * self.spec.env.fragment_length
         self.window["received"] += msg.meta.get("received", 0)
         self.window["dropped"] += msg.meta.get("dropped", 0)
-        n_valid = int(np.count_nonzero(msg.arrays["valid"])) if "valid" in msg.arrays \
-            else len(msg.arrays["versions"])
-        arrays, stale = self._drop_stale(msg.arrays, n_valid)
-        if stale:
-            self.metrics.inc("samples_dropped_total", stale, reason="stale")
-            self.window["dropped"] += stale
+        arrays, dropped = self._drop_stale(msg.arrays)
+        for reason, n in dropped.items():
+            if n:
+                self.metrics.inc("samples_dropped_total", n, reason=reason)
+                self.window["dropped"] += n
         if arrays is None:
             return
         versions = np.asarray(arrays["versions"])
@@ -280,7 +321,8 @@ class Learner(Role):
         self.consumed += n
         self.train_steps += int(stats["train_steps"])
         lags = lag_version - versions
-        if self.spec.max_policy_lag is not None:  # PPO keeps masked-out stale columns in the arrays
+        lags = lags[lags >= 0]  # PPO keeps masked-out columns (ahead, stale) in the arrays
+        if self.spec.max_policy_lag is not None:
             lags = lags[lags <= self.spec.max_policy_lag]
         self.metrics.observe_lag(lags, len(msg.arrays["obs"]) if self.algo_name == "ppo" else 1)  # PPO: per column
         self.metrics.inc("samples_consumed_total", n)
@@ -339,8 +381,10 @@ class Learner(Role):
                 if idle and now - t > CREDIT_REFRESH_S:
                     self._credit(b, self.spec.credit_window)
             self.publish()  # late subscribers (slow joiners, restarted actors) catch up within a second
-        if now - self.last_ckpt_t > self.spec.checkpoint.interval_seconds:
+        if self.ckpt_requested or now - self.last_ckpt_t > self.spec.checkpoint.interval_seconds:
+            self.ckpt_requested = False
             self.save_checkpoint()
+            self.maybe_report(force=True)  # the launcher waits for this checkpoint's name (SIGUSR1)
 
     def _adapt_pacing(self, now: float) -> None:
         """Close a control period: feed its drop and idle fractions to the headroom controller."""
