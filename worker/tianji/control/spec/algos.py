@@ -17,21 +17,21 @@ PRECISION_DESCRIPTION = (
 class PPOConfig(_Model):
     """Proximal Policy Optimisation against the behaviour policy's log-probs."""
 
-    name: Literal["ppo"] = "ppo"
-    lr: float = Field(1e-3, gt=0, le=1)
+    name: Literal["ppo"] = Field("ppo", description="the algorithm: ppo (PPO with GAE or V-trace)")
+    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate")
     lr_anneal_frames: Optional[int] = Field(
         None, gt=0, description="linear lr decay to 0 over this many frames trained on (batchSize x learners per "
                                 "update; frames dropped as stale or overflow do not count)")
-    gamma: float = Field(0.98, gt=0, le=1)
-    gae_lambda: float = Field(0.8, ge=0, le=1)
-    clip_coef: float = Field(0.2, gt=0, le=1)
+    gamma: float = Field(0.98, gt=0, le=1, description="discount factor")
+    gae_lambda: float = Field(0.8, ge=0, le=1, description="GAE lambda (V-trace's lambda too)")
+    clip_coef: float = Field(0.2, gt=0, le=1, description="PPO's clip range of the probability ratio")
     epochs: int = Field(10, ge=1, le=100, description="passes over each batch")
-    minibatch_size: int = Field(256, ge=1)
+    minibatch_size: int = Field(256, ge=1, description="samples per gradient step (at most batchSize)")
     batch_size: int = Field(256, ge=1, description="samples per learner batch (whole fragments)")
-    ent_coef: float = Field(0.0, ge=0)
-    vf_coef: float = Field(0.5, ge=0)
-    max_grad_norm: float = Field(0.5, gt=0)
-    norm_adv: bool = True
+    ent_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus in the loss")
+    vf_coef: float = Field(0.5, ge=0, description="weight of the value loss")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradients are clipped to this global norm")
+    norm_adv: bool = Field(True, description="normalise advantages per minibatch")
     off_policy_correction: Literal["none", "vtrace"] = Field(
         "none", description="none: GAE on the learner's critic; vtrace: value targets and advantages corrected by "
         "truncated importance weights between the learner's policy at update start and the behaviour policy "
@@ -60,21 +60,23 @@ class PPOConfig(_Model):
 class DQNConfig(_Model):
     """Double DQN with a target network and optional n-step returns."""
 
-    name: Literal["dqn"] = "dqn"
-    lr: float = Field(2.3e-3, gt=0, le=1)
-    gamma: float = Field(0.99, gt=0, le=1)
+    name: Literal["dqn"] = Field("dqn", description="the algorithm: dqn (replay, target network)")
+    lr: float = Field(2.3e-3, gt=0, le=1, description="Adam learning rate")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     batch_size: int = Field(64, ge=1, description="samples per gradient step")
     steps_per_batch: int = Field(8, ge=1, le=1024, description="gradient steps per message from the buffer")
-    replay_capacity: int = Field(100_000, ge=1)
+    replay_capacity: int = Field(100_000, ge=1, description="transitions each buffer's replay holds")
     learning_starts: int = Field(1000, ge=0, description="transitions in replay before sampling")
     target_update_interval: int = Field(256, ge=1, description="gradient steps between target syncs")
-    tau: float = Field(1.0, gt=0, le=1)
-    double_dqn: bool = True
-    n_step: int = Field(1, ge=1, le=20)
-    epsilon_start: float = Field(1.0, ge=0, le=1)
-    epsilon_end: float = Field(0.04, ge=0, le=1)
+    tau: float = Field(1.0, gt=0, le=1,
+                       description="target sync: target = tau x online + (1 - tau) x target (1: a copy)")
+    double_dqn: bool = Field(True, description="double DQN: the online network picks the next action, the "
+                                                "target network values it")
+    n_step: int = Field(1, ge=1, le=20, description="n-step returns")
+    epsilon_start: float = Field(1.0, ge=0, le=1, description="exploration rate at the start")
+    epsilon_end: float = Field(0.04, ge=0, le=1, description="exploration rate after explorationFrames")
     exploration_frames: int = Field(8000, ge=1, description="global frames over which epsilon decays")
-    max_grad_norm: float = Field(10.0, gt=0)
+    max_grad_norm: float = Field(10.0, gt=0, description="gradients are clipped to this global norm")
     precision: Precision = Field("auto", description=PRECISION_DESCRIPTION)
 
     @model_validator(mode="after")

@@ -64,8 +64,11 @@ def entry_point_of(example: str) -> AfterValidator:
 
 
 class ObservationSpace(_Model):
-    shape: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(..., min_length=1, max_length=8)
-    dtype: Literal["uint8", "float32", "float64"] = "float32"
+    """One observation: a fixed-shape array of uint8 or floats."""
+
+    shape: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(..., min_length=1, max_length=8,
+                                                                description="one observation's shape")
+    dtype: Literal["uint8", "float32", "float64"] = Field("float32", description="its element type")
 
 
 class ActionSpace(_Model):
@@ -145,9 +148,11 @@ class EnvConfig(_Model):
 
 
 class ModelConfig(_Model):
-    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(default_factory=lambda: [64, 64])
-    activation: Literal["tanh", "relu"] = "tanh"
-    encoder: Literal["auto", "mlp", "nature_cnn"] = "auto"
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(default_factory=lambda: [64, 64],
+                                                                description="hidden layer sizes of the MLP")
+    activation: Literal["tanh", "relu"] = Field("tanh", description="the MLP's activation")
+    encoder: Literal["auto", "mlp", "nature_cnn"] = Field(
+        "auto", description="auto: the Nature CNN for image observations (3-D uint8), else the MLP")
     actor_precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="actors' inference precision. bfloat16 (opt-in) runs the policy from a bf16 copy "
                                "of the parameters (faster where the CPU has bf16 dot products); the stored "

@@ -61,10 +61,12 @@ class JobSpec(_Model):
         return v
 
     algorithm: Algorithm = Field(default_factory=PPOConfig)
-    env: EnvConfig = Field(default_factory=EnvConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig, description="the Gymnasium env each actor steps, and how")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy network: built-in, or your "
+                                                                        "own torch module")
     topology: Topology = Field(default_factory=Topology)
-    staleness: Staleness = Field(default_factory=Staleness)
+    staleness: Staleness = Field(default_factory=Staleness, description="how stale a consumed sample may be, "
+                                                                      "and how production follows consumption")
     dependencies: Literal["relaxed", "strict"] = Field(
         "relaxed", description="relaxed (default): actors, buffers and learners never wait for one another (the "
         "paper's design). strict: the classic synchronous loop on the same processes and wire, the paper's "
@@ -74,10 +76,12 @@ class JobSpec(_Model):
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(default_factory=Resources, description="the planner's budget and each role's "
+                                                                      "requests")
     plan: PlanConfig = Field(default_factory=PlanConfig, description="the planner's budget rule (topology: auto)")
-    network: Network = Field(default_factory=Network)
-    autoscale: Autoscale = Field(default_factory=Autoscale)
+    network: Network = Field(default_factory=Network, description="ports, transport security, links")
+    autoscale: Autoscale = Field(default_factory=Autoscale, description="Kubernetes: actors rescaled while the "
+                                                                        "job runs")
     image: str = Field("tianji-worker:0.1.0", min_length=1,
                        json_schema_extra={"pattern": IMAGE_PATTERN, "x-kubernetes-validations": [immutable("image")]},
                        description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0")
@@ -214,10 +218,13 @@ JOB_NAME_PATTERN = r"[a-z]([-a-z0-9]*[a-z0-9])?"
 
 
 class Metadata(_Model):
-    name: str = Field(..., min_length=1, max_length=40)
-    namespace: Optional[str] = Field(None, max_length=63)
-    labels: Optional[dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]]] = None
-    annotations: Optional[dict[Annotated[str, Field(max_length=317)], str]] = None
+    name: str = Field(..., min_length=1, max_length=40,
+                      description="a DNS-1035 label: names the processes, pods and the run dir")
+    namespace: Optional[str] = Field(None, max_length=63, description="Kubernetes namespace")
+    labels: Optional[dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]]] = Field(
+        None, description="Kubernetes labels")
+    annotations: Optional[dict[Annotated[str, Field(max_length=317)], str]] = Field(
+        None, description="Kubernetes annotations (256 KiB in all)")
 
     @model_validator(mode="after")
     def _annotations_size(self) -> Metadata:
@@ -236,10 +243,12 @@ class Metadata(_Model):
 
 
 class TianJiJob(_Model):
-    api_version: Literal["tianji.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
-    kind: Literal["TianJiJob"] = KIND
-    metadata: Metadata
-    spec: JobSpec = Field(default_factory=JobSpec)
+    api_version: Literal["tianji.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion",
+                                                         description="the API group and version")
+    kind: Literal["TianJiJob"] = Field(KIND, description="required in a manifest file")
+    metadata: Metadata = Field(..., description="the job's name (and, on Kubernetes, namespace, labels, "
+                                                "annotations)")
+    spec: JobSpec = Field(default_factory=JobSpec, description="what to train and how")
 
     @property
     def name(self) -> str:

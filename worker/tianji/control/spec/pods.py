@@ -17,16 +17,18 @@ _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 
 class Toleration(_Model):
-    key: Optional[str] = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: Optional[str] = None
-    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
-    toleration_seconds: Optional[int] = None
+    key: Optional[str] = Field(None, description="the taint's key (unset with Exists: every taint)")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Equal: key and value match; Exists: the key")
+    value: Optional[str] = Field(None, description="the taint's value (Equal)")
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
+        None, description="the taint effect tolerated (unset: all)")
+    toleration_seconds: Optional[int] = Field(None, description="NoExecute: how long the pod stays once tainted")
 
 
 class EnvVar(_Model):
-    name: str = Field(..., min_length=1, json_schema_extra={"pattern": _ENV_NAME})
-    value: Optional[str] = None
+    name: str = Field(..., min_length=1, json_schema_extra={"pattern": _ENV_NAME},
+                      description="the variable's name (not TIANJI_*)")
+    value: Optional[str] = Field(None, description="its value")
     value_from: Optional[dict[str, Any]] = Field(None, json_schema_extra=_FREE,
                                                  description="a Kubernetes EnvVarSource")
 
@@ -41,25 +43,26 @@ class EnvVar(_Model):
 
 
 class VolumeMount(_Model):
-    name: str = Field(..., min_length=1)
-    mount_path: str = Field(..., min_length=1)
-    read_only: bool = False
-    sub_path: Optional[str] = None
+    name: str = Field(..., min_length=1, description="the volume's name (in volumes)")
+    mount_path: str = Field(..., min_length=1, description="where it is mounted in the container")
+    read_only: bool = Field(False, description="mount it read-only")
+    sub_path: Optional[str] = Field(None, description="mount this path inside the volume")
 
 
 class PodOverlay(_Model):
     """Added to the pods of a role (or of all roles): scheduling and extra volumes/env."""
 
-    node_selector: Optional[dict[str, str]] = None
-    tolerations: Optional[list[Toleration]] = None
+    node_selector: Optional[dict[str, str]] = Field(None, description="node labels the pods must match")
+    tolerations: Optional[list[Toleration]] = Field(None, description="taints the pods tolerate")
     affinity: Optional[dict[str, Any]] = Field(None, json_schema_extra=_FREE, description="a Kubernetes Affinity")
-    priority_class_name: Optional[str] = None
+    priority_class_name: Optional[str] = Field(None, description="the pods' PriorityClass")
     image_pull_secrets: Optional[list[str]] = Field(None, description="names of Secrets")
-    service_account_name: Optional[str] = None
-    env: Optional[list[EnvVar]] = None
+    service_account_name: Optional[str] = Field(None, description="the pods' ServiceAccount")
+    env: Optional[list[EnvVar]] = Field(None, description="extra environment variables of the worker container")
     volumes: Optional[list[dict[str, Any]]] = Field(
         None, json_schema_extra={"items": {"type": "object", **_FREE}}, description="Kubernetes Volumes")
-    volume_mounts: Optional[list[VolumeMount]] = None
+    volume_mounts: Optional[list[VolumeMount]] = Field(None, description="mounts of `volumes` into the worker "
+                                                                           "container")
 
     @field_validator("volumes")
     @classmethod
@@ -85,10 +88,12 @@ class Pods(_Model):
     """Pod overlays: `all` first, then the role's (maps merge, lists add up, scalars: the role's)."""
 
     all: PodOverlay = Field(default_factory=PodOverlay)
-    actor: PodOverlay = Field(default_factory=PodOverlay)
-    buffer: PodOverlay = Field(default_factory=PodOverlay)
-    learner: PodOverlay = Field(default_factory=PodOverlay)
-    evaluator: PodOverlay = Field(default_factory=PodOverlay)
+    actor: PodOverlay = Field(default_factory=PodOverlay, description="actor pods only (the same fields as all)")
+    buffer: PodOverlay = Field(default_factory=PodOverlay, description="buffer pods only (the same fields as all)")
+    learner: PodOverlay = Field(default_factory=PodOverlay, description="learner pods only (the same fields as "
+                                                                        "all)")
+    evaluator: PodOverlay = Field(default_factory=PodOverlay, description="the evaluator pod only (the same "
+                                                                          "fields as all)")
 
 
 class RunPolicy(_Model):

@@ -21,7 +21,7 @@ class RoleResources(_Model):
     cpu: float = Field(1.0, ge=MIN_CPU, description="cores requested per process (at least 0.001: one millicore)")
     memory: str = Field("1Gi", json_schema_extra={"pattern": QUANTITY_PATTERN},
                         description=f"a Kubernetes quantity, e.g. 512Mi or 2Gi; at least {MIN_MEMORY}")
-    gpu: int = Field(0, ge=0, le=16)
+    gpu: int = Field(0, ge=0, le=16, description="GPUs per process of the role (learners use them)")
     threads: Optional[int] = Field(None, ge=1, le=256, description="torch threads (default: floor(cpu), >=1)")
 
     @field_validator("memory")
@@ -38,12 +38,14 @@ def _learner_resources() -> RoleResources:
 
 class Resources(_Model):
     cpus: Optional[float] = Field(None, gt=0, description="total cores the planner may use (M)")
-    gpus: int = Field(0, ge=0)
-    nodes: int = Field(1, ge=1)
-    cpus_per_node: Optional[float] = Field(None, gt=0)
-    actor: RoleResources = Field(default_factory=RoleResources)
-    buffer: RoleResources = Field(default_factory=lambda: RoleResources(cpu=0.5, memory="1Gi"))
-    learner: RoleResources = Field(default_factory=_learner_resources)
+    gpus: int = Field(0, ge=0, description="planner budget: GPUs for the whole job")
+    nodes: int = Field(1, ge=1, description="planner budget: nodes the job may span")
+    cpus_per_node: Optional[float] = Field(None, gt=0, description="planner budget: cores per node "
+                                                                   "(default: cpus / nodes)")
+    actor: RoleResources = Field(default_factory=RoleResources, description="each actor process or pod")
+    buffer: RoleResources = Field(default_factory=lambda: RoleResources(cpu=0.5, memory="1Gi"),
+                                  description="each buffer process or pod")
+    learner: RoleResources = Field(default_factory=_learner_resources, description="each learner process or pod")
     evaluator: RoleResources = Field(default_factory=lambda: RoleResources(cpu=0.5, memory="1Gi"),
                                      description="the evaluator process (only with spec.evaluation)")
 
@@ -79,7 +81,8 @@ class Link(_Model):
 
 
 class Network(_Model):
-    host_network: bool = False
+    host_network: bool = Field(False, description="pods use the node's network namespace (RDMA, no overlay); the "
+                                                 "operator gives each job its own node ports")
     rdma: Optional[str] = Field(None, json_schema_extra={"pattern": EXTENDED_RESOURCE_PATTERN},
                                 description="RDMA device resource name, e.g. rdma/hca_shared_devices_a")
     base_port: int = Field(5550, ge=1024, le=65535 - LAST_PORT_OFFSET,
@@ -141,13 +144,13 @@ class Autoscale(_Model):
                           "off: topology.actors. Unset: planner if enabled, else off")
     prometheus_url: Optional[str] = Field(None, description="must match the operator's allow-list "
                                                             "(chart operator.prometheusAllowList)")
-    min_actors: int = Field(1, ge=1)
-    max_actors: int = Field(64, ge=1)
+    min_actors: int = Field(1, ge=1, description="fewest actors per group the autoscaler sets")
+    max_actors: int = Field(64, ge=1, description="most actors per group the autoscaler sets")
     band: float = Field(0.15, ge=0, lt=1, description="hysteresis band on production/consumption")
     cooldown_seconds: float = Field(60.0, ge=0, description="default of both cooldowns below")
     scale_up_cooldown_seconds: Optional[float] = Field(None, ge=0, description="after any change, before adding")
     scale_down_cooldown_seconds: Optional[float] = Field(None, ge=0, description="after any change, before removing")
-    interval_seconds: float = Field(15.0, gt=0)
+    interval_seconds: float = Field(15.0, gt=0, description="seconds between the autoscaler's decisions")
 
     @property
     def effective_mode(self) -> str:

@@ -27,8 +27,10 @@ class GroupSync(_Model):
 class Topology(_Model):
     """Processes per training group. `topology: auto` asks the planner."""
 
-    auto: bool = False
-    groups: int = Field(1, ge=1, le=1024)
+    auto: bool = Field(False, description="let the planner choose groups, actors, buffers and learners "
+                                         "(`topology: auto` is the shorthand)")
+    groups: int = Field(1, ge=1, le=1024, description="training groups, each with its own actors, buffers and "
+                                                     "learners, sharing one model (groupSync)")
     actors: int = Field(2, ge=1, le=4096, description="actor processes per group")
     buffers: int = Field(1, ge=1, le=256, description="buffer processes per group")
     learners: int = Field(1, ge=1, le=256, description="learner processes per group")
@@ -116,8 +118,8 @@ class CheckpointConfig(_Model):
     cluster's default StorageClass; with `ephemeral` (or no default class: status condition
     Durable says so) they are in an emptyDir and a replaced learner starts over."""
 
-    interval_seconds: float = Field(60.0, gt=0)
-    keep: int = Field(3, ge=1, le=100)
+    interval_seconds: float = Field(60.0, gt=0, description="seconds between a learner's checkpoints")
+    keep: int = Field(3, ge=1, le=100, description="checkpoints kept per learner (the newest)")
     # Kubernetes only: where learners keep checkpoints. Default: one claim per learner pod from the
     # cluster's default StorageClass (status condition Durable); an emptyDir only when asked
     # (`ephemeral`) or when the cluster has no default class (then Durable is False and says so).
