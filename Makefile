@@ -39,8 +39,18 @@ cluster-down:
 train: install
 	$(VENV)/bin/tianji run $(JOB)
 
+# ruff's rules over every Python tree; the formatter's check, mypy and the layer rules (pyproject.toml
+# [tool.importlinter], CONTRIBUTING.md) on the code the operator and the control plane run.
+LINTED    := worker operator bench tests cluster
+FORMATTED := worker/tianji/control operator/tianji_operator
+lint: install
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(FORMATTED)
+	$(VENV)/bin/mypy
+	PYTHONPATH=worker:operator $(VENV)/bin/lint-imports --no-cache
+
 # TIANJI_SKIP_CLUSTER=1: no Go build, and the cluster tier skips (a machine without root or Go).
-test: install $(if $(filter 1,$(TIANJI_SKIP_CLUSTER)),,cluster)
+test: install lint $(if $(filter 1,$(TIANJI_SKIP_CLUSTER)),,cluster)
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 # The real-control-plane tier alone (also part of `make test`).
