@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from helpers import EXAMPLES, run_tianji
-from tianji.control.spec import SpecError, dump_job, load_job
+from tianji.control.spec import SpecError, StopConfig, dump_job, load_job, stop_problem
 
 GOOD = """\
 apiVersion: tianji.dev/v1alpha1
@@ -22,9 +22,38 @@ def write(tmp_path: Path, text: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+@pytest.mark.parametrize("example", sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.yaml")))
 def test_examples_are_valid(example):
-    load_job(EXAMPLES / example)
+    job = load_job(EXAMPLES / example)
+    assert stop_problem(job.spec.stop) is None  # each one ends by itself under `tianji run`
+
+
+def test_a_manifest_without_kind_is_refused_naming_it(tmp_path):
+    p = write(tmp_path, GOOD.replace("kind: TianJiJob\n", ""))
+    with pytest.raises(SpecError, match=rf"^{p}: kind: missing: a TianJiJob manifest starts with "
+                                        r"`apiVersion: tianji.dev/v1alpha1` and `kind: TianJiJob`$"):
+        load_job(p)
+    with pytest.raises(SpecError, match=rf"^{p}: kind: expected TianJiJob, got 'Job'$"):
+        load_job(write(tmp_path, GOOD.replace("kind: TianJiJob", "kind: Job")))
+
+
+def test_a_stop_rule_must_be_able_to_end_a_local_run():
+    """`stop: {}` (or none) trains forever under `tianji run`: refused, unless --max-seconds caps it.
+    A Kubernetes job may have none (it runs until deleted, suspended or its activeDeadlineSeconds)."""
+    assert "spec.stop: no stop rule" in stop_problem(StopConfig())
+    assert stop_problem(StopConfig(), max_seconds=60) is None
+    for rule in ({"meanReturn": 475}, {"envFrames": 10_000}, {"seconds": 30}):
+        assert stop_problem(StopConfig(**rule)) is None
+
+
+@pytest.mark.parametrize("stop", ["  stop: {}\n", ""])
+def test_tianji_run_refuses_a_job_that_would_never_end(tmp_path, stop):
+    p = write(tmp_path, GOOD + stop)
+    r = run_tianji("run", str(p), "--run-dir", str(tmp_path / "run"), "--quiet", timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr == (f"tianji: invalid job spec: {p}: spec.stop: no stop rule, so the run would never end: set "
+                        "meanReturn, envFrames or seconds (or give `tianji run --max-seconds`)\n")
+    assert not (tmp_path / "run").exists()
 
 
 def test_wrong_type_names_file_and_field(tmp_path):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from tianji.control.accounting import Accounting
+from tianji.control.contracts.accounting import Accounting
 from tianji.local.runfiles import last_record
 
 RESUMED_KEYS = ("env_frames", "episodes", "policy_version", "exit_reason", "wall_seconds")

@@ -47,7 +47,7 @@ class MetricsLog:
         self.path, self.warn = path, warn or Warner()
         self.pending: list[str] = []
 
-    def __enter__(self) -> "MetricsLog":
+    def __enter__(self) -> MetricsLog:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tianji.control.accounting import Accounting
+from tianji.control.contracts.accounting import Accounting
 from tianji.observability.learnerstats import lag_histogram, learner_stats
 
 DATA_ROLES = ("actor", "buffer", "learner")
 
 
-def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_target: Optional[float],
-                mean_at_target: Optional[float], restarts: dict, run_dir: str, resumed_from: Optional[dict],
-                error: Optional[str], warnings: list[str], target: Optional[dict] = None) -> dict:
-    """`wall` and `seconds_to_target` count the whole run (a resumed run's earlier launches too);
-    `target`: the checkpoint and policy version behind a reached target (docs/security.md)."""
+def run_summary(job, acc: Accounting, *, reason: str, wall: float, crossing: Optional[dict], restarts: dict,
+                run_dir: str, resumed_from: Optional[dict], error: Optional[str], warnings: list[str],
+                target: Optional[dict] = None) -> dict:
+    """`wall` counts the whole run (a resumed run's earlier launches too); `crossing`: a reached
+    target's crossing (Accounting.target_crossing: the time, frames and mean of the metrics.jsonl
+    record marked `"stop": "target"`); `target`: the checkpoint and policy version behind it
+    (docs/security.md)."""
     spec, t = job.spec, job.spec.topology
     v = acc.view(wall, spec.evaluation)
     frames = max(v["env_frames"], 1)
@@ -22,13 +24,14 @@ def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_ta
     return {
         "job": job.name, "algorithm": spec.algorithm.name, "env": spec.env.id,
         "target_return": float(spec.stop.mean_return) if spec.stop.mean_return is not None else None,
-        "reached_target": seconds_to_target is not None,
-        "seconds_to_target": round(seconds_to_target, 3) if seconds_to_target is not None else None,
-        "mean_return_at_target": mean_at_target,
+        "reached_target": crossing is not None,
+        "seconds_to_target": crossing and crossing["t"],
+        "frames_to_target": crossing and crossing["env_frames"],
+        "mean_return_at_target": crossing and crossing["mean_return"],
         "target_checkpoint": target and target["checkpoint"],
         "target_policy_version": target and target["policy_version"],
         "wall_seconds": round(wall, 3), "env_frames": v["env_frames"], "episodes": v["episodes"],
-        "mean_return": v["mean_return"] if v["mean_return"] is not None else 0.0,
+        "mean_return": v["mean_return"],  # last 100 episodes (null: none finished)
         "mean_episode_length": v["mean_episode_length"],  # steps, last 100 episodes (null: none finished)
         "throughput": v["throughput"],
         "policy_lag": {k: (x if x is not None else 0.0) for k, x in v["policy_lag"].items()},
@@ -54,14 +57,17 @@ def run_summary(job, acc: Accounting, *, reason: str, wall: float, seconds_to_ta
 
 
 def ended_line(job: str, reason: str, wall: float, summary: dict, path) -> str:
-    """The console's last line. After a target, the mean that met it comes first: the summary's
+    """The console's last line. A run that failed says first which process failed and why (the
+    summary's `error`). After a target, the mean that met it comes first: the summary's
     mean_return also counts the episodes that finished while the run stopped, and can be a
     little below the target, which alone would read as a miss."""
     mean, at = summary["mean_return"], summary.get("mean_return_at_target")
-    text = f"mean return {mean:.1f}"
-    if reason == "target" and at is not None and f"{at:.1f}" != f"{mean:.1f}":
+    text = "no episode finished" if mean is None else f"mean return {mean:.1f}"
+    if reason == "target" and at is not None and mean is not None and f"{at:.1f}" != f"{mean:.1f}":
         text = f"mean return {at:.1f} at the target ({mean:.1f} with the episodes that ended while it stopped)"
     if summary.get("mean_episode_length") is not None:
         text += f", episode length {summary['mean_episode_length']:.1f}"
-    return f"tianji: {job} ended ({reason}) after {wall:.1f}s: {int(summary['env_frames'])} frames, {text}; " \
-           f"summary: {path}"
+    counts = f"{int(summary['env_frames'])} frames, {text}"
+    if reason == "error" and summary.get("error"):
+        return f"tianji: {job} failed after {wall:.1f}s: {summary['error']} ({counts}); summary: {path}"
+    return f"tianji: {job} ended ({reason}) after {wall:.1f}s: {counts}; summary: {path}"

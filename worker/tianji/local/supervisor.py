@@ -4,6 +4,9 @@ A worker that exits or stays silent is restarted after an exponential back-off
 (BACKOFF_BASE_S doubling to BACKOFF_CAP_S). MAX_RESTARTS failures of one worker in a
 row end the run (an evaluator's: its evaluations only); a worker that ran HEALTHY_S
 before it failed starts a fresh count, so a slow trickle of faults never ends a run.
+A run that reached its time or frame budget without doing its work (`idle_run`: a
+training process that never reported, or no env frame) ends as a failure that names
+the process and the last error in its log.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ class Child:
     restart_at: Optional[float] = None
     exits: list = field(default_factory=list)
     log_offset: int = 0  # where the current incarnation's output starts in its (appended) log
+    reported: bool = False  # any incarnation of this launch has sent a report
+    last_error: Optional[str] = None  # the exception line the last failed incarnation logged
 
     @property
     def name(self) -> str:
@@ -74,3 +79,35 @@ def count_failure(c: Child, now: float, code: object) -> Optional[float]:
     c.restarts += 1
     c.restart_at = now + delay
     return delay
+
+
+def exit_text(code: object) -> str:
+    """An exit as a person reads it: "exit code 1", "killed by signal 9", "no heartbeat"."""
+    if isinstance(code, int):
+        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    return str(code)
+
+
+def failure_text(c: Child) -> str:
+    """How `c` failed last: its exit and the exception its log ends with, and where the log is."""
+    last = f" (last: {exit_text(c.exits[-1])})" if c.exits else ""
+    error = f": {c.last_error}" if c.last_error else ""
+    log = f"; see {c.log.name}" if c.log is not None else ""
+    return f"{last}{error}{log}"
+
+
+def idle_run(children: list[Child], new_frames: int, elapsed: float) -> Optional[str]:
+    """Why a run that reached its time or frame budget did none of its work, or None: a
+    training process (not the evaluator) that never reported in this launch, or no env frame
+    produced. The first such process in the children's order (learners first) is named."""
+    silent = [c for c in children if c.role != "evaluator" and not c.reported]
+    if silent:
+        c, others = silent[0], [x.name for x in silent[1:]]
+        more = f" (nor did {', '.join(others[:3])}{' and more' if len(others) > 3 else ''})" if others else ""
+        if c.exits:
+            return f"{c.name} never started: it exited {len(c.exits)} time(s){failure_text(c)}{more}"
+        log = f"; see {c.log.name}" if c.log is not None else ""
+        return f"{c.name} never started: no report in the run's {elapsed:.0f} s (still starting, or hung){log}{more}"
+    if new_frames <= 0:
+        return f"the actors produced no env frame in {elapsed:.0f} s"
+    return None
