@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 # kube-controller-manager, kube-scheduler, kubectl, CoreDNS, helm) into ~/.cache/tianji/;
 # cold: many minutes on 2 cores; warm: seconds.
 cluster:
-	@command -v go >/dev/null 2>&1 || { echo "make cluster: needs Go >= 1.26 (go not found on PATH)"; exit 2; }
+	@command -v go >/dev/null 2>&1 || { echo "make cluster: needs Go >= 1.26.7 (go not found on PATH)"; exit 2; }
 	bash cluster/build.sh
 
 # A local cluster (2 nodes as network namespaces, pods as processes; RUNTIME=crun: containers from
@@ -74,8 +74,9 @@ e2e: install
 
 # Both images (images/README.md): `docker build` where an engine answers, else buildah (no daemon),
 # else a message naming what is missing. Settings pass through: BASE_IMAGE, TORCH_INDEX_URL, ENGINE,
-# VERSION, ONLY=worker|operator. No registry reachable: `make image-base` first, then
-# `make images BASE_IMAGE=localhost/tianji-base:bookworm-py3.11` (and a reachable TORCH_INDEX_URL).
+# VERSION, ONLY=worker|operator. Unset, the base is Docker Hub's python where it can be pulled, else
+# `make image-base`'s (made if need be), and torch comes from PyTorch's CPU index where it answers,
+# else the configured pip index; images/build.sh says which it used.
 images:
 	images/build.sh
 
