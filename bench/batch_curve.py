@@ -14,12 +14,17 @@ a busy machine can change) are recorded beside it.
 
     python -m bench.batch_curve --job cartpole-ppo --multiples 1,2,4,8 --seeds 1,2 --max-seconds 120
     python -m bench.batch_curve --job acrobot-ppo --multiples 1,2,4 --seeds 1,2 --max-seconds 150
+    python -m bench.batch_curve --job cartpole-ppo ... --resume docs/results/batch-curve-cartpole-ppo.json
+
+A run whose learner never published a policy is an error, not a point (a broken run says nothing
+about batch sizes); `--resume FILE` keeps an earlier output's good runs and runs only the rest.
 
 Writes docs/results/batch-curve-<job>.json (`--out` another path, `--out -` none).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -56,6 +61,9 @@ def run(job_path: Path, base: dict, multiple: int, seed: int, actors: int, max_s
         s, recs = p.summary(), p.records()
     except (OSError, ValueError):
         return {**out, "error": p.stderr[-800:]}
+    if not s.get("policy_version"):  # nothing trained: a broken run, not a point of the curve
+        return {**out, "error": f"the learner never published a policy ({s['exit_reason']}, "
+                                f"{s['env_frames']} frames); restarts {s.get('restarts')}"}
     at = (s.get("frames_to_target") or frames_at_target(recs, base["target"]) or s["env_frames"]
           if s["reached_target"] else None)
     return {**out, "reached": bool(s["reached_target"]), "frames_to_target": at,
@@ -74,6 +82,16 @@ def points(runs: list[dict]) -> list[dict]:
         out.append({"batch": batch, "frames": frames, "frames_to_target_median": statistics.median(frames),
                     "reached": sum(r["reached"] for r in rs), "runs": len(rs)})
     return out
+
+
+def resumed(path: str | None, job: str) -> dict:
+    """An earlier result of the same job (`--resume`), or {}."""
+    if not path:
+        return {}
+    doc = json.loads(Path(path).read_text())
+    if doc.get("job") != job:
+        raise SystemExit(f"{path}: a curve of {doc.get('job')!r}, not {job!r}")
+    return doc
 
 
 def base_of(job_path: Path) -> dict:
@@ -95,14 +113,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-seconds", type=float, default=120.0)
     ap.add_argument("--max-frames", type=int, default=1_000_000)
     ap.add_argument("--out", default=None, help="default docs/results/batch-curve-<job>.json; '-': none")
+    ap.add_argument("--resume", default=None, metavar="FILE",
+                    help="an earlier output of this job: its good runs are kept, only the missing ones run")
     a = ap.parse_args(argv)
     job_path = ROOT / JOBS[a.job]
     base = base_of(job_path)
     multiples = [int(x) for x in a.multiples.split(",")]
     head = stamp("batch_curve", sys.argv[1:] if argv is None else argv)
-    runs = []
+    earlier = resumed(a.resume, a.job)
+    runs = [r for r in earlier.get("runs", []) if "error" not in r]
+    done = {(r["multiple"], r["seed"]) for r in runs}
     for i, seed in enumerate(int(x) for x in a.seeds.split(",")):
         for m in (multiples if i % 2 == 0 else multiples[::-1]):  # alternate, so drifts hit every size
+            if (m, seed) in done:
+                continue
             runs.append(run(job_path, base, m, seed, a.actors, a.max_seconds, a.max_frames))
             print(runs[-1], file=sys.stderr, flush=True)
     result = {**head, "job": a.job, "manifest": JOBS[a.job], "algorithm": base["algorithm"], "env": base["env"],
@@ -110,7 +134,9 @@ def main(argv: list[str] | None = None) -> None:
               "actors": a.actors, "host": host(),
               "rule": "batchSize = m·B and minibatchSize = m·b on one learner: the gradient steps of m "
                       "synchronised learners of the job's batch B, learning rate unchanged",
-              "points": points(runs), "runs": runs}
+              "points": points(runs), "runs": runs,
+              **({"resumed_from": {k: earlier[k] for k in ("command", "date", "machine") if k in earlier}}
+                 if earlier else {})}
     out = None if a.out == "-" else (a.out or RESULTS / f"batch-curve-{a.job}.json")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

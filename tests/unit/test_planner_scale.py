@@ -158,6 +158,13 @@ def test_curve_files_are_validated():
     censored = curve_doc()
     censored["points"][2]["reached"] = 1
     assert batchcurve.parse(censored, "x.json").censored == (1024,)
+    assert "lower bound at batch 1024" in batchcurve.parse(censored, "x.json").cite()
+    with pytest.raises(ValueError, match="a curve needs two batch sizes"):
+        batchcurve.parse(curve_doc(pts=((256, 80_000),)), "x.json")
+    for p in censored["points"]:
+        p["reached"] = 0
+    with pytest.raises(ValueError, match="every point is a lower bound"):
+        batchcurve.parse(censored, "x.json")
 
 
 def test_a_job_without_its_own_curve_is_extrapolated_from_the_measured_ones(tmp_path, monkeypatch):
@@ -254,3 +261,37 @@ def test_a_gpu_profile_file_is_measured_and_cited(tmp_path, monkeypatch, capsys)
     assert not any("learner GPU samples/s" in a for a in out["assumed"])
     assert any("25,000 samples/s on NVIDIA H100" in m and "gpu-prof.json" in m for m in out["measured"])
     assert any("per core" in m and "gpu-prof.json" in m for m in out["measured"])
+
+
+def test_the_bench_output_is_what_the_planner_reads():
+    """bench/batch_curve.py's points (a run short of the target counts its frames, a lower bound)
+    parse as the curve the planner charges groups with."""
+    from bench import batch_curve
+
+    runs = [{"batch": 256, "seed": 1, "reached": True, "frames_to_target": 80_000, "env_frames": 80_500},
+            {"batch": 256, "seed": 2, "reached": True, "frames_to_target": 90_000, "env_frames": 90_100},
+            {"batch": 512, "seed": 1, "reached": False, "frames_to_target": None, "env_frames": 150_000},
+            {"batch": 512, "seed": 2, "reached": True, "frames_to_target": 130_000, "env_frames": 130_200},
+            {"batch": 1024, "seed": 1, "error": "the learner never published a policy"}]
+    pts = batch_curve.points(runs)
+    assert [(p["batch"], p["frames_to_target_median"], p["reached"], p["runs"]) for p in pts] == [
+        (256, 85_000, 2, 2), (512, 140_000, 1, 2)]
+    recs = [{"episodes": 50, "mean_return": 500.0, "env_frames": 10}, {"episodes": 100, "mean_return": 470.0,
+            "env_frames": 20}, {"episodes": 120, "mean_return": 476.0, "env_frames": 30}]
+    assert batch_curve.frames_at_target(recs, 475.0) == 30
+    doc = curve_doc()
+    doc["points"] = pts
+    c = batchcurve.parse(doc, "docs/results/batch-curve-cartpole-ppo.json")
+    assert c.points == ((256, 85_000), (512, 140_000)) and c.censored == (512,)
+
+
+@pytest.mark.parametrize("name,cpus,gpus", GRID)
+def test_time_to_target_is_charged_from_the_curve_it_cites(plans, name, cpus, gpus):
+    job, p = plans[name, cpus, gpus]
+    curve = batchcurve.for_job(job)
+    assert p.frames_ratio == pytest.approx(curve.ratio(p.groups * p.learners))
+    assert p.efficiency == pytest.approx(1 / (p.frames_ratio * p.lag_cost))
+    assert p.batch_curve == curve.source()
+    for u in p.unused:
+        if u["what"].startswith("a group more") and u["gain"] is not None:
+            assert curve.source() in u["why"]

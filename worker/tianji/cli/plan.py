@@ -53,13 +53,17 @@ def _count(x: float) -> str:
     return f"{x:,.2f}".rstrip("0").rstrip(".")
 
 
+def _n(k: int, noun: str) -> str:
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
 def _topology_line(p: Plan) -> str:
     learner = f"{p.learner.cpu:g} core" + ("s" if p.learner.cpu != 1 else "") + (
         f" + {p.learner.gpu} GPU" if p.learner.gpu else "")
     goal = (f"predicted time to target {_duration(p.time_to_target_s)}" if p.time_to_target_s is not None else
             "time to target relative only (no frames-to-target measured for this job's own target)")
-    return (f"plan: {p.groups} group{'s' if p.groups != 1 else ''} x ({p.actors} actors, {p.buffers} buffers, "
-            f"{p.learners} learner of {learner}): {_count(p.cpus_used)} of {_count(p.cpus_given)} cores, "
+    return (f"plan: {_n(p.groups, 'group')} x ({_n(p.actors, 'actor')}, {_n(p.buffers, 'buffer')}, "
+            f"{_n(p.learners, 'learner')} of {learner}): {_count(p.cpus_used)} of {_count(p.cpus_given)} cores, "
             f"{p.gpus_used} of {p.gpus_given} GPUs; {goal}; frames x{p.frames_ratio:.2f} for the effective batch "
             f"{p.batch_size * p.groups * p.learners:,}, x{p.lag_cost:.2f} for policy lag")
 
@@ -81,7 +85,7 @@ def first_screen(p: Plan) -> list[str]:
     lines.append(f"unused: {' and '.join(what)}; each step up, and why the plan does not take it"
                  + ("" if p.unused else " (explicit topology: yours to size)"))
     for u in p.unused:
-        uses = f"{_count(u['uses'][0])} cores, {u['uses'][1]} GPUs" if u["uses"] else "-"
+        uses = f"{_count(u['uses'][0])} cores, {_n(u['uses'][1], 'GPU')}" if u["uses"] else "-"
         lines.append(f"  {u['what']:<24} ({uses}): {u['why']}")
     return lines
 

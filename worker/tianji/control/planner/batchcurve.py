@@ -77,7 +77,9 @@ class BatchCurve:
         return int(self.points[-1][0])
 
     def cite(self) -> str:
-        return f"{self.path}, {self.date}" if self.date else self.path
+        """Its file and date, and the batches where a seed missed the target (lower bounds)."""
+        low = f"; a lower bound at batch {', '.join(map(str, self.censored))}" if self.censored else ""
+        return (f"{self.path}, {self.date}" if self.date else self.path) + low
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,9 @@ def _short(c: BatchCurve) -> str:
 
 
 def parse(doc: dict, path: str) -> BatchCurve:
-    """A curve from bench/batch_curve.py's JSON; ValueError naming `path` when malformed."""
+    """A curve from bench/batch_curve.py's JSON; ValueError naming `path` when malformed, with
+    fewer than two batch sizes, or with lower bounds only (runs that all stopped short of the
+    target say nothing about how the frames grow)."""
     try:
         pts, censored = [], []
         for p in doc["points"]:
@@ -140,8 +144,10 @@ def parse(doc: dict, path: str) -> BatchCurve:
             pts.append((b, f))
             if int(p.get("reached", p.get("runs", 1))) < int(p.get("runs", 1)):
                 censored.append(b)
-        if not pts:
-            raise ValueError("no points")
+        if len(pts) < 2:
+            raise ValueError(f"{len(pts)} point(s): a curve needs two batch sizes")
+        if len(censored) == len(pts):
+            raise ValueError("every point is a lower bound (no batch size reached the target in every run)")
         pts.sort()
         return BatchCurve(job=str(doc["job"]), env=str(doc["env"]), algorithm=str(doc["algorithm"]),
                           base_batch=int(doc["base_batch"]), points=tuple(pts), path=path,

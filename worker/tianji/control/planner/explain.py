@@ -120,8 +120,7 @@ def _verdict(alt: Candidate, c: Candidate, budget: Budget, x: float, max_lag) ->
     gain, asks = alt.effective / c.effective - 1, k ** x - 1
     why = f"{gain:+.0%} progress for {k:.3g}x the resources; minMarginalGain {x:g} asks {asks:+.0%}"
     if objective.score(alt, budget.cpus, g, x) >= objective.score(c, budget.cpus, g, x) * (1 - objective.NEAR_BEST):
-        why = f"{gain:+.0%} progress for {k:.3g}x the resources: as good (within {objective.NEAR_BEST:.0%}); " \
-              "the plan keeps fewer"
+        why += f" (within {objective.NEAR_BEST:.0%} of it: as good, and the plan keeps fewer resources)"
     return gain, asks, why
 
 

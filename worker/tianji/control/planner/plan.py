@@ -1,11 +1,14 @@
 """The balance planner (paper §3.3): pure functions, no I/O. Its parts, in the order data flows:
 
     profile.py     what was measured (`tianji profile`) or assumed (default_profile)
+    measured.py    measurements beyond the profile: GPU figures (docs/device), where results lie
+    batchcurve.py  frames to target against effective batch: the penalty for more groups
     costmodel.py   cost terms: learner thread curve, all-reduce, links, time to target
     placement.py   which link each kind of traffic crosses on K nodes
     prediction.py  one topology's critical path, throughput, lag, bottleneck, efficiency
     search.py      every topology considered for M cores and G GPUs, each predicted
     objective.py   the budget rule (spec.plan.minMarginalGain) that picks one, and why others lost
+    explain.py     what a plan assumes and measured, and why each unused core and GPU stays unused
     plan.py        this file: the Plan, `plan` / `plan_for_job` / `resolve` (entry points)
     sharedhost.py  the same model on one shared machine (`tianji run`)
     rebalance.py   live actor rescaling and pacing from observed rates
@@ -34,15 +37,15 @@ The planner solves
               every process fits on one node (first-fit packing into K nodes),
               n_a ≥ n_b ≥ n_l ≥ 1  (the spec's Topology validator),
 
-i.e. the paper's M_L + M_A = M with production TR_A ≈ TR_L / r, sized no bigger than the
+i.e. the paper's M_L + M_A = M with production TR_A ≥ TR_L / r (every learner fed), sized no bigger than the
 progress it buys pays for. The critical path of one learner update and the bottleneck kinds
 are in prediction.py.
 
-Design choice (issue 13): groups grow the effective batch with the learning rate unchanged,
-charged as (1 + g·n_l)/2 times the samples (costmodel.batch_factor), so for small models the
-planner keeps one group and grows the learner along its measured thread curve and the actors;
-it proposes more groups only where a single learner is capped and the gain clears the budget
-rule. Plans state where they extrapolate (`Plan.extrapolated`).
+Groups grow the effective batch with the learning rate unchanged, charged with the measured
+batch curve's frames-to-target ratio ρ(g·n_l) (batchcurve.py, docs/results), so the planner adds
+groups only while the progress they buy clears the budget rule; the plan names every figure it
+assumes, what it extrapolates (`Plan.extrapolated`), and why each core and GPU it leaves unused
+stays so (`Plan.unused`, explain.py).
 """
 from __future__ import annotations
 
