@@ -21,6 +21,15 @@ on seconds to target from the run's summary.json. One seed per topology: seed-to
 of time to target is −24 % to +32 % (docs/results/groupsync.json): only larger differences mean anything.
 Output DIR/planner-time-to-target.json.
 
+A quiet machine only: before the profile and before each point the 1-minute load average must
+be at most --max-load per core (default 0.5: on average at most half the cores busy with
+anything, the previous point's own processes included; the validation of 2026-11-25 ran at
+2.5-6.5 per core and is what this gate keeps from recurring). The bench waits up to
+--settle-s (default 90 s; the 1-minute average decays by e in 60 s) for the load its own
+previous point left to decay, records the load it started each point at, and otherwise
+refuses to report: exit 2, saying the load, the limit and the point, nothing written.
+`--max-load 100` measures on a busy machine anyway; the result records the limit it ran under.
+
 Reported (JSON on stdout and DIR/planner-validation.json, plot DIR/planner-validation.png):
 per point the predicted and measured produced frames/s and consumed samples/s, their
 relative errors (pred − meas)/meas, and the bottleneck kinds; over all points the median
@@ -45,6 +54,29 @@ from bench.harness import ROOT, emit, loadavg, run_job, stamp
 
 EXAMPLES = {"ppo": "examples/cartpole-ppo.yaml", "dqn": "examples/cartpole-dqn.yaml"}
 METRICS = ("produced_fps", "consumed_sps")
+MAX_LOAD_PER_CORE, SETTLE_S = 0.5, 90.0  # the quiet gate's defaults (module docstring)
+
+
+class NotQuiet(Exception):
+    """The machine's load stayed above the gate's limit: the validation does not report."""
+
+
+def quiet(max_load_per_core: float, settle_s: float, what: str) -> float:
+    """The 1-minute load average once it is at most max_load_per_core × cores, waiting up to
+    `settle_s` for it to fall; NotQuiet naming the load, the limit and `what` otherwise."""
+    cores = os.cpu_count() or 1
+    limit = max_load_per_core * cores
+    t0 = time.monotonic()
+    while True:
+        load = os.getloadavg()[0]
+        if load <= limit:
+            return round(load, 2)
+        waited = time.monotonic() - t0
+        if waited >= settle_s:
+            raise NotQuiet(f"1-minute load average {load:.2f} > {limit:g} (--max-load {max_load_per_core:g} per core x "
+                           f"{cores} cores) before {what}, after waiting {waited:.0f} s: the machine is not quiet; "
+                           "nothing reported (rerun when it is, or raise --max-load and say so)")
+        time.sleep(min(5.0, settle_s - waited))
 
 
 def draw(rng: random.Random, algos: list[str]) -> dict:
@@ -79,16 +111,18 @@ def profile_for(cache: dict, t: dict, seconds: float):
     return Profile.from_json(cache[key])
 
 
-def run_one(t: dict, prof, seconds: float) -> dict:
+def run_one(t: dict, prof, seconds: float, gate) -> dict:
+    """One point: `gate(what)` (quiet) first, then the prediction and the run."""
     from tianji.control.planner.sharedhost import predict_on_host
     from tianji.control.spec import load_job
 
     path = str(ROOT / EXAMPLES[t["algo"]])
     sets = base(seconds) + point_sets(t)
     job = load_job(path, sets)
+    load = gate(f"point {t}")
     bg = scaling.probe_background()
     pred = predict_on_host(job, prof, float(os.cpu_count() or 1), bg, learner_threads=t["threads"])
-    row = {"topology": t, "background": round(bg, 2),
+    row = {"topology": t, "load1_before": load, "background": round(bg, 2),
            "predicted": {k: round(pred[k], 1) for k in METRICS} | {"bottleneck": pred["bottleneck"]}}
     meas = scaling.run_point(path, sets, seconds)
     if "error" in meas:
@@ -133,13 +167,13 @@ def plot(rows: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=90)
 
 
-def to_target(algo: str, sets: list[str], budget_s: float, profile: str) -> dict:
-    """One `tianji run` to the example's target; its topology as resolved, and summary figures."""
+def to_target(algo: str, sets: list[str], budget_s: float, profile: str, gate) -> dict:
+    """One `tianji run` to the example's target (after `gate`); its topology as resolved, and summary figures."""
     import yaml
 
     with tempfile.TemporaryDirectory(prefix="tianji-ttt-") as tmp:
         rd = Path(tmp) / "run"
-        load = os.getloadavg()[0]
+        load = gate(f"the {algo} run {sets}")
         p = run_job(ROOT / EXAMPLES[algo], [f"spec.stop.seconds={budget_s}", *sets], rd, args=["--profile", profile],
                     timeout=budget_s + 180)
         try:
@@ -152,7 +186,7 @@ def to_target(algo: str, sets: list[str], budget_s: float, profile: str) -> dict
             "wall_seconds": round(summ["wall_seconds"], 1), "exit_reason": summ["exit_reason"]}
 
 
-def time_to_target(a, algos: list[str]) -> dict:
+def time_to_target(a, algos: list[str], gate) -> dict:
     """The planner's topology vs random ones on seconds to target (module docstring)."""
     from tianji.runtime.atomicfile import atomic_write_json
 
@@ -165,12 +199,12 @@ def time_to_target(a, algos: list[str]) -> dict:
         profile_for(cache, t0, a.budget_s)
         atomic_write_json(prof_path, cache[(algo, 4)])
         planned = to_target(algo, ["spec.topology.auto=true", f"spec.resources.cpus={os.cpu_count() or 1}"],
-                            a.budget_s, str(prof_path))
+                            a.budget_s, str(prof_path), gate)
         print(f"  {algo} planned: {planned}", file=sys.stderr)
         rand = []
         for _ in range(a.random):
             t = draw(rng, [algo])
-            rand.append(to_target(algo, point_sets(t), a.budget_s, str(prof_path)))
+            rand.append(to_target(algo, point_sets(t), a.budget_s, str(prof_path), gate))
             print(f"  {algo} random: {rand[-1]}", file=sys.stderr)
         out[algo] = {"planned": planned, "random": rand}
     return out
@@ -186,26 +220,43 @@ def main(argv=None) -> int:
     ap.add_argument("--time-to-target", action="store_true", help="planned vs random topologies on time to target")
     ap.add_argument("--random", type=int, default=3, help="--time-to-target: random topologies per algorithm")
     ap.add_argument("--budget-s", type=float, default=150.0, help="--time-to-target: seconds cap per run")
+    ap.add_argument("--max-load", type=float, default=MAX_LOAD_PER_CORE,
+                    help="quiet gate: most 1-minute load average per core before the profile and each point")
+    ap.add_argument("--settle-s", type=float, default=SETTLE_S,
+                    help="quiet gate: most seconds to wait for the load to fall below --max-load")
     a = ap.parse_args(argv)
     algos = [x for x in a.algos.split(",") if x]
     if not algos or set(algos) - set(EXAMPLES) or a.n < 1 or not a.seconds > 0:
         ap.error(f"--algos from {sorted(EXAMPLES)}, --n >= 1, --seconds > 0")
+    if not (a.max_load > 0 and a.settle_s >= 0):
+        ap.error("--max-load > 0 and --settle-s >= 0")
+    try:
+        return validate(a, algos, argv, lambda what: quiet(a.max_load, a.settle_s, what))
+    except NotQuiet as e:
+        print(f"planner_validation: refused: {e}", file=sys.stderr)
+        return 2
+
+
+def validate(a, algos: list[str], argv, gate) -> int:
+    """The runs and the report (module docstring), each point behind `gate`."""
+    gate("the profile")
     import torch
 
     torch.set_num_threads(1)  # this process only profiles and predicts; the runs set their own
     if a.time_to_target:
         load0 = loadavg()
         res = {"bench": "planner-time-to-target", **stamp("planner_validation", argv), "seed": a.seed,
-               "budget_s": a.budget_s, "results": time_to_target(a, algos),
+               "budget_s": a.budget_s, "max_load_per_core": a.max_load, "results": time_to_target(a, algos, gate),
                "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": loadavg()}}
         (Path(a.out_dir) / "planner-time-to-target.json").write_text(json.dumps(res, indent=1) + "\n")
         emit(res, indent=None)
         return 0
     t0, rng, cache = time.perf_counter(), random.Random(a.seed), {}
     load0 = loadavg()
-    rows = [run_one(t, profile_for(cache, t, a.seconds), a.seconds) for t in (draw(rng, algos) for _ in range(a.n))]
+    drawn = [draw(rng, algos) for _ in range(a.n)]
+    rows = [run_one(t, profile_for(cache, t, a.seconds), a.seconds, gate) for t in drawn]
     res = {"bench": "planner-validation", **stamp("planner_validation", argv), "seed": a.seed,
-           "seconds_per_point": a.seconds, **summarise(rows), "points": rows,
+           "seconds_per_point": a.seconds, "max_load_per_core": a.max_load, **summarise(rows), "points": rows,
            "profiles": {f"{k[0]}-{k[1]}envs": v for k, v in cache.items()},
            "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": loadavg()},
            "seconds": round(time.perf_counter() - t0, 1)}

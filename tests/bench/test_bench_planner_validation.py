@@ -34,3 +34,21 @@ def test_summary_counts_errors_and_kinds():
     s = pv.summarise(rows)
     assert s == {"points_run": 2, "points_failed": 1, "median_abs_error": 0.25, "max_abs_error": 0.5,
                  "kind_accuracy": "1/2"}
+
+
+def test_the_quiet_gate_refuses_a_busy_machine_and_waits_out_its_own_load(monkeypatch, capsys):
+    cores = __import__("os").cpu_count() or 1
+    loads = iter([9.0 * cores, 0.2 * cores])  # the previous point's load, then decayed
+    monkeypatch.setattr(pv.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(pv.time, "sleep", lambda s: None)
+    assert pv.quiet(0.5, 90.0, "a point") == round(0.2 * cores, 2)
+    monkeypatch.setattr(pv.os, "getloadavg", lambda: (9.0 * cores, 0.0, 0.0))
+    try:
+        pv.quiet(0.5, 0.0, "point 3")
+        raise AssertionError("a busy machine passed the gate")
+    except pv.NotQuiet as e:
+        assert f"> {0.5 * cores:g} (--max-load 0.5 per core" in str(e) and "point 3" in str(e)
+    # main refuses before it profiles or runs anything: exit 2, a message, no report.
+    assert pv.main(["--n", "1", "--settle-s", "0"]) == 2
+    captured = capsys.readouterr()
+    assert "refused: 1-minute load average" in captured.err and captured.out == ""

@@ -4,8 +4,9 @@ Effective progress E = consumed samples/s · efficiency (costmodel.py: efficienc
 (ρ · lag cost), ρ the measured batch curve's frames-to-target ratio); the predicted time to
 target is proportional to 1/E. Left alone, E keeps rising with every synchronised learner added
 while ρ grows slower than the learners, so "the most E the budget buys" can be a plan that
-spends 40× the cores for 2× the progress. A plan's resources are R = cores/M + GPUs/G (the share of each given resource it
-uses; GPUs only when G > 0), and with x = minMarginalGain the budget rule is
+spends 40× the cores for 2× the progress. A plan's resources are R = cores/M + GPUs/G (the
+share of each given resource it uses; GPUs only when G > 0), and with x = minMarginalGain the
+budget rule is
 
     a plan using k = R_Q/R_P times the resources of a smaller plan P is worth it only if
     E_Q ≥ k^x · E_P        (x = 0.5: doubling the resources must buy ≥ 41 % more progress)
