@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any, Optional
 
 import aiohttp
 
@@ -24,7 +25,7 @@ class Api:
         self.timeout = timeout
         self.session: Optional[aiohttp.ClientSession] = None
 
-    async def __aenter__(self) -> "Api":
+    async def __aenter__(self) -> Api:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl, limit=32),
                                              headers={"User-Agent": "tianji-node-agent"})
         return self

@@ -69,7 +69,7 @@ def missing_programs(bin_dir: Path = BIN) -> list[str]:
 
 @dataclass
 class NodeHandle:
-    cluster: "LocalCluster"
+    cluster: LocalCluster
     name: str
     number: int
     cpu: str = "4"
@@ -169,7 +169,7 @@ class LocalCluster:
     def kubectl(self, *args: str, **kw) -> subprocess.CompletedProcess:
         return self.cp.kubectl(*args, **kw)
 
-    def up(self, wait_nodes: bool = True) -> "LocalCluster":
+    def up(self, wait_nodes: bool = True) -> LocalCluster:
         missing = missing_programs(self.bin)
         if missing:
             raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run `make cluster` first")
@@ -249,7 +249,7 @@ class LocalCluster:
         self.cp.stop()
         network.down_all(self.net)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         try:
             return self.up()
         except BaseException:

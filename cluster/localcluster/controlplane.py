@@ -20,8 +20,8 @@ from typing import Optional
 
 import yaml
 
-from .network import Addressing
 from .kubeletserver import API_SERVER_CLIENT
+from .network import Addressing
 from .pki import PKI, Pair
 
 DOMAIN = "cluster.local"
@@ -34,7 +34,7 @@ class Proc:
     log: Path
     popen: Optional[subprocess.Popen] = None
 
-    def start(self, env: Optional[dict] = None) -> "Proc":
+    def start(self, env: Optional[dict] = None) -> Proc:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,

@@ -51,7 +51,7 @@ def _int_param(request: web.Request, name: str) -> Optional[int]:
 
 
 class KubeletServer:
-    def __init__(self, node: "Node", ip: str, ca: Path, cert: Path, key: Path):
+    def __init__(self, node: Node, ip: str, ca: Path, cert: Path, key: Path):
         self.node, self.ip = node, ip
         self.ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca))
         self.ssl.load_cert_chain(str(cert), str(key))
@@ -78,7 +78,7 @@ class KubeletServer:
             raise web.HTTPForbidden(text=f"forbidden: {names or 'no client certificate'} is not the API server")
         return await handler(request)
 
-    def _incarnation(self, namespace: str, pod: str, container: str, previous: bool) -> "Incarnation":
+    def _incarnation(self, namespace: str, pod: str, container: str, previous: bool) -> Incarnation:
         starts = [i for i in self.node.incarnations if i.namespace == namespace and i.pod == pod]
         if not starts:
             raise web.HTTPNotFound(text=f'pod "{pod}" in namespace "{namespace}" has no containers on this node')

@@ -33,9 +33,9 @@ import aiohttp
 
 from . import network
 from .api import Api, ApiError
-from .nodeobject import NodeSpec
 from .crunruntime import CrunRuntime
 from .kubeletserver import KubeletServer
+from .nodeobject import NodeSpec
 from .pods import Incarnation, Node, PodStartError, PodWorker, iso
 
 log = logging.getLogger("tianji.localcluster.nodeagent")

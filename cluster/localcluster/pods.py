@@ -22,8 +22,9 @@ instead: crunruntime.py).
 
 Split by concern: containers.py (a container as a process group, its record and its kill),
 podinputs.py (volumes and env), probes.py (readiness), this module (the pod's lifecycle, its
-mount namespace, and the `Node` base). The node (`Node` subclass) supplies the API calls, the pod's sandbox (its IP and network
-namespace) and the files every pod gets (/etc/hosts, /etc/resolv.conf).
+mount namespace, and the `Node` base). The node (`Node` subclass) supplies the API calls, the
+pod's sandbox (its IP and network namespace) and the files every pod gets (/etc/hosts,
+/etc/resolv.conf).
 
 Not supported: several containers per pod (the first runs; init containers and sidecars are
 ignored), image pulls, liveness/startup/exec probes, envFrom, ConfigMap updates reaching a
@@ -45,8 +46,7 @@ from typing import Optional
 
 import aiohttp
 
-from .containers import (  # noqa: F401  (processes_in_groups: re-exported)
-    Incarnation, PodStartError, iso, kill_group, processes_in_groups, reap, stop_container)
+from .containers import Incarnation, PodStartError, iso, kill_group, processes_in_groups, reap, stop_container  # noqa: F401  (processes_in_groups: re-exported)
 from .podinputs import PodInputs, _expand
 from .probes import Probes
 
@@ -95,7 +95,7 @@ class PodWorker(PodInputs, Probes):
     """The kubelet's worker for one pod (by uid): sandbox, volumes, container starts, probes,
     restarts, status, graceful termination."""
 
-    def __init__(self, kubelet: "Node", pod: dict):
+    def __init__(self, kubelet: Node, pod: dict):
         self.kubelet = kubelet
         meta = pod["metadata"]
         self.pod = pod
@@ -209,7 +209,7 @@ class PodWorker(PodInputs, Probes):
         # emptyDir at /tmp, where the test's files live) cannot hide them.
         Node.ensure_mount_point(STAGE, directory=True)
         script.append(f"mount -t tmpfs tianji-stage {STAGE}")
-        for i, (src, dst, ro) in enumerate(binds):
+        for i, (src, _dst, _ro) in enumerate(binds):
             stage = f"{STAGE}/{i}"
             script.append(f"mkdir {stage}" if src.is_dir() else f"touch {stage}")
             script.append(f"mount --bind {shlex.quote(str(src))} {stage}")

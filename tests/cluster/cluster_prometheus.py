@@ -109,7 +109,7 @@ class ClusterPrometheus:
         self.proc: Optional[Proc] = None
         self.url = ""
 
-    def start(self) -> "ClusterPrometheus":
+    def start(self) -> ClusterPrometheus:
         exe = BIN / "prometheus"
         if not exe.is_file():
             raise RuntimeError(f"no {exe}: run `make cluster` (it builds Prometheus with Kubernetes discovery)")

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator
 from localcluster.cluster import BIN, LocalCluster, missing_programs
 from localcluster.pods import unavailable_reason
-
-from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator
 
 # Faster than a kubelet's defaults: restarts back off from 1 s.
 AGENT_ARGS = ("--backoff-base=1", "--backoff-max=10", "--probe-period-cap=1")
@@ -61,7 +60,8 @@ def prometheus(cluster: LocalCluster):
     from cluster_prometheus import ClusterPrometheus
     from clusterkit import rendered_service_monitor
 
-    p = ClusterPrometheus(cluster, cluster.root / "prometheus", service_monitor=rendered_service_monitor(cluster)).start()
+    p = ClusterPrometheus(cluster, cluster.root / "prometheus",
+                          service_monitor=rendered_service_monitor(cluster)).start()
     yield p
     p.stop()
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterkit import wait_for
 from cluster_jobs import JOB, diagnostics, example, status
+from clusterkit import wait_for
 from tianji.cli import main
 from tianji.observability import dashboard as dboard
 from tianji.observability.grafana import parse_duration

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from clusterkit import get, wait_for
 from cluster_jobs import JOB, condition, diagnostics, example, pods, status, wait_phase, worker_metrics
+from clusterkit import get, wait_for
 
 # Only the target ends these jobs (the example's frame and time budgets could end a job whose
 # learner had to start over before it got back to 475).
@@ -67,7 +67,8 @@ def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster
     # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on from the old one's
     assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
     st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 480)
-    assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475 and st["policyVersion"] > 0, diagnostics(cluster, namespace)
+    assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475 and st["policyVersion"] > 0, \
+        diagnostics(cluster, namespace)
 
 
 @pytest.mark.timeout(1200)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from clusterkit import wait_for
 from cluster_jobs import condition, diagnostics, example, pods, status, wait_phase
+from clusterkit import wait_for
 
 
 def host_ports(p: dict) -> set[int]:

@@ -164,7 +164,7 @@ def test_a_claim_of_the_default_class_follows_its_pod_to_another_node(cluster, n
         p["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
         p["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
         apply(cluster, namespace, p)
-        done = wait_for(lambda: (q := get(cluster, "pod", name, "-n", namespace)) and
+        done = wait_for(lambda name=name: (q := get(cluster, "pod", name, "-n", namespace)) and
                         q["status"].get("phase") in ("Succeeded", "Failed") and q, 120, f"the {name} pod to finish")
         assert done["status"]["phase"] == "Succeeded", done["status"]
         pods.append(done)

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, wait_for
-from cluster_prometheus import prometheus_url
 from cluster_jobs import JOB, diagnostics, example, pods, status, wait_phase
+from cluster_prometheus import prometheus_url
+from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, wait_for
 
 OPERATOR_POD = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 

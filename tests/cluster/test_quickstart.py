@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from clusterkit import OPERATOR_NS, RELEASE, wait_for
 from cluster_jobs import EXAMPLE, JOB, condition, final_reports, pods, status, wait_phase, workers_view
+from clusterkit import OPERATOR_NS, RELEASE, wait_for
 
 SA = f"system:serviceaccount:{OPERATOR_NS}:{RELEASE}-tianji-operator"
 

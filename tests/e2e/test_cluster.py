@@ -203,7 +203,8 @@ def wait_for(what: str, fn, timeout: float, interval: float = 3.0):
         if got:
             return got
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last})" if last else ""))
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}"
+                       + (f" (last error: {last})" if last else ""))
 
 
 def _crd_established(c: Cluster, name: str) -> bool:
@@ -235,7 +236,7 @@ def _install_rendered(c: Cluster) -> None:
             if crd:
                 apply(c, crd)
                 wait_for(f"CRD {crd['metadata']['name']} Established",
-                         lambda: _crd_established(c, crd["metadata"]["name"]), 60)
+                         lambda name=crd["metadata"]["name"]: _crd_established(c, name), 60)
     ensure_namespace(c, OPERATOR_NS)
     rendered = helm_python.Chart.load(str(CHART)).render(_operator_values(), name=RELEASE, namespace=OPERATOR_NS,
                                                          is_install=True)

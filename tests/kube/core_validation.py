@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import decimal
 import re
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from . import apierrors
 from .apierrors import FieldError

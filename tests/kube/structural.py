@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import jsonschema
 
@@ -179,8 +180,9 @@ def transition_errors(new: Any, old: Any, schema: dict, path: str = "") -> list[
         if v.get("rule") != IMMUTABLE_RULE:
             raise NotImplementedError(f"{path}: the emulator evaluates only {IMMUTABLE_RULE!r}, not {v.get('rule')!r}")
         if new != old:
+            message = v.get("message") or "failed rule: " + IMMUTABLE_RULE
             out.append(FieldError("FieldValueInvalid", path.lstrip("."),
-                                  f"Invalid value: \"{schema.get('type', 'object')}\": {v.get('message') or 'failed rule: ' + IMMUTABLE_RULE}"))
+                                  f"Invalid value: \"{schema.get('type', 'object')}\": {message}"))
     if isinstance(new, dict) and isinstance(old, dict):
         for k, sub in (schema.get("properties") or {}).items():
             if k in new and k in old:

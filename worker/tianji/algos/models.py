@@ -6,15 +6,15 @@ module from the same spec and seed, so version 0 is identical everywhere.
 from __future__ import annotations
 
 import copy
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
-from tianji.envs import EnvInfo, continuous_space_text
-from tianji.control.spec import ModelConfig
 from tianji.algos.normalize import RunningMeanStd, enabled
+from tianji.control.spec import ModelConfig
+from tianji.envs import EnvInfo, continuous_space_text
 
 
 def _init(layer: nn.Module, gain: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:

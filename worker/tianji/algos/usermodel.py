@@ -18,7 +18,7 @@ way before building it, so version 0 is the same everywhere.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import gymnasium as gym
 import numpy as np

@@ -228,7 +228,7 @@ def make_atari_vec(cfg: EnvConfig, n: int, halves: bool = False) -> VectorEnv:
     return _make_atari_vec(cfg, n, name)
 
 
-def _make_atari_vec(cfg: EnvConfig, n: int, name: str) -> "AtariVec":
+def _make_atari_vec(cfg: EnvConfig, n: int, name: str) -> AtariVec:
     inner = _native(cfg, n) if name == "native" else _gymnasium(cfg, n)
     if name == "native":
         from ale_py import Action

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -57,7 +58,7 @@ def is_entry_point(env_id: str) -> bool:
     return ":" in env_id
 
 
-def gym_id(cfg) -> "str | gym.envs.registration.EnvSpec":
+def gym_id(cfg) -> str | gym.envs.registration.EnvSpec:
     """What gym.make_vec takes for `env.id`: the id itself (after `env.imports` registered it), or,
     for an entry point, an unregistered EnvSpec around the class it names."""
     import_modules(cfg.imports, "spec.env.imports")

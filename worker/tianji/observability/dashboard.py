@@ -11,9 +11,10 @@ import re
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
+from typing import Optional
 
 from tianji.observability import grafana
 

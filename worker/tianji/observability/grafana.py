@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Union
 
 # Grafana's rangeutil.roundInterval: (raw interval below this many ms, interval in ms).
 _ROUND_MS = ((10, 1), (15, 10), (35, 20), (75, 50), (150, 100), (350, 200), (750, 500), (1500, 1000),

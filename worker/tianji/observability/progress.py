@@ -43,7 +43,7 @@ class Progress:
         self.line_every = line_every
         self._last_line = 0.0
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.tty:
             self.live = Live(self._table(None), console=self.console, refresh_per_second=4, transient=False)
             self.live.__enter__()

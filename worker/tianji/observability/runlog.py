@@ -15,7 +15,6 @@ from typing import Optional
 
 from tianji.control.spec import TianJiJob
 
-
 # TensorBoard dies with the launcher, even a SIGKILLed one (PR_SET_PDEATHSIG), as the workers do.
 _TB_WITH_PARENT = (
     "import ctypes, os, runpy, signal, sys\n"

@@ -24,9 +24,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[4]  # worker/tianji/control/planner/ -> the repository
 MAX_DEPTH = 6
@@ -62,7 +63,7 @@ def cached_load(directory: Path, pattern: str, loader: Callable) -> tuple:
 
 @functools.lru_cache(maxsize=32)
 def _load_all(files: tuple, loader: Callable) -> tuple:
-    out = []
+    out: list = []
     for path, _ in files:
         try:
             got = loader(path)
@@ -131,7 +132,8 @@ def gpu_figures(doc, source: str, date: str = "") -> list[GpuFigure]:
             return
         if not isinstance(node, dict):
             return
-        date = node.get("date") if isinstance(node.get("date"), str) else date
+        if isinstance(node.get("date"), str):
+            date = node["date"]
         here = device_name(node) or outer
         sps = _sps(node)
         if sps is not None and here:

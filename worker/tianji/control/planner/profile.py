@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
 from tianji.control.planner import costmodel, measured
 from tianji.control.spec import TianJiJob
@@ -98,6 +98,9 @@ class Profile:
         if gpu is not None and d.get("gpu_device") is None:  # `tianji profile` names it in learner_gpu
             d["gpu_device"] = measured.device_name(d)
         try:
+            extra: dict[str, Any] = {
+                k: (d[k] if isinstance(d[k], (dict, bool)) or k in _TEXT_KEYS else float(d[k]))
+                for k in OPTIONAL_PROFILE_KEYS if d.get(k) is not None}
             return cls(
                 actor_fps_per_core=float(d["actor_fps_per_core"]),
                 learner_sps_per_core=float(d["learner_sps_per_core"]),
@@ -105,8 +108,7 @@ class Profile:
                 message_seconds=float(d["message_seconds"]),
                 fragment_samples=int(d["fragment_samples"]),
                 bytes_per_sample=float(d["bytes_per_sample"]),
-                **{k: (d[k] if isinstance(d[k], (dict, bool)) or k in _TEXT_KEYS else float(d[k]))
-                   for k in OPTIONAL_PROFILE_KEYS if d.get(k) is not None},
+                **extra,
             )
         except (TypeError, ValueError) as e:
             raise ValueError(f"profile: {e}") from None
