@@ -46,7 +46,8 @@ from typing import Optional
 
 import aiohttp
 
-from .containers import Incarnation, PodStartError, iso, kill_group, processes_in_groups, reap, stop_container  # noqa: F401  (processes_in_groups: re-exported)
+# processes_in_groups is re-exported: F401 does not apply
+from .containers import Incarnation, PodStartError, iso, kill_group, processes_in_groups, reap, stop_container  # noqa: F401
 from .podinputs import PodInputs, _expand
 from .probes import Probes
 
