@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from clusterkit import get, wait_for
 from cluster_jobs import JOB, condition, diagnostics, example, pods, status
-from tianji_operator import autoscaler as asc
+from clusterkit import get, wait_for
+from tianji_operator.timers import autoscaler as asc
 
 STS = f"{JOB}-actor-0"
 FOREVER = {"stop": {"meanReturn": None, "envFrames": None, "seconds": 600}}

@@ -70,7 +70,7 @@ async def start_cluster(stack, validate_crd: bool = True) -> KubeEmulator:
 
     `validate_crd=False` serves the resource without its schema, as under an older, looser CRD
     (Helm installs CRDs but never upgrades them): then only the operator's own checks stand."""
-    from tianji.control.crd import crd_dict
+    from tianji.control.spec.crd import crd_dict
 
     kube = await stack.enter_async_context(KubeEmulator())
     await stack.enter_async_context(kmock.Server(kube))
@@ -121,7 +121,7 @@ class RunningOperator:
         except BaseException as e:  # surfaced by __aexit__
             self.error = e
 
-    async def __aenter__(self) -> "RunningOperator":
+    async def __aenter__(self) -> RunningOperator:
         import kopf
 
         from tianji_operator.config import OperatorConfig
@@ -189,7 +189,7 @@ def cond(kube: KubeEmulator, ctype: str, name: str = "cartpole") -> Optional[dic
 
 def children(kube: KubeEmulator, name: str = "cartpole") -> dict:
     """The job's child objects by (kind, name), found by the tianji.dev/job label."""
-    from tianji_operator.builders import LABEL_JOB
+    from tianji_operator.children.builders import LABEL_JOB
 
     out = {}
     for key, kind in CHILD_KINDS.items():
