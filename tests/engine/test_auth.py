@@ -10,7 +10,7 @@ from pathlib import Path
 import zmq
 
 import hostile
-from helpers import EXAMPLES, ipc, last_record, pid_of, wait_for
+from helpers import EXAMPLES, exported_keys, ipc, last_record, pid_of, wait_for
 from tianji.control.contracts.rolereport import build_report
 from tianji.runtime.security import Curve, Keyring, new_keys, read_keyring
 from tianji.runtime.wire import encode
@@ -22,9 +22,9 @@ def test_strangers_are_refused_by_zap_and_cannot_hijack_the_parameter_socket(run
     run = running_tianji(PPO, "--set", "spec.stop.meanReturn=100000", "--set", "spec.stop.seconds=300")
     run.wait_for_frames(0)
     rd = run.run_dir
-    assert stat.S_IMODE(os.stat(rd / "keys" / "actor-0-0.json").st_mode) == 0o600
-    assert stat.S_IMODE(os.stat(rd / "sock").st_mode) == 0o700
-    peers = read_keyring(rd / "keys" / "actor-0-0.json").peers  # public keys: what a stranger may know
+    assert not (rd / "keys").exists()  # no keyring file: each worker inherits its own on a descriptor
+    assert stat.S_IMODE(os.stat(os.path.realpath(rd / "sock")).st_mode) == 0o700
+    peers = {n: k.encode() for n, k in json.loads((rd / "public-keys.json").read_text())["peers"].items()}
     ctx = zmq.Context()
     socks = []
     insider = None
@@ -54,7 +54,7 @@ def test_strangers_are_refused_by_zap_and_cannot_hijack_the_parameter_socket(run
         pub = ctx.socket(zmq.PUB)
         socks.append(pub)
         pub.setsockopt(zmq.LINGER, 0)
-        insider = Curve(ctx, read_keyring(rd / "keys" / "actor-0-1.json"))
+        insider = Curve(ctx, read_keyring(exported_keys(rd) / "actor-0-1.json"))  # what actor-0-1 holds
         insider.server(pub)
         params_path = Path(os.path.realpath(rd / "sock")) / "learner-0-0-params"
         wait_for(lambda: last_record(rd)["policy_version"] > 0, 120, "the learner to train")
@@ -77,8 +77,10 @@ def test_strangers_are_refused_by_zap_and_cannot_hijack_the_parameter_socket(run
     assert run.interrupt() == 130
     s = run.summary()
     # nothing got as far as validation; each refused handshake was counted
-    assert set(s["rejected_by_reason"]) == {"handshake"}, s
+    assert set(s["rejected_by_reason"]) == {"handshake", "launcher_handshake"}, s
     assert s["rejected_by_reason"]["handshake"] >= 3, s  # one per worker socket
+    # the report socket's: the wrong key (no key fails before ZAP)
+    assert s["rejected_by_reason"]["launcher_handshake"] >= 1, s
     assert not s["reached_target"] and s["policy_lag"]["min"] >= 0
     procs = json.loads((rd / "accounting.json").read_text())
     assert "777777777" not in json.dumps(procs)  # no actor ever took the forged version

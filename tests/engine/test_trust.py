@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 import hostile
-from helpers import EXAMPLES, wait_for
+from helpers import EXAMPLES, exported_keys, wait_for
 from kube.fakes import worker_report
 from tianji.control.contracts.accounting import Accounting, StopRule
 from tianji.control.contracts.addressing import Addresses
@@ -490,7 +490,7 @@ def test_an_insider_with_an_actors_key_forges_every_message_and_the_run_still_re
     run = running_tianji(str(PPO), "--set", "spec.checkpoint.intervalSeconds=5")
     run.wait_for_frames(0)
     rd = run.run_dir
-    ring = security.read_keyring(rd / "keys" / "actor-0-0.json")
+    ring = security.read_keyring(exported_keys(rd) / "actor-0-0.json")  # what actor-0-0 holds
     ctx = zmq.Context()
     try:
         s = _insider_sockets(ctx, rd, ring)
@@ -512,10 +512,12 @@ def test_an_insider_with_an_actors_key_forges_every_message_and_the_run_still_re
     assert run.wait(timeout=900) == 0, run.output()[-3000:]
     s = run.summary()
     by = s["rejected_by_reason"]
-    assert by["sender"] == 10 and by["launcher_report"] == 11, by
-    assert 3999 <= by["replay"] <= 4000 and set(by) == {"sender", "launcher_report", "replay"}, by
-    assert s["reached_target"] and s["exit_reason"] == "target" and s["mean_return_at_target"] >= 475, s
+    assert by["sender"] == 10 and by["launcher_sender"] == 11, by
+    assert 3999 <= by["replay"] <= 4000 and set(by) == {"sender", "launcher_sender", "replay"}, by
+    assert s["reached_target"] and s["exit_reason"] == "target", s
     assert 0 < s["target_policy_version"] < 10 ** 6 and s["target_checkpoint"], s
+    ev = s["target_evaluation"]  # the saved policy's own episodes met the target
+    assert ev["mean_return"] >= 475 and ev["episodes"] == 100 and ev["checkpoint"] == s["target_checkpoint"], ev
     assert s["restarts"] == {"actor": 0, "buffer": 0, "learner": 0}
     assert "1000000000000" not in (rd / "accounting.json").read_text()
     finite_checkpoints(rd)
@@ -555,3 +557,28 @@ def json_summary(rd) -> dict:
     import json
 
     return json.loads((Path(rd) / "summary.json").read_text())
+
+
+def test_the_target_check_evaluates_only_the_bytes_the_learner_reported(tmp_path, capsys):
+    """A checkpoint file rewritten after the learner reported its digest is not evaluated (the check
+    gives up and waits for a newer policy); an evaluation's output is data, checked field by field."""
+    from types import SimpleNamespace
+
+    from tianji.local.targetcheck import TargetCheck, _result
+
+    job = load_job(PPO)
+    (tmp_path / "checkpoints" / "0-0").mkdir(parents=True)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "checkpoints" / "0-0" / "ckpt-000000000003.pt").write_bytes(b"a policy someone else trained")
+    rep = worker_report(hostile.JOB, "learner", 0, 0, version=3)
+    rep["extra"].update(checkpoint="ckpt-000000000003.pt", checkpoint_sha256="0" * 64)
+    acc = SimpleNamespace(procs={("learner", 0, 0): parse_report(rep, hostile.JOB)})
+    tc = TargetCheck(job, tmp_path, dict(os.environ))
+    assert tc.ready(0.0, 3)
+    tc.trigger(0.0, 3, [])
+    assert tc.poll(1.0, acc) is None and not tc.busy and tc.proc is None and tc.checks == []
+    assert "SHA-256 differs" in capsys.readouterr().err
+    assert not tc.ready(5.0, 3) and not tc.ready(20.0, 3) and tc.ready(20.0, 4)  # a newer policy, RETRY_S later
+    for out, code in ((b"", 0), (b"{}", 0), (b'{"mean_return": NaN}', 0), (b"x", 1)):
+        with pytest.raises(ValueError):
+            _result(out, code)

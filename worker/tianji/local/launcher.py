@@ -36,10 +36,11 @@ from tianji.control.contracts.launch import ENV_CURVE_KEYS, ENV_CURVE_KEYS_FD, l
 from tianji.control.contracts.rolereport import parse_report
 from tianji.control.planner.plan import Profile, resolve
 from tianji.control.spec import SpecError, TianJiJob, dump_job, load_job, stop_problem
+from tianji.control.spec.lagbound import staleness_notes
 from tianji.envs import spaces_of
 from tianji.local import resume as resume_
 from tianji.local import runfiles, zygote
-from tianji.local.preflight import check_entry_points
+from tianji.local.preflight import check_entry_points, note_on_stderr
 from tianji.local.runfiles import MetricsLog, Warner
 from tianji.local.summary import ended_line, run_summary
 from tianji.local.supervisor import NO_HEARTBEAT, Child, count_failure, exit_text, failed, failure_text, idle_run
@@ -89,6 +90,8 @@ def run_job(job_path: Optional[str], overrides=(), run_dir: Optional[str] = None
         job, _ = resolve(load_job(job_path, overrides), profile)
         check_stop(job, job_path, max_seconds)
         info = check_entry_points(job, str(job_path))  # before any process starts (local/preflight.py)
+        for text in staleness_notes(job.spec):  # settings that imply heavy drops or lag (control/spec/lagbound.py)
+            note_on_stderr(text)
         job.spec.env.spaces = spaces_of(info)  # buffers and learners read them; they build no env
         rd = Path(run_dir) if run_dir else default_run_dir(job)
         if (rd / "job.yaml").exists():
@@ -161,7 +164,7 @@ class Launcher:
         self.target_reached_at: Optional[float] = None  # this launch's clock; the crossing is the accounting's
         self.target_backing: Optional[dict] = None  # the checkpoint and version behind a reached target
         self.metrics: Optional[MetricsLog] = None  # while the main loop runs: the crossing's record goes there
-        self.target_check = TargetCheck(job, run_dir, CLI, {**_worker_env(None), "OMP_NUM_THREADS": "1"})
+        self.target_check = TargetCheck(job, run_dir, {**_worker_env(None), "OMP_NUM_THREADS": "1"})
         self.bounds = _episode_bounds(job)  # what one of the env's episodes can be (refused otherwise)
         self.refused: dict[str, int] = {}  # reports and handshakes this launcher refused, by reason
         self.report_curve = None  # the report socket's CURVE (its ZAP handler counts refused handshakes)
@@ -179,6 +182,7 @@ class Launcher:
 
         shutil.rmtree(self.run_dir / "keys", ignore_errors=True)
         (self.run_dir / "curve.json").unlink(missing_ok=True)
+        security.forbid_inspection()  # this process holds every key: no ptrace, no /proc/PID/mem
         self.rings = security.issue([c.name for c in self.children] + [security.LAUNCHER])
         security.write_public_keys(self.run_dir / PUBLIC_KEYS, self.rings)
         export = os.environ.get(ENV_EXPORT_KEYS)
@@ -341,8 +345,7 @@ class Launcher:
         self.acc.rejected += n
         self.refused[reason] = self.refused.get(reason, 0) + n
         if self.refused[reason] <= 3 or self.refused[reason] % 1000 == 0:
-            print(f"tianji: refused a report ({reason}) {detail[:300]} [{self.refused[reason]} so far]",
-                  file=sys.stderr)
+            print(f"tianji: refused ({reason}): {detail[:300]} [{self.refused[reason]} so far]", file=sys.stderr)
 
     def _cross_target(self, now: float) -> None:
         """The saved policy met stop.meanReturn (the confirming evaluation passed): the crossing

@@ -3,19 +3,25 @@
 Actors' returns are their own claims (docs/security.md): they only *trigger* this check. When
 the mean of the last 100 episodes meets stop.meanReturn (StopRule.target_reached), the
 launcher asks learner-0-0 for a checkpoint of the policy it has now (SIGUSR1: the learner
-saves one at its next step and reports it) and, once it reports a checkpoint at or past the
-version it had at the trigger, plays that checkpoint's policy in a process of its own: `tianji
-eval CHECKPOINT --json` (the learner's job manifest from the checkpoint, a fixed count of
-episodes per env, PPO at its mode, DQN epsilon-greedy), on envs seeded apart from every actor's
-and the evaluator's. The run ends reached-target only when that evaluation's mean meets
-stop.meanReturn; summary.json names the checkpoint and the evaluation (`target_evaluation`).
-Otherwise training goes on, and the next trigger waits for a newer policy and RETRY_S.
+saves one at its next step and reports it, with the file's SHA-256) and, once it reports a
+checkpoint at or past the version it had at the trigger, reads that file, checks its digest
+against the learner's (authenticated) report, and plays it from a sealed in-memory copy in a
+process of its own (`python -m tianji.local.targetcheck`: runtime/evaluation.evaluate, as
+`tianji eval`: the job manifest from the checkpoint, a fixed count of episodes per env, PPO at
+its mode, DQN epsilon-greedy, on envs seeded apart from every actor's and the evaluator's). A
+file another process rewrote is not evaluated, nor can it be changed while it is. The
+evaluating process makes itself non-inspectable before it loads anything (runtime/security.py).
+The run ends reached-target only when that evaluation's mean meets stop.meanReturn;
+summary.json names the checkpoint and the evaluation (`target_evaluation`). Otherwise training
+goes on, and the next trigger waits for a newer policy and RETRY_S.
 
 Episodes: spec.evaluation.episodes when the job has an evaluator (the user's evaluation size),
 else the stop rule's window (100).
 """
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import math
 import os
@@ -41,8 +47,8 @@ class TargetCheck:
     """The launcher's confirming evaluations: `trigger` when the stop rule is met, `poll` each turn
     of the main loop; `passed` holds the evaluation that confirmed the target."""
 
-    def __init__(self, job, run_dir: Path, cli: list[str], env: dict[str, str]):
-        self.job, self.run_dir, self.cli, self.env = job, run_dir, cli, env
+    def __init__(self, job, run_dir: Path, env: dict[str, str]):
+        self.job, self.run_dir, self.env = job, run_dir, env
         ev = job.spec.evaluation
         self.episodes = ev.episodes if ev.enabled else WINDOW
         self.epsilon = ev.epsilon if ev.enabled and job.spec.algorithm.name == "dqn" else None
@@ -50,6 +56,7 @@ class TargetCheck:
         self.since = 0.0
         self.version = 0  # learner-0-0's version at the trigger
         self.checkpoint: Optional[Path] = None
+        self.copy: Optional[int] = None  # the sealed in-memory copy the evaluation reads
         self.proc: Optional[subprocess.Popen] = None
         self.log: Optional[IO] = None
         self.checks: list[dict] = []  # every evaluation, passed or not
@@ -91,6 +98,11 @@ class TargetCheck:
         if m and int(m.group(1)) >= self.version:
             path = self.run_dir / "checkpoints" / "0-0" / name
             if path.is_file():
+                try:
+                    self.copy = sealed_copy(path, rep.extra.get("checkpoint_sha256"))
+                except ValueError as e:
+                    self._give_up(now, str(e))
+                    return
                 self._start(path, now)
                 return
         if now - self.since > CHECKPOINT_WAIT_S:
@@ -98,13 +110,18 @@ class TargetCheck:
 
     def _start(self, path: Path, now: float) -> None:
         self.checkpoint, self.stage, self.since = path, "evaluating", now
-        cmd = [*self.cli, "eval", str(path), "--episodes", str(self.episodes), "--seed", str(SEED), "--json"]
+        source = f"/dev/fd/{self.copy}" if self.copy is not None else str(path)
+        cmd = [sys.executable, "-m", "tianji.local.targetcheck", source, "--episodes", str(self.episodes),
+               "--seed", str(SEED)]
         if self.epsilon is not None:
             cmd += ["--epsilon", str(self.epsilon)]
         if self.log is None:
             self.log = open(self.run_dir / "logs" / "target-check.log", "ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
-                                     start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
+                                         start_new_session=True, pass_fds=() if self.copy is None else (self.copy,))
+        finally:
+            self._close_copy()
 
     def _await_evaluation(self, now: float) -> Optional[dict]:
         if self.proc.poll() is None:
@@ -144,7 +161,13 @@ class TargetCheck:
         return {"target_evaluation": self.passed,
                 "target_checks": {"count": len(self.checks), "last": self.checks[-1] if self.checks else None}}
 
+    def _close_copy(self) -> None:
+        if self.copy is not None:
+            os.close(self.copy)
+            self.copy = None
+
     def close(self) -> None:
+        self._close_copy()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -156,8 +179,35 @@ class TargetCheck:
             self.log = None
 
 
+def sealed_copy(path: Path, sha256: Optional[str]) -> Optional[int]:
+    """A read-only in-memory copy of checkpoint `path` (a sealed memfd: nobody can change it), after
+    checking its digest against the one the learner reported; ValueError if the file is not what
+    the learner wrote. None where there is no memfd (the file is then evaluated as it is)."""
+    data = path.read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"{path.name} is not the file learner-0-0 wrote (its SHA-256 differs): not evaluated")
+    if sha256 is None:
+        print(f"tianji: learner-0-0 reported no digest of {path.name}; evaluating the file as it is", file=sys.stderr)
+    if not hasattr(os, "memfd_create"):
+        return None
+    import fcntl
+
+    fd = os.memfd_create("tianji-checkpoint", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _result(out: bytes, code: int) -> dict:
-    """`tianji eval --json`'s answer, checked (it is JSON, parsed as data: never unpickled)."""
+    """The evaluation's answer, checked (it is JSON, parsed as data: never unpickled)."""
     if code != 0:
         raise ValueError(f"exit code {code}")
     try:
@@ -171,3 +221,27 @@ def _result(out: bytes, code: int) -> dict:
         if type(res.get(k)) is not int or res[k] < 0:
             raise ValueError(f"{k} {res.get(k)!r}")
     return res
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """The confirming evaluation's own process: not inspectable by the run's other processes
+    (runtime/security.forbid_inspection, and no debugger attached before that), then
+    runtime/evaluation.evaluate of CHECKPOINT (a path, or /dev/fd/N), its result as one JSON line."""
+    p = argparse.ArgumentParser(prog="python -m tianji.local.targetcheck")
+    p.add_argument("checkpoint")
+    p.add_argument("--episodes", type=int, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--epsilon", type=float, default=None)
+    a = p.parse_args(argv)
+    from tianji.runtime import security
+
+    if security.forbid_inspection():
+        security.untraced()
+    from tianji.runtime.evaluation import evaluate
+
+    print(json.dumps(evaluate(Path(a.checkpoint), a.episodes, a.seed, a.epsilon)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,6 +43,7 @@ import time
 from typing import Optional
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 TITLE_ROOM = 4096  # bytes of argv the zygote is started with: a forked worker's command line goes there
 REPARENT_TIMEOUT_S = 5.0
@@ -253,6 +254,9 @@ def _fork_worker(req: dict, launcher: int, channel: Optional[int] = None) -> int
 def serve() -> int:
     launcher = int(os.environ.get("TIANJI_PARENT_PID") or os.getppid())
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    # Not inspectable: code injected into the template would run in every worker forked after
+    # (a restarted learner's too). Its workers inherit it.
+    _prctl(PR_SET_DUMPABLE, 0)
     if os.getppid() != launcher:
         return 1
     import importlib

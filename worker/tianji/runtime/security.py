@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -272,10 +273,43 @@ def sender_identity(frame) -> Optional[str]:
         return None
 
 
+PR_SET_DUMPABLE = 4
+
+
+def forbid_inspection() -> bool:
+    """Make this process non-dumpable (prctl PR_SET_DUMPABLE 0): another process of the same user
+    can then neither ptrace it nor open its /proc/PID/mem or /proc/PID/fd (they become root's),
+    unless it holds CAP_SYS_PTRACE (root does). Inherited by fork, reset by exec: the launcher, the
+    worker template and every worker set it before they hold a secret. False where it is not
+    available (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def untraced() -> None:
+    """Raise KeyError_ if a debugger is attached to this process: one that attached before
+    `forbid_inspection` (a process started by exec is inspectable until then) would stay attached."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return
+    tracer = next((line.split()[1] for line in status.splitlines() if line.startswith("TracerPid:")), "0")
+    if tracer != "0":
+        raise KeyError_(f"process {tracer} is tracing this one: it would read the secret key; not starting")
+
+
 def from_env(ctx: zmq.Context, required: bool) -> Optional[Curve]:
     """This process's Curve: from the descriptor TIANJI_CURVE_KEYS_FD names (local workers: read
     once, closed, and the variable removed), else the file TIANJI_CURVE_KEYS names (pods). A job
     that asks for encryption without keys fails."""
+    if forbid_inspection():  # before this process holds its secret key
+        untraced()
     fd = os.environ.pop(ENV_CURVE_KEYS_FD, None)
     if fd:
         try:

@@ -264,6 +264,9 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
         extra["eval"] = _eval(extra_in["eval"])
     if isinstance(extra_in.get("checkpoint"), str):
         extra["checkpoint"] = extra_in["checkpoint"][:4096]
+    sha = extra_in.get("checkpoint_sha256")  # of the file `checkpoint` names, as the learner wrote it
+    if isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha):
+        extra["checkpoint_sha256"] = sha
     if extra_in.get("over_share") is not None:  # a buffer's samples dropped over each sender's share
         by = _dict(extra_in["over_share"], "extra.over_share")
         if len(by) > MAX_SENDERS:

@@ -50,7 +50,7 @@ from tianji.control.spec import dump_job
 from tianji.envs import declared_info
 from tianji.runtime import checkpoint
 from tianji.runtime.distributed import GroupSync, world_of
-from tianji.runtime.pacing import HeadroomController
+from tianji.runtime.pacing import HeadroomController, lag_target
 from tianji.runtime.roles.base import Role
 from tianji.runtime.validate import batch_bytes, check_batch, check_feedback, limits_for
 from tianji.runtime.wire import Message, WireError
@@ -76,6 +76,16 @@ def learner_cuda_device(name: Optional[str]) -> torch.device:
     return dev
 
 
+def _sha256(path) -> Optional[str]:
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
 class Learner(Role):
     name = "learner"
 
@@ -96,11 +106,12 @@ class Learner(Role):
         self.capacity = None
         self.last_pub_version = -1
         self.frames = 0  # global env frames: fragments received by this learner's buffers x numEnvs x fragmentLength
-        self.pacing = HeadroomController(s.staleness.pace_headroom)
-        self.window = {"received": 0, "dropped": 0, "idle": 0.0, "t": time.monotonic()}
+        self.pacing = HeadroomController(s.staleness.pace_headroom, lag_target=lag_target(s))
+        self.window = {"received": 0, "dropped": 0, "idle": 0.0, "lag_sum": 0.0, "lag_n": 0, "t": time.monotonic()}
         self.ckpt_dir = checkpoint.checkpoint_dir(self.run_dir, self.group, self.index) if self.run_dir else None
         self.last_ckpt_t = time.monotonic()
         self.last_ckpt = None
+        self.last_ckpt_sha256 = None
         # SIGUSR1: checkpoint now (`tianji run` evaluates the saved policy before calling a target
         # reached: local/targetcheck.py)
         self.ckpt_requested = False
@@ -176,6 +187,7 @@ class Learner(Role):
         self.train_steps = int(st["counters"]["train_steps"])
         torch.set_rng_state(st["torch_rng"])
         self.last_ckpt = path.name
+        self.last_ckpt_sha256 = _sha256(path)
         log.info("%s: resumed from %s at policy_version %d", self.sender, path, self.version)
 
     def save_checkpoint(self) -> None:
@@ -196,6 +208,7 @@ class Learner(Role):
             self.last_ckpt_t = time.monotonic()
             return
         self.last_ckpt = path.name
+        self.last_ckpt_sha256 = _sha256(path)  # reported: the launcher evaluates only these bytes
         self.last_ckpt_t = time.monotonic()
 
     # ---------------------------------------------------------------- messages
@@ -325,6 +338,8 @@ class Learner(Role):
         if self.spec.max_policy_lag is not None:
             lags = lags[lags <= self.spec.max_policy_lag]
         self.metrics.observe_lag(lags, len(msg.arrays["obs"]) if self.algo_name == "ppo" else 1)  # PPO: per column
+        self.window["lag_sum"] += float(lags.sum())
+        self.window["lag_n"] += int(lags.size)
         self.metrics.inc("samples_consumed_total", n)
         self.metrics.inc("samples_received_total", n)
         self.metrics.inc("train_steps_total", int(stats["train_steps"]))
@@ -387,17 +402,19 @@ class Learner(Role):
             self.maybe_report(force=True)  # the launcher waits for this checkpoint's name (SIGUSR1)
 
     def _adapt_pacing(self, now: float) -> None:
-        """Close a control period: feed its drop and idle fractions to the headroom controller."""
+        """Close a control period: feed its drop and idle fractions and the mean lag it consumed at to
+        the headroom controller."""
         w = self.window
         dt = max(now - w["t"], 1e-9)
         if self.train_steps:  # before the first update, waiting is warm-up, not starvation
-            self.pacing.update(w["received"], w["dropped"], w["idle"] / dt)
-        self.window = {"received": 0, "dropped": 0, "idle": 0.0, "t": now}
+            self.pacing.update(w["received"], w["dropped"], w["idle"] / dt,
+                               lag=w["lag_sum"] / w["lag_n"] if w["lag_n"] else None)
+        self.window = {"received": 0, "dropped": 0, "idle": 0.0, "lag_sum": 0.0, "lag_n": 0, "t": now}
         self.metrics.set("pace_headroom", self.pacing.headroom)
 
     def report_extra(self) -> dict:
         return {"version": self.version, "capacity_sps": self.capacity, "busy_s": self.busy,
-                "checkpoint": self.last_ckpt}
+                "checkpoint": self.last_ckpt, "checkpoint_sha256": self.last_ckpt_sha256}
 
     def teardown(self) -> None:
         self.save_checkpoint()
