@@ -212,7 +212,7 @@ def gpu_profile(sps=40_000.0, name="NVIDIA H100 80GB HBM3", env="ALE/Pong-v5", a
     return {"actor_fps_per_core": 1400.0, "learner_sps_per_core": 150.0, "learner_sps_per_gpu": sps,
             "message_seconds": 0.03, "fragment_samples": 512, "bytes_per_sample": 28256.0,
             "job": "pong-ppo", "env": env, "algorithm": algo, "batch_size": batch,
-            "learner_gpu": {"device": "cuda", "name": name, "sps": sps}}
+            "learner_gpu": {"device": "cuda", "device_name": name, "sps": sps}, "learner_gpu_name": name}
 
 
 def test_gpu_figures_are_found_at_any_depth_and_named_by_device():

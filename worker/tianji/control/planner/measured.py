@@ -15,8 +15,9 @@ A GPU figure is any JSON object, at any depth of a file (up to MAX_DEPTH), with 
 `learner_sps_per_gpu` (or `learnerSpsPerGpu`) > 0: a `tianji profile` output, or one inside a
 device run's results. Its device is the first name found in, in order, the object's
 `learner_gpu` / `learnerGpu` object (`name`, `device_name`, `gpu_name`, `gpu`), the object
-itself (`gpu_name`, `gpu`, `device_name`, `device`), then the enclosing objects outward (the
-same keys); `cuda` and `cpu` are not names. Its job is the object's `job`, `env`, `algorithm`
+itself (`learner_gpu_name`, `gpu_name`, `gpu`, `device_name`, `device`), then the enclosing
+objects outward (the same keys); `cuda` and `cpu` are not names. `tianji profile` writes
+`learner_gpu.device_name`; bench/device/run.sh writes its profiles flat into docs/device. Its job is the object's `job`, `env`, `algorithm`
 and `batch_size` where given.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Optional
 REPO = Path(__file__).resolve().parents[4]  # worker/tianji/control/planner/ -> the repository
 MAX_DEPTH = 6
 _NAME_KEYS = ("name", "device_name", "gpu_name", "gpu")
-_OWN_KEYS = ("gpu_name", "gpu", "device_name", "device")
+_OWN_KEYS = ("learner_gpu_name", "gpu_name", "gpu", "device_name", "device")
 _NOT_NAMES = {"cuda", "cpu", "cuda:0", ""}
 
 
