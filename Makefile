@@ -29,12 +29,16 @@ cluster:
 	bash cluster/build.sh
 
 # A local cluster (2 nodes as network namespaces, pods as processes; RUNTIME=crun: containers from
-# the images in buildah storage) for people; see docs/local-cluster.md.
+# the images in buildah storage) for people; see docs/local-cluster.md. TIANJI_CLUSTER_INDEX=N
+# (0-15, default 0) picks the cluster for up, down and status alike, so side-by-side clusters
+# are never stopped by mistake.
+CLUSTER_INDEX_ARG = $(if $(TIANJI_CLUSTER_INDEX),--index=$(TIANJI_CLUSTER_INDEX))
+
 cluster-up: install cluster
-	$(CLUSTER) up $(if $(RUNTIME),--runtime=$(RUNTIME))
+	$(CLUSTER) up $(CLUSTER_INDEX_ARG) $(if $(RUNTIME),--runtime=$(RUNTIME))
 
 cluster-down:
-	$(CLUSTER) down
+	$(CLUSTER) down $(CLUSTER_INDEX_ARG)
 
 train: install
 	$(VENV)/bin/tianji run $(JOB)

@@ -1,7 +1,9 @@
 """`python -m localcluster up|down|status`: the local cluster for people (`make cluster-up`).
 
 `up` starts it in the background and prints the kubeconfig to use; `down` stops every process
-it started (from the pid files under its folder) and removes its network."""
+it started (from the pid files under its folder) and removes its network. The cluster number comes
+from --index, else TIANJI_CLUSTER_INDEX, else 0, for every command alike: `down` must stop the
+cluster that `up` started, never cluster 0 by default while another one was meant."""
 from __future__ import annotations
 
 import argparse
@@ -39,15 +41,43 @@ def _kill_all(root: Path, grace: float = 10.0) -> int:
     return len(pids)
 
 
-def main(argv: list[str] | None = None) -> int:
+INDEX_ENV = "TIANJI_CLUSTER_INDEX"
+
+
+def _cluster_index(text: str) -> int:
+    """A cluster number 0-15 (the address plan has 16 ranges); argparse reports the error."""
+    try:
+        i = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cluster index must be a whole number 0-15, got {text!r}") from None
+    if not 0 <= i <= 15:
+        raise argparse.ArgumentTypeError(f"cluster index must be 0-15, got {i}")
+    return i
+
+
+def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> argparse.Namespace:
+    """The command line, with the cluster index defaulting to TIANJI_CLUSTER_INDEX (then 0)."""
+    env = os.environ if environ is None else environ
     ap = argparse.ArgumentParser(prog="python -m localcluster", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["up", "down", "status"])
     ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--index", type=int, default=0, help="cluster number 0-15 (separate addresses and folder)")
+    ap.add_argument("--index", type=_cluster_index, default=None,
+                    help=f"cluster number 0-15 (separate addresses and folder; default ${INDEX_ENV}, else 0)")
     ap.add_argument("--dir", type=Path, default=None, help="state folder (default /tmp/tianji-cluster-INDEX)")
     ap.add_argument("--runtime", choices=["process", "crun"], default="process",
                     help="how the nodes run pods: processes (fast) or crun containers from local images")
     a = ap.parse_args(argv)
+    if a.index is None:
+        raw = env.get(INDEX_ENV, "").strip()
+        try:
+            a.index = _cluster_index(raw) if raw else 0
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"{INDEX_ENV}: {e}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     root = a.dir or Path(f"/tmp/tianji-cluster-{a.index}")
     net = network.Addressing(a.index)
     if a.command == "down":
@@ -83,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"local cluster up: {a.nodes} nodes, API server {c.cp.server}\n"
           f"  export KUBECONFIG={c.kubeconfig} PATH={BIN}:$PATH\n"
-          f"  kubectl get nodes\n  logs: {root / 'logs'}; stop: make cluster-down")
+          f"  kubectl get nodes\n  logs: {root / 'logs'}; stop: "
+          f"make cluster-down{'' if a.index == 0 else f' TIANJI_CLUSTER_INDEX={a.index}'}")
     return 0
 
 
