@@ -5,12 +5,23 @@
     status.restartsByRole   {role: {containers: container restarts, pods: pods re-created}}
                             (a pod re-created under its name: deleted, evicted, or exited
                             while the job ran)
-    status.podsSeen         {pod name: {uid, restarts}}: what was already counted of each pod,
-                            so a tick (of this operator or of the next one) adds only what is new
+    status.podsSeen         {pod name: {uid, restarts, before: [the uid it replaced]}}: what was
+                            already counted of each pod, so a tick (of this operator or of the
+                            next one) adds only what is new
 
-A pod seen under a new uid is a re-creation; its restartCount starts again. The ledger is
-reset (podsSeen {}) when a job is suspended or resumed: pods deleted and made again by the
-operator's own hand are not disruptions.
+A pod seen under a new uid is a re-creation; its restartCount starts again. A pod first seen
+is charged its whole restartCount, however early: a container that restarted before the first
+tick is a restart all the same. Only a job whose status has `restarts` but no `podsSeen` (counted
+by an operator from before the ledger) starts without charging what its pods already hold.
+
+The watch delivers each pod object's events on their own, so the index may show the old
+object (being deleted) after the new one under the same name: a uid once replaced (kept in
+`before`) is that leftover, never a re-creation of its own. A pod absent
+from a tick is forgotten only when the job no longer expects it (actors scaled away), so that
+one gone for a moment (deleted, not made again yet) is still known when its successor comes.
+
+The ledger is reset (podsSeen {}) when a job is suspended or resumed: pods deleted and made
+again by the operator's own hand are not disruptions.
 """
 from __future__ import annotations
 
@@ -43,7 +54,9 @@ class Ledger:
     """One tick's view of the counts, loaded from status and advanced by `observe`."""
 
     def __init__(self, status: dict):
-        self.first = "podsSeen" not in status  # a job counted by an older operator: no history to charge
+        # Counted by an operator from before the ledger: its pods' restarts may be counted already.
+        # A job with neither field is new: what its pods hold is charged in full.
+        self.legacy = "podsSeen" not in status and "restarts" in status
         self.seen: dict[str, dict] = copy.deepcopy(status.get("podsSeen") or {})
         self.total = int(status.get("restarts") or 0)
         by = status.get("restartsByRole") or {}
@@ -64,8 +77,10 @@ class Ledger:
                 continue
             n, prev = _restart_count(p), self.seen.get(name)
             held = 0
+            if prev is not None and uid in (prev.get("before") or ()):
+                continue  # the replaced object's last events, delivered after its successor's
             if prev is None:
-                new = 0 if self.first else n
+                new = 0 if self.legacy else n
             elif prev.get("uid") != uid:
                 self.by_role[role]["pods"] += 1
                 self.recreated.append(name)
@@ -73,7 +88,12 @@ class Ledger:
             else:
                 held = int(prev.get("restarts") or 0)
                 new = max(0, n - held)
-            self.seen[name] = {"uid": uid, "restarts": max(n, held)}
+            entry = {"uid": uid, "restarts": max(n, held)}
+            if prev is not None and prev.get("uid") != uid:
+                entry["before"] = [prev.get("uid")]  # the one replaced: its late events are no re-creation
+            elif prev is not None and prev.get("before"):
+                entry["before"] = prev["before"]
+            self.seen[name] = entry
             if new:
                 self.total += new
                 self.by_role[role]["containers"] += new

@@ -340,10 +340,11 @@ def status_schema() -> dict:
                                "(deleted, evicted or stopped while the job ran)",
                                "additionalProperties": {"type": "object", "properties": {
                                    "containers": count, "pods": count}}},
-            "podsSeen": {"type": "object", "description": "what restarts counted of each pod (uid, restarts), so "
-                         "that the next tick, or the next operator, adds only what is new",
+            "podsSeen": {"type": "object", "description": "what restarts counted of each pod (uid, restarts, the "
+                         "uid it replaced), so that the next tick, or the next operator, adds only what is new",
                          "additionalProperties": {"type": "object", "properties": {
-                             "uid": {"type": "string"}, "restarts": count}}},
+                             "uid": {"type": "string"}, "restarts": count,
+                             "before": {"type": "array", "items": {"type": "string"}}}}},
             "model": {"type": "array", "description": "each learner's newest checkpoint as it named it; after the "
                       "end, the one it wrote as it stopped (final: true): the job's trained model",
                       "items": {"type": "object", "properties": {
