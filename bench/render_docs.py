@@ -375,9 +375,129 @@ def median_ratio(d: dict) -> float:
     return s["median_ratios"]["time_to_target_strict_over_relaxed"]
 
 
+def device_provenance(files: list[dict]) -> list[str]:
+    """One line per command: the files it wrote, its date and the GPU machine (docs/device/)."""
+    by: dict[tuple, list[str]] = {}
+    for d in files:
+        by.setdefault((d["command"], d["date"]), []).append(f"`{Path(d['path']).name}`")
+    m = files[0]["machine"]
+    where = (f"{m['gpu']}, driver {m['driver']}, CUDA {m['cuda']}, torch {m['torch']}, {m['cores']} cores "
+             f"({m['cpu']})")
+    return [f"{', '.join(names)}: `{cmd}` ({date})." for (cmd, date), names in by.items()] + [
+        "", f"Device of these runs: {where}."]
+
+
+def _gpu_learner(prof: list[dict]) -> list[str]:
+    def update(d: dict) -> dict:
+        return d["learner_gpu"]["candidates"][str(d["batch_size"])]
+
+    rows = [[f"`{Path(d['path']).name}`", d["algorithm"], num(update(d)["samples_per_update"]),
+             d["learner_gpu_precision"], f"**{num(d['learner_sps_per_gpu'])}**",
+             num(1e3 * update(d)["seconds_per_update"], 1), num(d["learner"]["sps"])] for d in prof]
+    fp32, bf16 = (next(d for d in prof if d["path"].endswith(f"-{p}.json")) for p in ("fp32", "bf16"))
+    return table(["profile", "algo", "samples per update", "precision", "GPU learner samples/s", "ms per update",
+                  "CPU learner samples/s (1 thread)"], rows) + [
+        "", "bf16 over fp32, the two follow-up profiles: "
+            f"**{num(bf16['learner_sps_per_gpu'] / fp32['learner_sps_per_gpu'], 2)}x**."]
+
+
+def _gpu_scaling(d: dict) -> list[str]:
+    rows = [[p["actors"], f"**{num(p['steady']['consumed_sps'])}**", num(p["steady"]["produced_fps"]),
+             num(p["steady"]["to_t"] - p["steady"]["from_t"], 1),
+             ", ".join(f"{k} {kilo(v)}" for k, v in sorted(p["dropped_samples"].items())) or "none",
+             f"{num(p['policy_lag']['mean'], 1)} / {num(p['policy_lag']['max'])}"] for p in d["points"]]
+    return table(["actors", "consumed samples/s", "produced frames/s", "steady window s", "dropped (whole run)",
+                  "lag mean / max"], rows)
+
+
+def _gpu_vs_sb3(tj: dict, sb3: dict) -> list[str]:
+    r, t = tj["run"], tj["run"]["resolved"]["topology"]
+    rows = [[f"TianJi, `topology: auto` ({t['groups']} group: {t['actors']} actors, {t['buffers']} buffer, "
+             f"{t['learners']} GPU learner)", num(r["env_frames"]), num(r["max_seconds"], 1),
+             f"**{num(r['env_frames'] / r['max_seconds'])}**", num(r["mean_return"], 2)],
+            [f"SB3 PPO CnnPolicy, {sb3['settings']['n_envs']} {sb3['settings']['vec_env']} envs "
+             f"(startup {num(sb3['startup_seconds'], 1)} s not counted)", num(sb3["env_frames"]),
+             num(sb3["seconds"], 1), f"**{num(sb3['frames_per_second'])}**", num(sb3["mean_return"], 2)]]
+    return table(["system", "frames", "seconds", "frames/s", "mean return (last 100 episodes)"], rows) + [
+        "", f"TianJi over SB3, frames/s: **{num(r['env_frames'] / r['max_seconds'] / sb3['frames_per_second'], 2)}x**. "
+            f"{num(sb3['seconds'])} s is far too short for Pong to learn: both returns are those of an untrained "
+            "policy and compare nothing."]
+
+
+def _gpu_ab(d: dict) -> list[str]:
+    rows = []
+    for arm, a in d.items():
+        if not isinstance(a, dict) or "overrides" not in a:
+            continue
+        o = dict(s.split("=", 1) for s in a["overrides"])
+        rows.append([arm, o["spec.topology.buffers"], o["spec.resources.learner.threads"],
+                     f"**{num(a['steady_consumed_sps'])}**", num(a["steady_produced_fps"]),
+                     num(a["steady_window_s"], 1),
+                     ", ".join(f"{k} {kilo(v)}" for k, v in sorted(a["dropped_by_reason"].items())),
+                     f"{num(a['lag']['mean'], 1)} / {num(a['lag']['max'])}"])
+    return table(["arm", "buffers", "learner threads", "consumed samples/s", "produced frames/s", "steady window s",
+                  "dropped", "lag mean / max"], rows)
+
+
+def _learner_host(d: dict, scaling: dict) -> list[str]:
+    ms = {k: v["median_ms"] for part in ("buffer", "learner_outside_update", "learner_inside_update")
+          for k, v in d[part].items() if isinstance(v, dict)}
+    tot, g = d["totals_ms"], d["gpu"]
+    verdict = (f"above the update: the host work is the bound, most of it {d['biggest_outside_update']}"
+               if d["host_bound"] else "below the update: not the bound")
+    fed = [p for p in scaling["points"] if p["actors"] >= 4]
+    return provenance(d) + ["", f"Host work per batch of {num(d['batch'])} (median ms of {d['reps']}): learner, "
+                                f"outside the update, **{num(tot['learner_outside_update'], 1)}** (batch over ipc "
+                                f"and decode {num(ms['batch_send_receive_decode'], 1)}, validation "
+                                f"{num(ms['validate_batch'], 1)}, publishing the parameters "
+                                f"{num(ms['publish_params'], 1)}), {verdict} ({num(g['update_ms'], 1)} ms on the "
+                                f"{g['device']}); even run serially with the update, one learner takes "
+                                f"{num(d['learner_bound_sps'])} samples/s. Inside the update (in the GPU figure "
+                                f"already): staging {num(ms['stage_pack'], 1)}, GAE on the CPU "
+                                f"{num(ms['gae_cpu'], 1)}. Buffer: {num(tot['buffer'], 1)} (two fragments decoded, "
+                                f"validated and rebuilt {num(ms['fragments_decode_validate'], 1)}, assembled "
+                                f"{num(ms['assemble_batch'], 1)}): {num(d['buffer_bound_sps'])} samples/s.",
+                            "", f"What the learner consumes follows what reaches it: production stays at "
+                                f"{span([p['steady']['produced_fps'] for p in fed])} frames/s from "
+                                f"{fed[0]['actors']} to {fed[-1]['actors']} actors, and the consumed rate is that "
+                                "less what is dropped as stale (lag over maxPolicyLag) or over its sender's share."]
+
+
+def render_gpu(files: list[dict]) -> list[str]:
+    ppo, dqn, fp32, bf16, scaling, planned, sb3, ab, host = files
+    plan = host["plan"]
+    at8 = next(p for p in scaling["points"] if p["actors"] == 8)["steady"]["consumed_sps"]
+    ab_best = max(a["steady_consumed_sps"] for a in ab.values() if isinstance(a, dict) and "overrides" in a)
+    return device_provenance([ppo, dqn, fp32, bf16, scaling, planned, sb3, ab]) + [
+        "", "**The learner on the GPU** (`tianji profile`: the real update, wall clock, synchronised):", ""
+    ] + _gpu_learner([ppo, dqn, fp32, bf16]) + [
+        "", f"**Actor scaling**: Pong PPO, one GPU learner (1 core, 1 thread), one buffer, "
+            f"{num(scaling['points'][0]['max_seconds'])} s per point; the mean of the per-second rates from "
+            f"{num(scaling['warmup_seconds_after_first_update'])} s after the first update to the end:", ""
+    ] + _gpu_scaling(scaling) + [
+        "", "**TianJi at the plan against Stable-Baselines3**, same GPU, same seconds:", ""
+    ] + _gpu_vs_sb3(planned, sb3) + [
+        "", f"**The planner against the measurement**: `{plan['command']}` predicts {plan['groups']} group x "
+            f"({plan['actors']} actors, {plan['buffers']} buffer, {plan['learners']} GPU learner), "
+            f"**{num(plan['consumed_sps'])}** samples/s consumed, {plan['bottleneck']} (comm "
+            f"{num(plan['comm_seconds'], 3)} s per update against train {num(plan['train_seconds'], 3)} s; "
+            f"its per-message cost is {'the built-in' if plan['cpu_assumed'] else 'a measured'} "
+            f"{num(1e3 * plan['message_seconds'], 1)} ms, the GPU machine's profile measured "
+            f"{num(1e3 * ppo['message_seconds'], 1)} ms); measured at 8 actors: **{num(at8)}** (scaling), "
+            f"**{num(ab_best)}** (A/B). Planned {host['date']}, from the code of that date.",
+        "", "**A/B: buffers and learner threads**, 8 actors:", ""
+    ] + _gpu_ab(ab) + ["", "**The learner's host work per batch**, timed on a development machine's CPU "
+                           "(not the GPU machine's):", ""] + _learner_host(host, scaling)
+
+
 def _r(name: str) -> str:
     """A result kept in docs/results/, as the path recorded beside what it renders."""
     return f"docs/results/{name}"
+
+
+def _d(name: str) -> str:
+    """A result of a GPU machine's run, kept in docs/device/."""
+    return f"docs/device/{name}"
 
 
 def _v(name: str) -> str:
@@ -406,6 +526,9 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "planner-time-to-target": (render_time_to_target, [_v("planner-time-to-target")]),
     "profiles": (render_profiles, ["bench/profiles/cartpole-dqn-2core.json", "bench/profiles/cartpole-ppo-2core.json",
                                    _v("profile-ppo"), _v("profile-dqn-rr4"), _v("profile-ppo-ttt")]),
+    "gpu": (render_gpu, [_d("profile-pong-ppo.json"), _d("profile-pong-dqn.json"), _d("profile-pong-ppo-fp32.json"),
+                         _d("profile-pong-ppo-bf16.json"), _d("scaling-pong-ppo.json"), _d("pong-ppo-planned.json"),
+                         _d("pong-sb3.json"), _d("ab-buffers-threads.json"), _r("learner-host.json")]),
 }
 
 
