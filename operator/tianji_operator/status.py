@@ -1,7 +1,8 @@
 """TianJiJob `.status`: phase, conditions, replicas per group — pure functions.
 
     phase               Pending | Running | Suspended | Succeeded | Failed
-    conditions[]        type (Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed),
+    conditions[]        type (Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed,
+                        TargetReached: timers/outcome.py),
                         status, reason, message, lastTransitionTime (changes only when status flips),
                         observedGeneration
     observedGeneration  the metadata.generation the operator last reconciled
@@ -18,6 +19,7 @@
     model[]             each learner's newest checkpoint (after the end: the one written as it stopped)
     activeSince         creation or last resume (runPolicy.activeDeadlineSeconds counts from it)
     startTime, completionTime
+    endReason           how the job ended: TargetReached, FrameBudget, TimeBudget, or its Failed reason
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-CONDITION_TYPES = ("Planned", "Durable", "Ready", "Progressing", "Rescaled", "Suspended", "Succeeded", "Failed")
+CONDITION_TYPES = ("Planned", "Durable", "Ready", "Progressing", "Rescaled", "Suspended", "Succeeded", "Failed",
+                   "TargetReached")
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 SUSPENDED = "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)

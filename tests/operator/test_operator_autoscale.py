@@ -328,7 +328,27 @@ async def test_reaching_the_mean_return_target_ends_the_job_with_the_accountings
     done = next(c for c in s["conditions"] if c["type"] == "Succeeded")
     assert done["status"] == "True" and done["reason"] == "StopConditionReached"
     assert "mean return 480" in done["message"]
+    met = next(c for c in s["conditions"] if c["type"] == "TargetReached")
+    assert (met["status"], met["reason"], s["endReason"]) == ("True", "TargetReached", "TargetReached")
     await eventually(lambda: _replicas(kube) == 0, what="actors scaled to 0 (cleanPodPolicy Running)")
+
+
+async def test_a_frame_budget_spent_below_the_target_says_so(env):
+    """Succeeded (the spec's budget ended it) but TargetReached False, and `kubectl get tjj`'s
+    Ended by column reads FrameBudget: a budget end is never taken for the target."""
+    kube, prom, clock, op = env
+    async with FakePodMetrics(list(IPS.values())) as pods:
+        _serve(pods, 1, 1000, 1000, 1000, episodes=[100.0] * 120, version=3)
+        await job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475, "envFrames": 4000}})
+        await _all_counted(kube, clock)
+        _serve(pods, 2, 5000, 5000, 5000, episodes=[100.0] * 150, version=9)
+        clock.advance(10)
+        await eventually(lambda: _status(kube).get("phase") == "Succeeded", what="phase Succeeded")
+    s = _status(kube)
+    met = next(c for c in s["conditions"] if c["type"] == "TargetReached")
+    assert (met["status"], met["reason"], s["endReason"]) == ("False", "FrameBudget", "FrameBudget")
+    assert "5000 env frames >= stop.envFrames 4000" in met["message"]
+    assert "mean return 100, below stop.meanReturn 475" in met["message"]
 
 
 async def test_autoscaling_from_reports_without_prometheus(env):

@@ -54,8 +54,8 @@ def test_names_scope_and_subresources():
         "plan", "accounting", "autoscale"}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert names == ["Phase", "Actors", "Frames", "Frames/s", "Episodes", "Mean return", "Policy version", "Start",
-                     "End", "Age", "Groups", "Learners", "Episode length", "Policy lag", "Eval return", "Restarts",
-                     "Reason"]
+                     "End", "Ended by", "Age", "Groups", "Learners", "Episode length", "Policy lag", "Eval return",
+                     "Restarts", "Reason"]
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
     # kubectl get tjj -o wide
     assert wide == ["Groups", "Learners", "Episode length", "Policy lag", "Eval return", "Restarts", "Reason"]

@@ -168,11 +168,13 @@ async def clean_up(op: Operator, ns: Optional[str], name: str, resolved: TianJiJ
 
 
 async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict], acc: Accounting,
-                  phase: str, reason: str, message: str, now: float, extra: Optional[dict] = None) -> None:
+                  phase: str, reason: str, message: str, now: float, extra: Optional[dict] = None,
+                  conditions: tuple[dict, ...] = ()) -> None:
     """Record the end (status first, from a fresh read: if another tick ended the job
     already, nothing changes), then clean up. The pods' final reports arrive afterwards
     (termination messages) and are counted by the monitor and the pod event handler.
-    `extra`: status fields written with the end (the restart counts its message names)."""
+    `extra`: status fields written with the end (the restart counts its message names; an
+    endReason, else `reason` is it); `conditions`: more conditions set with the end."""
     ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     policy = run_policy_of(body, resolved).clean_pod_policy
     ended = phase == st.SUCCEEDED
@@ -182,7 +184,7 @@ async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict],
              st.condition("Ready", False, reason, message, now=now, generation=gen),
              st.condition("Succeeded", ended, reason if ended else "JobFailed", message, now=now, generation=gen),
              st.condition("Failed", not ended, "JobSucceeded" if ended else reason, message, now=now,
-                          generation=gen)]
+                          generation=gen), *conditions]
     won = False
 
     def compute(fresh: dict) -> Optional[dict]:
@@ -192,7 +194,7 @@ async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict],
             won = False
             return None
         won = True
-        return {**(extra or {}), "phase": phase, "completionTime": st.iso(now),
+        return {"endReason": reason, **(extra or {}), "phase": phase, "completionTime": st.iso(now),
                 "conditions": st.set_conditions(cur.get("conditions"), *conds), **counted_fields(acc, cur, now)}
 
     await update_status(op, ns, name, compute)

@@ -31,6 +31,7 @@ from ..context import Operator, actor_sets, adopt, current_spec, manifest_of, re
 from ..kube import ApiError
 from .counting import count_reports, counted_fields, elapsed_since_start, final_counted_fields, learners_behind
 from .nodelost import release as release_lost_pods
+from .outcome import target_outcome
 from .restarts import Ledger, expected_pods
 
 
@@ -172,8 +173,11 @@ async def _decide_end(op: Operator, body: Any, resolved: Any, pods: list[dict], 
             behind = [] if why == "seconds" else learners_behind(acc, live, topo, trained=why == "target")
             reason = rule.message(why, acc, elapsed)
             if not behind:
+                end, met, how = target_outcome(why, rule, acc, elapsed)
                 await finish(op, body, resolved, pods, acc, st.SUCCEEDED, "StopConditionReached", reason, now,
-                             extra=ledger.fields())
+                             extra={**ledger.fields(), "endReason": end},
+                             conditions=(st.condition("TargetReached", met, end, how[:1000], now=now,
+                                                      generation=body["metadata"].get("generation")),))
                 return True, ""
             waiting = f"{reason}, but {'; '.join(behind)}"
     failed = [p for p in _role_pods(pods, "learner", "buffer") if st.pod_phase(p) == "Failed" and not _deleting(p)]

@@ -59,6 +59,8 @@ PRINTER_COLUMNS = [
     {"name": "Start", "type": "date", "jsonPath": ".status.startTime",
      "description": "when every learner and buffer first ran"},
     {"name": "End", "type": "date", "jsonPath": ".status.completionTime"},
+    {"name": "Ended by", "type": "string", "jsonPath": ".status.endReason",
+     "description": "TargetReached, FrameBudget, TimeBudget, or the reason the job failed"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     # -o wide
     {"name": "Groups", "type": "integer", "jsonPath": ".status.plan.groups", "priority": 1},
@@ -284,7 +286,8 @@ def status_schema() -> dict:
         "required": ["type", "status"],
         "properties": {
             "type": {"type": "string",
-                     "description": "Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded or Failed"},
+                     "description": "Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed "
+                                    "or TargetReached"},
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string"},
             "message": {"type": "string"},
@@ -354,6 +357,9 @@ def status_schema() -> dict:
                             "description": "creation or last resume: runPolicy.activeDeadlineSeconds counts from here"},
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
+            "endReason": {"type": "string", "description": "how the job ended: TargetReached (stop.meanReturn met), "
+                          "FrameBudget or TimeBudget (stop.envFrames or stop.seconds spent first; condition "
+                          "TargetReached False says by how much), or the reason it failed"},
         },
     }
 
