@@ -1,6 +1,6 @@
 """Hostile messages for a live cartpole-ppo run (examples/cartpole-ppo.yaml): well-formed ones that
 break the job's rules, one per class, each with the reason the receiver must count, and a fuzzer
-that mutates valid messages. Used by tests/test_hostile.py."""
+that mutates valid messages. Used by tests/engine/test_hostile.py."""
 from __future__ import annotations
 
 import math
@@ -11,6 +11,7 @@ import numpy as np
 import zmq
 
 from helpers import as_job_client, ipc
+from tianji.runtime.replayguard import now_us
 from tianji.runtime.wire import encode
 
 JOB = "cartpole-ppo"
@@ -40,12 +41,20 @@ def header(kind: str, **over) -> dict:
     return h
 
 
+def fresh_seq() -> int:
+    """A sequence number ahead of every real one (a day): a receiver refuses a replay before it
+    validates, so a hostile message must look new to reach the check it is meant to fail. (None of
+    these is ever accepted, so none moves its sender's numbering.)"""
+    return now_us() + 86_400 * 10 ** 6
+
+
 def frag_msg(arrays=None, pv: int = 0, sender: str = "actor-0-0", meta=None) -> list:
-    return encode("fragment", JOB, sender, 0, pv, fragment() if arrays is None else arrays, meta or {"frames": T * N})
+    return encode("fragment", JOB, sender, fresh_seq(), pv, fragment() if arrays is None else arrays,
+                  meta or {"frames": T * N})
 
 
 def batch_msg(arrays=None, sender: str = "buffer-0-0", meta=None) -> list:
-    return encode("batch", JOB, sender, 0, 0, batch() if arrays is None else arrays,
+    return encode("batch", JOB, sender, fresh_seq(), 0, batch() if arrays is None else arrays,
                   {"buffer": 0} if meta is None else meta)
 
 

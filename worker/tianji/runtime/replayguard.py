@@ -41,6 +41,13 @@ class SeqGuard:
         self.last: dict[str, int] = {}
         self._horizon = 0  # now + MAX_AHEAD_S when last read: the clock is read only past it
 
+    def check(self, sender: str, seq: int) -> None:
+        """Raises WireError("replay") if `seq` is not new from `sender`, remembering nothing: a
+        receiver refuses a replay before it spends time validating it."""
+        last = self.last.get(sender)
+        if last is not None and seq <= last:
+            raise WireError("replay", f"{sender}: seq {seq} <= {last} already accepted")
+
     def accept(self, sender: str, seq: int, exclusive: bool = False) -> None:
         """Raises WireError("replay") unless `seq` is new from `sender`; then remembers it.
         `exclusive`: the sender's key is its own (no bound ahead: see the module's docstring)."""

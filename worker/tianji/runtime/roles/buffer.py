@@ -80,9 +80,7 @@ class Buffer(Role):
                                      max_msg=1 << 20)
         learner = learner_for_buffer(self.index, s.topology.learners)
         self.learner_name = f"learner-{self.group}-{learner}"
-        # fragments come from the actors of this group that feed this buffer, each under its own name
-        self.actors = {f"actor-{self.group}-{a}" for a in range(s.topology.actors)
-                       if buffer_for_actor(a, s.topology.buffers) == self.index}
+        self.actor_prefix = f"actor-{self.group}-"  # fragments come from the actors that feed this buffer
         self.version_high = 0  # the highest version the owning learner has announced (trusted)
         self.slack = version_slack(s)
         self.out = self.socket(zmq.PUSH, self.addrs.connect("batches", self.group, learner), bind=False,
@@ -142,8 +140,9 @@ class Buffer(Role):
     # ---------------------------------------------------------------- inputs
     def _take_fragment(self, msg: Message) -> None:
         """Raises WireError for anything not this job's (counted by Role.handle)."""
-        if msg.sender not in self.actors:  # (authenticated: roles/base.py)
+        if not self._feeds_me(msg.sender):  # (authenticated: roles/base.py)
             raise WireError("sender", f"fragment from {msg.sender!r}, not an actor of {self.sender}")
+        self.seqs.check(msg.sender, msg.seq)  # a replay costs no validation (a flood's are many)
         check_policy_version(msg.policy_version, self.version_high, self.slack)
         frag = check_fragment(msg, self.spec, self.info)  # rebuilds stacked frames (framestack.py)
         self.accept(msg)  # not a replay
@@ -174,6 +173,13 @@ class Buffer(Role):
             counted = n if self.limiter.sampling else 0  # the limiter counts from the learning start
         self.inserted += counted
         self.metrics.inc("samples_inserted_total", counted)
+
+    def _feeds_me(self, sender: str) -> bool:
+        """An actor of this group whose index maps to this buffer (addressing.buffer_for_actor); any
+        index, as the autoscaler adds actors beyond spec.topology.actors."""
+        index = sender[len(self.actor_prefix):] if sender.startswith(self.actor_prefix) else ""
+        return index.isdigit() and len(index) < 8 and index == str(int(index)) \
+            and buffer_for_actor(int(index), self.spec.topology.buffers) == self.index
 
     def _drop(self, n: int, reason: str) -> None:
         if n:
