@@ -1,6 +1,7 @@
 """Where an Atari actor's CPU goes, per agent step. Prints one JSON object.
 
     python -m bench.actor_profile [--job examples/pong-dqn.yaml] [--num-envs 8,16,32] [--steps 200] [--set K=V]
+                                  [--inference torch,onnx]
 
 Per num_envs, CPU µs (time.process_time: every thread of this process, ALE's included) per
 agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE thread):
@@ -9,10 +10,13 @@ agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE th
              float32 / bfloat16 forward alone (`forward_fp32`, `forward_bf16`);
   writes     the fragment writes of one step (obs copy + the small arrays);
   loop       whole fragments; `other` = loop - env_step - policy - writes.
-Also the Nature CNN's FLOPs per frame, the GFLOP/s its float32 forward reaches and this
-core's float32 / bfloat16 matmul GFLOP/s (1024^3), i.e. the physical bound on inference,
-and `ratio_bound_fp32` = env_step / (env_step + FLOPs / fp32 matmul peak): the best
-actor/env ratio float32 inference allows on this CPU.
+Per num_envs, once per `--inference` runtime (spec.actor.inference; default torch, and onnx where
+ONNX Runtime is installed), in turn: `points` are the first runtime's, `by_inference` all of them
+(`policy_us` and `forward_runtime_us` are the runtime's own) and `ratio_by_inference` their
+actor/bare-env ratios side by side. Also the Nature CNN's FLOPs per frame, the GFLOP/s its
+float32 forward reaches and this core's float32 / bfloat16 matmul GFLOP/s (1024^3), i.e. the
+physical bound on inference, and `ratio_bound_fp32` = env_step / (env_step + FLOPs / fp32 matmul
+peak): the best actor/env ratio float32 inference allows on this CPU.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def matmul_gflops(dtype, n: int = 1024, reps: int = 20) -> float:
     return 2 * n ** 3 * reps / (time.process_time() - t0) / 1e9
 
 
-def profile(job_path: str, sets: list, n: int, steps: int) -> dict:
+def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "torch") -> dict:
     import numpy as np
     import torch
 
@@ -53,7 +57,7 @@ def profile(job_path: str, sets: list, n: int, steps: int) -> dict:
     from tianji.runtime.profiling.profiler import ActorLoop
 
     cpu = time.process_time
-    loop = ActorLoop(load_job(job_path, [*sets, f"spec.env.numEnvs={n}"]))
+    loop = ActorLoop(load_job(job_path, [*sets, f"spec.env.numEnvs={n}", f"spec.actor.inference={inference}"]))
     try:
         loop.fragment()  # warm-up
         rng = np.random.default_rng(0)
@@ -69,7 +73,8 @@ def profile(job_path: str, sets: list, n: int, steps: int) -> dict:
         act_us = per(t0, steps)
         x = torch.from_numpy(obs)
         fwd = {}
-        for name, m in (("fp32", loop.model), ("bf16", Bf16Policy(loop.model))):
+        forward = loop.policy.logits if loop.algo == "ppo" else loop.policy
+        for name, m in (("fp32", loop.model), ("bf16", Bf16Policy(loop.model)), ("runtime", forward)):
             with torch.inference_mode():
                 m(x)
                 t0 = cpu()
@@ -93,7 +98,8 @@ def profile(job_path: str, sets: list, n: int, steps: int) -> dict:
         for _ in range(frags):
             loop.fragment()
         loop_us = per(t0, frags * loop.T)
-        return {"num_envs": n, "env_step_us": round(env_us, 1), "policy_us": round(act_us, 1),
+        return {"num_envs": n, "inference": loop.runtime.name, "env_step_us": round(env_us, 1),
+                "policy_us": round(act_us, 1), "forward_runtime_us": round(fwd["runtime"], 1),
                 "forward_fp32_us": round(fwd["fp32"], 1), "forward_bf16_us": round(fwd["bf16"], 1),
                 "writes_us": round(wr_us, 1), "loop_us": round(loop_us, 1),
                 "other_us": round(loop_us - env_us - act_us - wr_us, 1),
@@ -104,25 +110,43 @@ def profile(job_path: str, sets: list, n: int, steps: int) -> dict:
         loop.close()
 
 
+def _onnxruntime() -> bool:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--job", default=str(ROOT / "examples" / "pong-dqn.yaml"))
     ap.add_argument("--num-envs", default="8,16,32")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--inference", help="runtimes to compare, in turn per num_envs (default: torch, and onnx "
+                                        "where onnxruntime is installed)")
     ap.add_argument("--out", help="also write the JSON here (docs/results/actor-profile.json: bench.render_docs "
                                   "renders it)")
     a = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)  # as in an actor
-    rows = [profile(a.job, a.set, int(n), a.steps) for n in a.num_envs.split(",")]
+    modes = a.inference.split(",") if a.inference else ["torch", *(["onnx"] if _onnxruntime() else [])]
+    by = {m: [] for m in modes}
+    for n in a.num_envs.split(","):
+        for m in modes:
+            by[m].append(profile(a.job, a.set, int(n), a.steps, m))
+    rows = by[modes[0]]
     flops = nature_cnn_flops()
     peak32, peak16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
     env_us = rows[0]["env_step_us"]
     bound_us = flops / peak32 / 1e3
     out = {"bench": "actor_profile", **stamp("actor_profile", argv),
-           "job": os.path.relpath(a.job, ROOT), "sets": a.set, "points": rows,
+           "job": os.path.relpath(a.job, ROOT), "sets": a.set, "points": rows, "by_inference": by,
+           "ratio_by_inference": {m: {str(p["num_envs"]): p["ratio_per_cpu_second"] for p in ps}
+                                  for m, ps in by.items()},
            "nature_cnn_mflop_per_frame": round(flops / 1e6, 2),
            "matmul_gflops_fp32": round(peak32, 1), "matmul_gflops_bf16": round(peak16, 1),
            "inference_bound_fp32_us": round(bound_us, 1),

@@ -1,15 +1,18 @@
 """An Atari actor's inference in torch against ONNX Runtime on the CPU (issue #28: "consider a
 faster inference runtime only if it wins in the bench"). Prints one JSON object.
 
-    pip install -e .[bench]      # onnxruntime and onnx: benchmark-only, not TianJi dependencies
+    pip install -e .[onnx]       # onnxruntime and onnx (also in the bench extra): spec.actor.inference
     python -m bench.actor_runtime [--batches 8,16,32] [--reps 5] [--out docs/results/actor-runtime.json]
 
 The policy is the PPO actor's: Nature CNN and the policy head (`ActorCritic.logits`) on uint8
 [B, 4, 84, 84] frames, one thread in both runtimes (as an actor). Per batch size: CPU µs per
 frame of each (best of `--reps` rounds, the two interleaved), their ratio, and the largest
 |Δ logit| between them (float32 both: the same function to rounding). `rebuild_ms`: what a new
-policy version would cost ONNX Runtime (a session built again with the new weights as
-initializers); `ratio_if_onnxruntime`: the actor/bare-env ratio docs/results/actor-profile.json's
+policy version costs an actor's ONNX Runtime (runtime/onnxpolicy.build, which actors run off their
+env loop: the model's initializers rewritten with the new weights, a session built; wall and CPU
+ms). SessionOptions.add_initializer is not a way to swap weights: ORT folds and pre-packs weights
+from the model's own initializers, and a Pong session built with it gave logits off by 2.2;
+`ratio_if_onnxruntime`: the actor/bare-env ratio docs/results/actor-profile.json's
 loop would reach with the faster forward (env step and the rest unchanged).
 """
 from __future__ import annotations
@@ -43,18 +46,12 @@ def policy(job):
     return Logits().eval()
 
 
-def session(onnx_bytes: bytes, weights: dict | None = None):
+def session(onnx_bytes: bytes):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    # add_initializer keeps a pointer, not a reference: the OrtValues must outlive the session
-    values = {name: ort.OrtValue.ortvalue_from_numpy(arr) for name, arr in (weights or {}).items()}
-    for name, v in values.items():
-        so.add_initializer(name, v)
-    sess = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
-    sess.tianji_weights = values
-    return sess
+    return ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
 
 
 def cpu_us_per_frame(fn, batch: int, n: int = 40) -> float:
@@ -89,7 +86,7 @@ def main() -> None:
     ap.add_argument("--out", help="also write the JSON here (docs/results/actor-runtime.json)")
     a = ap.parse_args()
     try:
-        import onnx
+        import onnx  # noqa: F401
         import onnxruntime
     except ImportError:
         print(json.dumps({"bench": "actor_runtime", "unavailable": "pip install -e .[bench] (onnxruntime, onnx)"}))
@@ -107,13 +104,17 @@ def main() -> None:
     graph = buf.getvalue()
     sess = session(graph)
     points = [measure(model, sess, int(b), a.reps) for b in a.batches.split(",")]
-    weights = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load_from_string(graph).graph.initializer}
-    t = time.perf_counter()
-    for _ in range(10):
-        session(graph, weights)
+    from tianji.runtime.onnxpolicy import build, export, snapshot
+
+    exported = export(model.m, "logits", torch.zeros(8, 4, 84, 84, dtype=torch.uint8).numpy())
+    weights = snapshot(model.m, exported)
+    t, c = time.perf_counter(), time.process_time()
+    for v in range(10):
+        build(exported, weights, v)
     out = {"bench": "actor_runtime", **stamp("actor_runtime"), "job": str(Path(a.job).name),
            "onnxruntime": onnxruntime.__version__, "torch": torch.__version__, "points": points,
-           "rebuild_ms": round((time.perf_counter() - t) / 10 * 1e3, 1)}
+           "rebuild_ms": round((time.perf_counter() - t) / 10 * 1e3, 1),
+           "rebuild_cpu_ms": round((time.process_time() - c) / 10 * 1e3, 1)}
     profile = RESULTS / "actor-profile.json"
     if profile.is_file():  # the measured actor loop with the forward swapped for ONNX Runtime's
         loops = {p["num_envs"]: p for p in json.loads(profile.read_text())["points"]}

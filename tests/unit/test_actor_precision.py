@@ -13,7 +13,7 @@ from tianji.runtime.rollout import Rollout
 pytest.importorskip("ale_py.vector_env")
 torch.set_num_threads(1)
 
-SMALL = ["spec.env.numEnvs=4", "spec.env.fragmentLength=8"]
+SMALL = ["spec.env.numEnvs=4", "spec.env.fragmentLength=8", "spec.actor.inference=torch"]  # precision in torch
 
 
 def _rollout(precision: str) -> Rollout:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tianji.control.spec import parse_job
-from tianji.runtime.pacing import MAX_HEADROOM, MIN_HEADROOM, HeadroomController, startup_frames
+from tianji.runtime.pacing import MAX_HEADROOM, MIN_HEADROOM, HeadroomController, lag_target, startup_frames
 from tianji.runtime.validate import check_feedback, check_frames, check_headroom
 from tianji.runtime.wire import WireError
 
@@ -48,12 +48,66 @@ def test_startup_budget_is_what_the_learner_can_use_when_it_starts():
                      "spec": {"algorithm": {"name": "ppo", "batchSize": 256},
                               "env": {"numEnvs": 4, "fragmentLength": 32},
                               "staleness": {"maxPolicyLag": 3, "creditWindow": 1}}}).spec
-    assert startup_frames(ppo, 2) == (3 + 1 + 1) * 256 // 2
+    assert startup_frames(ppo, 2) == (1 + 1) * 256 // 2  # consumed at lag 0 and 1 (creditWindow 1)
     dqn = parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
                      "spec": {"algorithm": {"name": "dqn", "learningStarts": 1000, "batchSize": 64,
                                             "stepsPerBatch": 16}, "env": {"numEnvs": 4, "fragmentLength": 16},
                               "staleness": {"replayRatio": 8}}}).spec
     assert startup_frames(dqn, 2) == int((1000 + (1024 + 64 * 8) / 8) // 2)
+
+
+def _queue(capacity: float, periods: int, lag_target_: float = None, h0: float = 1.2, max_lag: int = 4,
+           busy: float = 0.8):
+    """An on-policy learner whose updates run at `capacity` samples per busy second (what it
+    advertises) but that is busy `busy` of the time (receiving, publishing: not idle, not
+    training), one version a period: production beyond what it takes queues (FIFO) and is consumed
+    later, at one more version of lag per period queued; what reaches max_lag is dropped. Returns
+    (mean consumed lag, drop fraction, idle fraction) over the last half of the run."""
+    c = HeadroomController(h0, lag_target=lag_target_)
+    queue = 0.0  # samples waiting beyond the batch in flight
+    lags, drops, received, idle = [], 0.0, 0.0, 0.0
+    for t in range(periods):
+        produced = capacity * c.headroom
+        queue += produced
+        take = min(busy * capacity, queue)
+        lag = 1 + (queue - take) / (busy * capacity)  # overlap's one version, plus the periods of queue
+        queue -= take
+        dropped = max(0.0, queue - (max_lag - 1) * busy * capacity)
+        queue -= dropped
+        u = 1 - take / (busy * capacity)
+        if t >= periods // 2:
+            lags.append(lag)
+            drops, received, idle = drops + dropped, received + produced, idle + u
+        c.update(int(produced), int(dropped), u, lag=lag if take else None)
+    return sum(lags) / len(lags), drops / received, idle / (periods - periods // 2)
+
+
+def test_the_lag_rule_keeps_the_queue_at_what_the_next_update_takes():
+    lag, d, idle = _queue(4096.0, 400, lag_target_=1.0, h0=3.0)  # from heavy overproduction
+    assert lag < 1.0 + 0.25 + 0.1 and d < 0.01 and idle < 0.2
+
+
+def test_a_standing_queue_slows_production_before_anything_is_dropped():
+    """Consumed at lag 2 where overlapping makes 1, nothing dropped, the learner never idle: drops alone
+    see nothing wrong; the lag rule slows down, harder the deeper the queue, and not at the target."""
+    drops_only, with_lag = HeadroomController(1.2), HeadroomController(1.2, lag_target=1.0)
+    assert drops_only.update(4096, 0, 0.0, lag=2.0) == 1.2
+    assert with_lag.update(4096, 0, 0.0, lag=2.0) == pytest.approx(1.2 * 0.5)
+    assert HeadroomController(1.2, lag_target=1.0).update(4096, 0, 0.0, lag=1.5) == pytest.approx(1.2 * 0.75)
+    assert HeadroomController(1.2, lag_target=1.0).update(4096, 0, 0.0, lag=1.2) == 1.2  # within the slack
+    assert HeadroomController(1.2, lag_target=1.0).update(4096, 0, 0.5, lag=None) > 1.2  # idle, nothing consumed
+
+
+def test_lag_target_is_what_overlapping_makes():
+    def spec(**st):
+        return parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
+                          "spec": {"algorithm": {"name": "ppo", "batchSize": 256},
+                                   "env": {"numEnvs": 4, "fragmentLength": 32}, "staleness": st}}).spec
+    assert lag_target(spec()) == 1.0
+    assert lag_target(spec(creditWindow=2, publishEvery=2)) == 4.0
+    dqn = parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
+                     "spec": {"algorithm": {"name": "dqn"}}}).spec
+    assert lag_target(dqn) is None
 
 
 @pytest.mark.parametrize("meta", [
@@ -98,3 +152,42 @@ def test_the_credit_window_defaults_to_one_batch_for_ppo_and_two_for_dqn():
     assert spec("ppo", creditWindow=3).credit_window == 3 and spec("dqn", creditWindow=1).credit_window == 1
     # what the actors may produce before the learner's first update follows it
     assert startup_frames(spec("ppo", creditWindow=3), 1) - startup_frames(spec("ppo"), 1) == 2 * 256
+
+
+def test_the_version_quota_sends_one_share_per_version_and_reopens_when_the_next_is_late():
+    from tianji.runtime.pacing import VersionQuota
+
+    q = VersionQuota(share=4)
+    assert q.open(0.0, 8.0)  # no version held yet: the start-up budget governs, not the quota
+    q.new_version(now=10.0)
+    for _ in range(4):
+        assert q.open(10.5, 8.0)
+        q.add()
+    assert not q.open(11.0, 8.0)  # this version's share is out: more would be consumed a version late
+    assert not q.open(17.9, 8.0)
+    q.new_version(now=12.0)  # the next version: a new share
+    assert q.open(12.1, 8.0)
+    q.add(4)
+    assert not q.open(19.9, 8.0)
+    # Late (a lost share, a dead peer): one fragment at once, then one per release_s / share = 2 s.
+    assert q.open(20.0, 8.0) and q.released == 1
+    q.add()
+    assert not q.open(21.9, 8.0) and q.open(22.0, 8.0) and q.released == 2
+    q.add()
+    assert not q.open(23.9, 8.0)
+    q.new_version(now=24.0)  # the version came: back to one share
+    assert q.open(24.0, 8.0)
+
+
+def test_quota_share_and_release_follow_the_spec_and_the_learners_advert():
+    from tianji.runtime.pacing import RELEASE_MIN_S, quota_share, release_after
+
+    def spec(**st):
+        return parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
+                          "spec": {"algorithm": {"name": "ppo", "batchSize": 4096, "minibatchSize": 64},
+                                   "env": {"numEnvs": 8, "fragmentLength": 32}, "staleness": st}}).spec
+    assert quota_share(spec(), 2) == 8  # 16 fragments a batch, two actors
+    assert quota_share(spec(), 3) == 6  # rounded up: the batch completes without a release
+    assert quota_share(spec(publishEvery=2), 2) == 16
+    assert release_after(4096, 2048.0) == 4.0  # twice the 2 s update the advert implies
+    assert release_after(4096, 1e9) == RELEASE_MIN_S and release_after(4096, 0.0) == RELEASE_MIN_S

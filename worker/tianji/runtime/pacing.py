@@ -9,55 +9,139 @@ driven by what the learner observes over each control period:
 
     drop fraction d = samples dropped / samples received by its buffers
                       (stale, overflow, replay-ratio refusals, and its own stale drops)
+    excess lag    e = mean policy lag of what it consumed - the lag overlapping alone makes
+                      (on-policy only: `lag_target`, below; 0 when nothing was consumed)
     idle fraction u = share of the period the learner had no batch to train on
 
     d > 0.8 target            h <- h * max(1 - 2d, 1 / 2)     (waste: slow down, harder the more)
+    else e > LAG_SLACK        h <- h * max(1 - e / 2, 1 / 2)  (a standing queue: slow down before it ages)
     else u > starved          h <- h * (1 + u / 2)            (the learner waits: speed up, harder the more)
     then h is clamped to [MIN_HEADROOM, MAX_HEADROOM]
 
 Aiming under the target keeps the steady-state drop fraction under it
-while the idle rule keeps the learner fed. Pure and socket-free (tested directly).
+while the idle rule keeps the learner fed. Drops alone are not enough for an
+on-policy learner: they only start once data is maxPolicyLag versions old, so a
+controller that waits for them settles with a queue that deep. On Acrobot with
+rl-zoo's settings (a version is 256 Adam steps) it settled at mean lag 1.76, the
+queue holding a second batch, where overlapping needs 1. The lag rule keeps the
+queue at what the next update takes. Pure and socket-free (tested directly).
 """
 from __future__ import annotations
+
+from typing import Optional
+
+from tianji.control.spec.lagbound import overlap_lag
 
 MIN_HEADROOM = 0.5
 MAX_HEADROOM = 4.0
 DROP_TARGET = 0.05  # the stale-drop fraction to stay under at steady state
 STARVED = 0.15  # idle share of a period above which the learner counts as starved
+LAG_SLACK = 0.25  # mean consumed lag tolerated above the overlap's own before production slows
+RELEASE_MIN_S = 2.0  # VersionQuota: the shortest wait for a late version before another share goes out
 
 
 class HeadroomController:
-    def __init__(self, headroom: float, target: float = DROP_TARGET, starved: float = STARVED):
+    def __init__(self, headroom: float, target: float = DROP_TARGET, starved: float = STARVED,
+                 lag_target: Optional[float] = None):
+        """`lag_target`: the mean policy lag overlapping makes by itself (lag_target(spec)); None: no lag rule."""
         if not 0 < target < 1:
             raise ValueError(f"target must be in (0, 1), got {target!r}")
         self.headroom = min(MAX_HEADROOM, max(MIN_HEADROOM, float(headroom)))
-        self.target, self.starved = target, starved
+        self.target, self.starved, self.lag_target = target, starved, lag_target
 
-    def update(self, received: int, dropped: int, idle_fraction: float) -> float:
-        """One control period's observations in, the new headroom out."""
+    def update(self, received: int, dropped: int, idle_fraction: float, lag: Optional[float] = None) -> float:
+        """One control period's observations in, the new headroom out. `lag`: the mean policy lag of
+        the samples consumed in the period (None: nothing consumed)."""
         d = dropped / received if received > 0 else 0.0
+        excess = lag - self.lag_target if lag is not None and self.lag_target is not None else 0.0
         if d > 0.8 * self.target:
             self.headroom *= max(1.0 - 2 * d, 0.5)
+        elif excess > LAG_SLACK:
+            self.headroom *= max(1.0 - excess / 2, 0.5)
         elif idle_fraction > self.starved:
             self.headroom *= 1.0 + min(idle_fraction, 1.0) / 2
         self.headroom = min(MAX_HEADROOM, max(MIN_HEADROOM, self.headroom))
         return self.headroom
 
 
+def lag_target(spec) -> Optional[float]:
+    """The mean lag the lag rule aims at: what overlapping alone makes (control/spec/lagbound.py)."""
+    lag = overlap_lag(spec)
+    return None if lag is None else float(lag)
+
+
 def startup_frames(spec, peers: int) -> int:
     """Frames an actor may produce before its learner has advertised a capacity (is training).
 
-    Production before the first update is only worth what the learner can still use once it
-    starts: PPO, the batches of the first maxPolicyLag + 1 versions plus those in flight
-    (creditWindow); DQN, the replay warm-up plus what the limiter lets in before the first
+    Production before the first update is only worth what the learner can use once it starts:
+    PPO, the batches it consumes at no more lag than overlapping makes (lag_target, within
+    maxPolicyLag): the first, and one per version of that lag; more would be consumed later
+    still, or dropped. DQN, the replay warm-up plus what the limiter lets in before the first
     sample (replayErrorBuffer / replayRatio). Shared among the `peers` actors of that learner;
-    anything beyond would be dropped (stale, overflow, ratio) while the learner starts up.
+    anything beyond would be dropped (stale, overflow, ratio) or trained on late while the
+    learner starts up.
     """
     a = spec.algorithm
     if a.name == "ppo":
-        total = (spec.max_policy_lag if spec.max_policy_lag is not None else 4) + 1 + spec.credit_window
-        samples = total * a.batch_size
+        samples = (min(spec.max_policy_lag, overlap_lag(spec)) + 1) * a.batch_size
     else:
         lim = spec.replay_limiter()
         samples = lim.min_size_to_sample + lim.error_buffer / lim.samples_per_insert
     return max(spec.env.num_envs * spec.env.fragment_length, int(samples // max(peers, 1)))
+
+
+class VersionQuota:
+    """On-policy production clocked by versions: an actor sends at most its share of the batches
+    one published version trains on, then rests until the next version arrives.
+
+    A relaxed PPO learner consumes one batch per update; what actors produce beyond it while the
+    update runs waits in the buffer and is consumed a version later than overlapping needs (lag 2
+    where 1 would do, and dropped once maxPolicyLag is passed). A rate (the token bucket above)
+    cannot hold production to one batch per update when an update takes seconds and the control
+    period one: it overshoots, then drops. The version clock can: the share produced with version
+    v is what the update after v trains on, at lag 1, and nothing waits behind it.
+
+    It is pacing, not a wait on a peer: when the next version is late (a share lost with a
+    restarted buffer, a dead or slow peer whose share the batch still lacks), the quota reopens
+    `release_s` after the version arrived, one fragment per `release_s / share` (a whole missing
+    share in another `release_s`; a version merely late costs a few fragments, not a share).
+    `share` counts fragments: this actor's part of publishEvery batches, rounded up.
+    """
+
+    def __init__(self, share: int):
+        if share < 1:
+            raise ValueError(f"share must be >= 1 fragment, got {share!r}")
+        self.share = share
+        self.sent = 0  # fragments sent with the current version
+        self.since: Optional[float] = None  # when the current version arrived (None: none yet, nothing held back)
+        self.released = 0  # fragments let out beyond the share because the next version was late
+
+    def new_version(self, now: float) -> None:
+        self.sent, self.since = 0, now
+
+    def add(self, fragments: int = 1) -> None:
+        self.sent += fragments
+
+    def open(self, now: float, release_s: float) -> bool:
+        """May another fragment go out?"""
+        if self.since is None or self.sent < self.share:
+            return True
+        extra = self.sent - self.share  # fragments already released for this version
+        if now - self.since >= release_s * (1 + extra / self.share):
+            self.released += 1
+            return True
+        return False
+
+
+def quota_share(spec, peers: int) -> int:
+    """Fragments one of `peers` actors sends per published version (VersionQuota)."""
+    frag = spec.env.num_envs * spec.env.fragment_length
+    batches = spec.staleness.publish_every * max(1, spec.algorithm.batch_size // frag)
+    return -(-batches // max(peers, 1))
+
+
+def release_after(batch_size: int, capacity_sps: float) -> float:
+    """How long after a version arrives its successor counts as late: twice the update the
+    learner's advertised capacity implies, and at least RELEASE_MIN_S (publishes are probed and
+    republished at about 1 s granularity)."""
+    return max(RELEASE_MIN_S, 2.0 * batch_size / capacity_sps) if capacity_sps > 0 else RELEASE_MIN_S

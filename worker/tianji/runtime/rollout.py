@@ -15,14 +15,19 @@ import numpy as np
 
 from tianji.algos import dqn, ppo
 from tianji.algos.distributions import clip_to_bounds
-from tianji.algos.models import actor_policy, build_model
+from tianji.algos.models import build_model
 from tianji.control.spec import JobSpec
 from tianji.envs import check_declared, env_info, make_vec_env, split
+from tianji.runtime.onnxpolicy import PolicyRuntime
 
 
 class Rollout:
-    def __init__(self, spec: JobSpec, seed: int, frames_scale: int = 1):
-        """`frames_scale`: actors sharing the exploration schedule (own frames × this ≈ global frames)."""
+    def __init__(self, spec: JobSpec, seed: int, frames_scale: int = 1, background_choice: bool = False,
+                 wait_swaps: bool = False):
+        """`frames_scale`: actors sharing the exploration schedule (own frames × this ≈ global frames).
+        `background_choice`, `wait_swaps`: how the inference runtime is chosen and follows new
+        versions (onnxpolicy.PolicyRuntime: an actor decides on a thread, and waits for a new
+        version's session only where a fragment acted with the one before would be dropped)."""
         self.spec = spec
         self.algo = spec.algorithm.name
         self.env = make_vec_env(spec.env, halves=split.wanted(spec.resources.actor.cpu))
@@ -30,10 +35,12 @@ class Rollout:
         check_declared(spec.env, self.info)
         self.model = build_model(spec.algorithm, spec.model, self.info, spec.env.seed, spec.env.imports)
         self.model.eval()
-        self.policy = actor_policy(self.model, spec.model.actor_precision)  # what act() runs
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.reset()
+        one_call = self.env.slices[0] if hasattr(self.env, "halves") else slice(None)  # double buffering: half
+        self.runtime = PolicyRuntime(self.model, spec, self.obs[one_call],
+                                     background=background_choice, wait_swaps=wait_swaps)
         self.n, self.T = self.env.num_envs, spec.env.fragment_length
         self.clip_rewards = bool(getattr(self.env, "clip_rewards", False))
         self.frames = 0
@@ -56,10 +63,20 @@ class Rollout:
         reached a buffer; before its first publish this actor's own frames x actors stand in."""
         return dqn.epsilon(self.spec.algorithm, max(self.global_frames, self.frames * self.frames_scale))
 
-    def params_loaded(self) -> None:
-        """Call after loading new parameters into `self.model` (refreshes a bf16 acting copy)."""
-        if self.policy is not self.model:
-            self.policy.sync()
+    @property
+    def policy(self):
+        """What act() runs: the model, its bf16 copy or its ONNX Runtime session (onnxpolicy.py)."""
+        return self.runtime.policy
+
+    @property
+    def acting_version(self) -> int:
+        """The policy version the last fragment acted with throughout."""
+        return self.runtime.version
+
+    def params_loaded(self, version: int = 0) -> None:
+        """Call after loading new parameters (version `version`) into `self.model`: the acting copy
+        (bf16, or ONNX Runtime's, from the next fragment on) follows."""
+        self.runtime.loaded(version)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict]:
         if self.algo == "ppo":
@@ -88,6 +105,7 @@ class Rollout:
     def fragment(self) -> tuple[dict[str, np.ndarray], list[tuple[float, int]]]:
         """Step T times. Returns the fragment's arrays (`last_obs` is `self.obs` after it) and
         the raw return and the length (steps) of each episode that ended during it."""
+        self.runtime.begin_fragment()
         if hasattr(self.env, "halves"):
             return self._fragment_double_buffered()
         buf = self._new_fragment()
@@ -165,4 +183,5 @@ class Rollout:
         return buf, finished
 
     def close(self) -> None:
+        self.runtime.close()
         self.env.close()

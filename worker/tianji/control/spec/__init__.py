@@ -14,6 +14,7 @@ overlays, run policy), jobspec (JobSpec's cross-field rules, TianJiJob) and spec
 """
 from __future__ import annotations
 
+from tianji.control.spec.actor import ActorConfig
 from tianji.control.spec.algos import Algorithm, DQNConfig, PPOConfig
 from tianji.control.spec.base import (
     API_VERSION,
@@ -69,7 +70,7 @@ from tianji.control.spec.run import (
 __all__ = [
     "API_VERSION", "EXTENDED_RESOURCE_PATTERN", "IMAGE_PATTERN", "KIND", "MIN_CPU", "MIN_MEMORY",
     "QUANTITY_PATTERN", "SpecError", "immutable", "quantity_value", "Algorithm", "DQNConfig",
-    "PPOConfig", "ActionSpace", "ENTRY_POINT_PATTERN", "EnvConfig", "EnvSpaces", "EnvWrapper",
+    "PPOConfig", "ActorConfig", "ActionSpace", "ENTRY_POINT_PATTERN", "EnvConfig", "EnvSpaces", "EnvWrapper",
     "MAX_JSON_DEPTH", "MAX_JSON_ITEMS", "MODULE_PATTERN", "ModelConfig", "ModulePath",
     "ObservationSpace", "check_json_like", "import_allowed", "CheckpointConfig", "EvaluationConfig",
     "GroupSync", "Staleness", "StopConfig", "Topology", "stop_problem", "Autoscale", "Link", "Network", "PlanConfig",

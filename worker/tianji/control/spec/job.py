@@ -8,9 +8,11 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tianji.control.contracts.addressing import host_port_ranges
 from tianji.control.contracts.ratelimit import SampleToInsertRatio
+from tianji.control.spec.actor import ActorConfig
 from tianji.control.spec.algos import Algorithm, DQNConfig, PPOConfig
 from tianji.control.spec.base import API_VERSION, IMAGE_PATTERN, KIND, _Model, immutable
 from tianji.control.spec.env import EnvConfig, ModelConfig, import_allowed
+from tianji.control.spec.lagbound import fitted_max_lag
 from tianji.control.spec.pods import MOVED_FIELDS, Pods, RunPolicy
 from tianji.control.spec.resources import Autoscale, Network, PlanConfig, Resources
 from tianji.control.spec.run import CheckpointConfig, EvaluationConfig, Staleness, StopConfig, Topology
@@ -65,6 +67,7 @@ class JobSpec(_Model):
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy network: built-in, or your "
                                                                         "own torch module")
     topology: Topology = Field(default_factory=Topology)
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="how actors run their policy")
     staleness: Staleness = Field(default_factory=Staleness, description="how stale a consumed sample may be, "
                                                                       "and how production follows consumption")
     dependencies: Literal["relaxed", "strict"] = Field(
@@ -161,6 +164,13 @@ class JobSpec(_Model):
         return self
 
     @model_validator(mode="after")
+    def _inference_fits(self) -> JobSpec:
+        if self.actor.inference == "onnx" and self.model.actor_precision != "float32":
+            raise ValueError(f"actor.inference: onnx runs the policy in float32; model.actorPrecision "
+                             f"{self.model.actor_precision} needs actor.inference torch (or auto)")
+        return self
+
+    @model_validator(mode="after")
     def _model_import_gate(self) -> JobSpec:
         """A model class is an import on every worker: only from a module the job lists."""
         ep = self.model.entry_point
@@ -196,7 +206,7 @@ class JobSpec(_Model):
             return 0
         if self.staleness.max_policy_lag is not None:
             return self.staleness.max_policy_lag
-        return 4 if self.algorithm.name == "ppo" else None
+        return fitted_max_lag(self.algorithm) if self.algorithm.name == "ppo" else None  # (control/spec/lagbound.py)
 
     @property
     def credit_window(self) -> int:

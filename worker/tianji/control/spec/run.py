@@ -65,7 +65,8 @@ class Staleness(_Model):
         return v
 
     max_policy_lag: Optional[int] = Field(
-        None, ge=0, description="drop samples older than this many learner versions (default: 4 for PPO, off for DQN)"
+        None, ge=0, description="drop samples older than this many learner versions (default for PPO: about 256 "
+        "optimizer steps of lag, 1-4 versions of epochs x batchSize / minibatchSize steps; off for DQN)"
     )
     replay_ratio: Optional[float] = Field(
         None, gt=0, description="samples consumed per sample inserted (default: 1 for PPO, 32 for DQN)"

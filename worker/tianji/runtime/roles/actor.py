@@ -14,7 +14,12 @@ bucket, not a wait on another role: it keeps production near the balance so
 2-core machines don't spend their cycles on samples that would only be dropped.
 Until the first capacity advert (the learner is still starting), an actor
 produces its share of what the learner can use when it starts
-(pacing.startup_frames) at INITIAL_FPS, then slows to that share per STARTUP_TRICKLE_S.
+(pacing.startup_frames) at INITIAL_FPS, then slows to that share (DQN) or one fragment (PPO) per
+STARTUP_TRICKLE_S.
+Relaxed PPO is also clocked by versions (pacing.VersionQuota): per version it holds, an actor
+sends at most its share of the batch the next update trains on, then rests until the next version
+(or, when that is late, sends another share), so what it produces is consumed at lag 1 and nothing
+queues into lag 2 or into stale drops.
 
 `spec.dependencies: strict` (the paper's strictly ordered baseline, for bench/ablation.py) turns
 this into the classic synchronous loop on the same sockets: an actor waits for parameters it has
@@ -40,8 +45,9 @@ import zmq
 from tianji.algos.models import load_arrays, state_arrays
 from tianji.control.contracts.addressing import buffer_for_actor, learner_for_actor
 from tianji.control.planner.plan import pace_fps
+from tianji.control.spec.lagbound import overlap_lag
 from tianji.runtime import envguard, framestack
-from tianji.runtime.pacing import startup_frames
+from tianji.runtime.pacing import VersionQuota, quota_share, release_after, startup_frames
 from tianji.runtime.roles.base import Role
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.validate import (
@@ -57,7 +63,8 @@ from tianji.runtime.wire import WireError
 
 log = logging.getLogger("tianji")
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
-STARTUP_TRICKLE_S = 1.0  # once its start-up share is sent, an actor sends it again every this many seconds
+STARTUP_TRICKLE_S = 1.0  # after its start-up share, an actor sends that share (DQN) or a fragment (PPO) per this
+QUOTA_POLL_S = 0.05  # while this version's share is sent: how often to look for the next version
 STRICT_RESEND_S = 60.0  # dependencies: strict: a round open this long (and 4x the longest so far) was lost
 
 
@@ -141,7 +148,13 @@ class Actor(ParamFollower, Role):
         s = self.spec
         topo = s.topology
         seed = s.env.seed + 10_000 * self.group + 100 * self.index + 1
-        self.rollout = Rollout(s, seed, frames_scale=topo.groups * topo.actors)
+        # The inference runtime is chosen on a thread (spec.actor.inference: auto) while the env loop
+        # starts on torch. A new version's ONNX Runtime session is built off the env loop, unless a
+        # fragment acted with the version before would be dropped as stale (strict; maxPolicyLag at the
+        # lag overlapping makes): then the loop waits for it (milliseconds).
+        late_is_stale = s.max_policy_lag is not None and s.max_policy_lag <= (overlap_lag(s) or 0)
+        self.rollout = Rollout(s, seed, frames_scale=topo.groups * topo.actors, background_choice=True,
+                               wait_swaps=late_is_stale)
         self.model, self.info = self.rollout.model, self.rollout.info
         b = buffer_for_actor(self.index, topo.buffers)
         learner = learner_for_actor(self.index, topo.buffers, topo.learners)
@@ -157,6 +170,11 @@ class Actor(ParamFollower, Role):
         self.longest_wait = 0.0  # the longest a round took to close, so far
         self.pacer = Pacer(INITIAL_FPS if s.staleness.pace_actors and not self.strict else None)
         self.learner_paced = False  # a capacity advert has arrived
+        self.capacity = 0.0  # the learner's latest advert (samples per busy second)
+        # Relaxed PPO, once paced: at most this actor's share of a batch per version (pacing.VersionQuota)
+        self.quota = (VersionQuota(quota_share(s, self.peers))
+                      if s.algorithm.name == "ppo" and s.staleness.pace_actors and not self.strict else None)
+        self.quota_version: Optional[int] = None
         self.startup_frames = startup_frames(s, self.peers)
         self.sent_frames = 0  # frames of the fragments the push socket took (a buffer not up yet loses none)
         self.recent = deque(maxlen=100)
@@ -181,12 +199,31 @@ class Actor(ParamFollower, Role):
         if self.pacer.fps == INITIAL_FPS and not self.learner_paced and self.sent_frames >= self.startup_frames:
             # The learner is not training yet: more would only be dropped. A trickle, not a stop: what
             # was sent may have been lost (a buffer not up yet), and DQN needs learningStarts to begin.
-            self.pacer.set_rate(self.startup_frames / STARTUP_TRICKLE_S)
+            # PPO trickles one fragment: its share again would be consumed versions late (a first update
+            # of 8 s at load 16 turned 4096 samples a second into lag 2-4 and drops).
+            trickle = self.startup_frames if self.rollout.algo == "dqn" else self.rollout.n * self.rollout.T
+            self.pacer.set_rate(trickle / STARTUP_TRICKLE_S)
+        if self._quota_spent():
+            self._rest(QUOTA_POLL_S)  # probes parameters: a new version reopens the quota
+            return
         self._fragment()
         self.probe_params()
         wait = self.pacer.wait_time()
         if wait > 0:
             self._rest(wait)
+
+    def _quota_spent(self) -> bool:
+        """This version's share is sent and its successor is not late yet (pacing.VersionQuota)."""
+        q = self.quota
+        if q is None or not self.learner_paced:
+            return False
+        released = q.released
+        if q.open(time.monotonic(), release_after(self.spec.algorithm.batch_size, self.capacity)):
+            if q.released > released and (q.released <= 3 or q.released % 100 == 0):
+                log.info("%s: version %d's successor is late; sending beyond its share [%d fragments so far]",
+                         self.sender, self.version, q.released)
+            return False
+        return True
 
     # ------------------------------------------------------------ dependencies: strict
     def _strict_round(self) -> None:
@@ -225,9 +262,10 @@ class Actor(ParamFollower, Role):
 
     # ------------------------------------------------------------ fragments
     def _fragment(self) -> None:
-        """Roll out one fragment with the current policy and push it."""
-        version = self.version
+        """Roll out one fragment with the current policy and push it, tagged with the version it acted
+        with (ONNX Runtime's session of a newly loaded version may still be building: the one before)."""
         arrays, finished = self.rollout.fragment()
+        version = self.rollout.acting_version
         frames = self.rollout.n * self.rollout.T
         finished = [(r, n) for r, n in finished if math.isfinite(r)]  # a return summed over a NaN reward is no return
         if finished:
@@ -265,17 +303,25 @@ class Actor(ParamFollower, Role):
         if self.send(self.push, "fragment", arrays, meta={"frames": frames}, policy_version=version):
             self.metrics.inc("samples_sent_total", samples)
             self.sent_frames += frames
+            if self.quota is not None:
+                self.quota.add()
         else:
             self.metrics.inc("samples_dropped_total", samples, reason="hwm")
 
     def on_params(self, cap: Optional[float], headroom: Optional[float], frames: Optional[int]) -> None:
-        self.rollout.params_loaded()  # a reduced-precision policy copy follows the new weights
+        self.rollout.params_loaded(self.version)  # the acting copy (bf16, ONNX Runtime) follows the new weights
         if frames is not None:
             self.rollout.global_frames = frames
         if self.version != self.rolled_out:
             self.fresh_policy = True
+        if self.quota is not None and self.learner_paced and self.version != self.quota_version:
+            self.quota_version = self.version
+            self.quota.new_version(time.monotonic())
         if self.spec.staleness.pace_actors and cap and not self.strict:
-            self.learner_paced = True
+            if not self.learner_paced and self.quota is not None:  # the quota starts with the first advert
+                self.quota_version = self.version
+                self.quota.new_version(time.monotonic())
+            self.learner_paced, self.capacity = True, cap
             self.pacer.set_rate(pace_fps(cap, self.spec.replay_ratio, self.peers,
                                          headroom or self.spec.staleness.pace_headroom))
 

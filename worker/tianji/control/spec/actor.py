@@ -1,0 +1,21 @@
+"""How an actor runs its policy (spec.actor): which inference runtime computes the forward pass."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tianji.control.spec.base import _Model
+
+
+class ActorConfig(_Model):
+    inference: Literal["auto", "torch", "onnx"] = Field(
+        "auto",
+        description="the runtime of the actors' policy forward pass. torch: the model itself. onnx: ONNX Runtime "
+        "on the CPU, one thread, the model exported once at start-up and each new version's weights "
+        "swapped in off the env loop (a fragment acts with one version throughout); needs the "
+        "`tianji[onnx]` extra in the worker. auto (default): onnx where it is installed, the export "
+        "reproduces the model's outputs and a start-up micro-benchmark at the actor's batch size "
+        "finds it faster, torch otherwise (also with model.actorPrecision: bfloat16)",
+    )

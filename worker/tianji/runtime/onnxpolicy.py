@@ -1,0 +1,342 @@
+"""An actor's policy forward in ONNX Runtime, and the choice between it and torch (spec.actor.inference).
+
+ONNX Runtime runs the Pong policy 1.31-1.73x faster than torch on one CPU thread at an actor's
+batch sizes (bench/actor_runtime.py, docs/results/actor-runtime.json). Here:
+
+* `export` traces what an actor runs per step (PPO: `logits`, DQN: the Q-values) once, from a
+  copy whose every floating tensor is shifted: the exporter merges initializers of equal value
+  (every zero bias at initialisation), and each tensor of the state must keep its own name so a
+  new version's weights can replace it.
+* `OrtPolicy` acts with one session per policy version. A new version's session is built from a
+  snapshot of the weights (the same graph with its initializers rewritten) on a background thread
+  and swapped in when the next fragment starts, so the env loop never waits for it and a fragment
+  acts with one version throughout (`refresh()` returns that version). Where a fragment of the
+  version before is sure to be dropped as stale (the strict loop; maxPolicyLag no more than the
+  lag overlapping makes) the actor waits for the build instead (`wait_swaps`: milliseconds).
+  Weights cannot be updated inside a built session, nor replaced by SessionOptions.add_initializer:
+  ORT's graph optimizer folds and pre-packs weights from the model's own initializers when it
+  builds a session (built that way, a Pong session's logits were off by 2.2 after new weights, and
+  the observation normaliser's sqrt(var) kept the old variance).
+* `PolicyRuntime` makes the choice. torch: the model (or its bfloat16 copy). onnx: ONNX Runtime,
+  or an error naming what is missing. auto: ONNX Runtime where it is importable, its export
+  reproduces the model's outputs (within AGREE_TOL) and a micro-benchmark of both at the actor's
+  batch size (CPU time of the calling thread, interleaved rounds) finds it at least MIN_SPEEDUP
+  faster; torch otherwise. With `background` (an actor) auto decides on a thread while the env
+  loop acts with torch, so start-up waits for neither the export nor the benchmark.
+
+Every session runs one intra-op and one inter-op thread, as torch.set_num_threads(1) in every
+process: an actor's share of the cores is what its process gets, not a thread pool of its own.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from tianji.algos.models import actor_policy
+
+log = logging.getLogger("tianji")
+# The TorchScript exporter (the one that needs no onnxscript; torch is pinned) says it is legacy on every
+# export: said once per actor per start, it is noise in every log.
+warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export",
+                        category=DeprecationWarning)
+warnings.filterwarnings("ignore", message="The feature will be removed", category=DeprecationWarning,
+                        module=r"torch\.onnx")
+
+INSTALL_HINT = "pip install 'tianji[onnx]'"
+AGREE_TOL = 1e-5  # |ORT - torch| <= AGREE_TOL * (1 + |torch|); float32 rounding measured ~1e-8 (Pong logits)
+MIN_SPEEDUP = 1.05  # auto: ORT must be this much faster; a tie stays on torch (no swap lag, no thread)
+BENCH_ROUNDS, BENCH_CALLS = 3, 8  # auto's micro-benchmark: best of interleaved rounds of this many forwards
+INPUT, OUTPUT = "obs", "out"
+
+
+class OnnxUnavailable(RuntimeError):
+    """ONNX Runtime cannot run this policy here (not installed, no export, outputs that disagree)."""
+
+
+class _Acting(nn.Module):
+    """What an actor computes per step: PPO's logits (a Gaussian's mean), DQN's Q-values."""
+
+    def __init__(self, model: nn.Module, kind: str):
+        super().__init__()
+        self.m, self.kind = model, kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m.logits(x) if self.kind == "logits" else self.m(x)
+
+
+def _import_ort():
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as e:
+        raise OnnxUnavailable(f"{e.name or 'onnxruntime'} is not installed ({INSTALL_HINT})") from None
+    return onnx, onnxruntime
+
+
+@dataclass(frozen=True)
+class Exported:
+    graph: bytes  # the ONNX model
+    keys: dict[str, str]  # initializer name -> the model's state_dict key it holds
+    in_dtype: np.dtype  # the observation dtype it was traced with
+
+
+@dataclass(frozen=True)
+class Live:
+    """One policy version's session."""
+
+    session: object
+    version: int
+    log_std: Optional[np.ndarray]  # a Gaussian policy's log-std of the same version
+
+
+def export(model: nn.Module, kind: str, example: np.ndarray) -> Exported:
+    """Trace `model`'s acting function on `example` (any batch size runs later). Raises OnnxUnavailable."""
+    onnx, _ = _import_ort()
+    twin = _Acting(copy.deepcopy(model).eval(), kind).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # distinct values: no two initializers merged (shifted up: variances stay positive)
+        for t in twin.state_dict().values():
+            if t.is_floating_point():
+                t.add_(0.01 + 0.01 * torch.rand(t.shape, generator=gen, dtype=torch.float64).to(t.dtype))
+    buf = io.BytesIO()
+    try:
+        torch.onnx.export(twin, (torch.from_numpy(example),), buf, input_names=[INPUT], output_names=[OUTPUT],
+                          dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}, dynamo=False,
+                          do_constant_folding=False)  # folding would bake weight-derived values into constants
+    except Exception as e:  # noqa: BLE001 - any model (a user's included) may not trace
+        raise OnnxUnavailable(f"the policy does not export to ONNX: {type(e).__name__}: {e}") from None
+    graph = buf.getvalue()
+    state = twin.state_dict()
+    keys = {}
+    for init in onnx.load_from_string(graph).graph.initializer:
+        if init.name in state and tuple(init.dims) == tuple(state[init.name].shape):
+            keys[init.name] = init.name[len("m."):]
+    return Exported(graph, keys, example.dtype)
+
+
+def snapshot(model: nn.Module, exported: Exported) -> dict[str, np.ndarray]:
+    """Copies of the weights the graph needs: the model is overwritten in place by the next version."""
+    state = model.state_dict()
+    return {name: np.array(state[key].detach().cpu().numpy(), copy=True, order="C")
+            for name, key in exported.keys.items()}
+
+
+def build(exported: Exported, weights: dict[str, np.ndarray], version: int,
+          log_std: Optional[np.ndarray] = None) -> Live:
+    """A session of `exported` with `weights` in place of its initializers."""
+    onnx, ort = _import_ort()
+    model = onnx.load_from_string(exported.graph)
+    for init in model.graph.initializer:
+        if init.name in weights:
+            init.CopyFrom(onnx.numpy_helper.from_array(weights[init.name], init.name))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3  # errors only: ORT's warnings go to stderr, not through logging
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return Live(session, version, log_std)
+
+
+def run(live: Live, exported: Exported, obs: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(obs, dtype=exported.in_dtype)
+    return live.session.run(None, {INPUT: x})[0]
+
+
+def _log_std(model: nn.Module) -> Optional[np.ndarray]:
+    ls = getattr(model, "log_std", None)
+    return None if ls is None else ls.detach().cpu().numpy().copy()
+
+
+def check_agrees(live: Live, exported: Exported, model: nn.Module, kind: str, example: np.ndarray) -> float:
+    """The largest |ORT - torch| on `example`; raises OnnxUnavailable beyond AGREE_TOL (relative to
+    1 + |torch|): a weight the export baked in as a constant shows up here (it was shifted)."""
+    with torch.inference_mode():
+        ref = _Acting(model, kind)(torch.from_numpy(example)).numpy()
+    got = run(live, exported, example)
+    if got.shape != ref.shape:
+        raise OnnxUnavailable(f"the exported policy returns shape {list(got.shape)}, torch {list(ref.shape)}")
+    err = np.abs(got.astype(np.float64) - ref)
+    if not np.all(err <= AGREE_TOL * (1.0 + np.abs(ref))):
+        raise OnnxUnavailable(f"the exported policy's outputs differ from torch's by up to {float(err.max()):.3g}")
+    return float(err.max())
+
+
+def cpu_per_call(fns: dict[str, Callable[[], object]], rounds: int = BENCH_ROUNDS,
+                 calls: int = BENCH_CALLS) -> dict[str, float]:
+    """Best-of-`rounds` CPU seconds per call of each function (this thread's CPU time: a loaded
+    machine or another thread of the process does not inflate it), the functions interleaved."""
+    best = {k: float("inf") for k in fns}
+    for fn in fns.values():
+        fn()  # warm-up: first-call allocations
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t = time.thread_time()
+            for _ in range(calls):
+                fn()
+            best[k] = min(best[k], (time.thread_time() - t) / calls)
+    return best
+
+
+class OrtPolicy:
+    """The acting policy in ONNX Runtime, the module-like surface ppo.act / dqn.act use
+    (`logits`, a call, `continuous`, `log_std`), one version per session (module docstring)."""
+
+    def __init__(self, source: nn.Module, kind: str, exported: Exported, live: Live):
+        self.source, self.kind, self.exported, self.live = source, kind, exported, live
+        self.continuous = bool(getattr(source, "continuous", False))
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tianji-ort")
+        self._pending: Optional[Future] = None
+        self.swaps = 0
+
+    @classmethod
+    def create(cls, source: nn.Module, kind: str, example: np.ndarray, version: int = 0) -> OrtPolicy:
+        """Export, build and check against torch, in this thread. Raises OnnxUnavailable."""
+        exported = export(source, kind, example)
+        live = build(exported, snapshot(source, exported), version, _log_std(source))
+        check_agrees(live, exported, source, kind, example)
+        return cls(source, kind, exported, live)
+
+    def sync(self, version: int, wait: bool = False) -> None:
+        """After new weights were loaded into the source: build their session off this thread.
+        A build not started yet is superseded; `wait` (the strict loop) blocks until it is live."""
+        weights, log_std = snapshot(self.source, self.exported), _log_std(self.source)
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = self._pool.submit(build, self.exported, weights, version, log_std)
+        if wait:
+            self.refresh(wait=True)
+
+    def refresh(self, wait: bool = False) -> int:
+        """At a fragment's start: swap in the newest built session; the version that acts now."""
+        pending = self._pending
+        if pending is not None and (wait or pending.done()):
+            self._pending = None
+            self.live = pending.result()  # a failed build raises here: the actor stops with its error
+            self.swaps += 1
+        return self.live.version
+
+    def _forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(run(self.live, self.exported, obs.numpy()))
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._forward(obs)
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._forward(obs)
+
+    @property
+    def log_std(self) -> torch.Tensor:
+        return torch.from_numpy(self.live.log_std)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _select(twin: nn.Module, kind: str, example: np.ndarray, version: int) -> tuple[Exported, Live, dict]:
+    """auto's decision, on a private copy of the model (the actor may load new weights meanwhile)."""
+    exported = export(twin, kind, example)
+    live = build(exported, snapshot(twin, exported), version, _log_std(twin))
+    err = check_agrees(live, exported, twin, kind, example)
+    x = torch.from_numpy(example)
+    acting = _Acting(twin, kind)
+    with torch.inference_mode():
+        t = cpu_per_call({"torch": lambda: acting(x), "onnx": lambda: run(live, exported, example)})
+    return exported, live, {"batch": len(example), "torch_us": round(t["torch"] * 1e6, 1),
+                            "onnx_us": round(t["onnx"] * 1e6, 1), "max_abs_diff": err}
+
+
+class PolicyRuntime:
+    """What a Rollout acts with, per spec.actor.inference (module docstring). `version` is the policy
+    version the current fragment acts with; `report` says what was chosen and why."""
+
+    def __init__(self, model: nn.Module, spec, example: np.ndarray, background: bool = False,
+                 wait_swaps: bool = False):
+        self.model = model
+        self.kind = "logits" if spec.algorithm.name == "ppo" else "q"
+        self.wait = wait_swaps  # no fragment with a superseded version: it would be dropped as stale
+        self.version = self._latest = 0
+        self.policy = actor_policy(model, spec.model.actor_precision)
+        self.report: dict = {"requested": spec.actor.inference, "inference": "torch"}
+        self._selection: Optional[Future] = None
+        self._selector: Optional[ThreadPoolExecutor] = None
+        if spec.actor.inference == "torch":
+            return
+        if spec.model.actor_precision != "float32":
+            self.report["reason"] = f"model.actorPrecision {spec.model.actor_precision} runs in torch"
+            return
+        example = np.array(example, copy=True)  # the env may reuse its observation buffer
+        if spec.actor.inference == "onnx":
+            try:
+                self._use(OrtPolicy.create(model, self.kind, example))
+            except OnnxUnavailable as e:
+                raise OnnxUnavailable(f"spec.actor.inference: onnx: {e}") from None
+            return
+        twin = copy.deepcopy(model).eval()
+        if background:
+            self._selector = ThreadPoolExecutor(1, thread_name_prefix="tianji-ort-select")
+            self._selection = self._selector.submit(_select, twin, self.kind, example, self._latest)
+        else:
+            self._decide(lambda: _select(twin, self.kind, example, self._latest))
+
+    @property
+    def name(self) -> str:
+        return self.report["inference"]
+
+    def _use(self, policy: OrtPolicy) -> None:
+        self.policy = policy
+        self.report["inference"] = "onnx"
+        if policy.live.version != self._latest:  # versions loaded while auto was deciding
+            policy.sync(self._latest, wait=self.wait)
+        self.version = policy.refresh(wait=self.wait)
+
+    def _decide(self, outcome: Callable[[], tuple[Exported, Live, dict]]) -> None:
+        try:
+            exported, live, bench = outcome()
+        except Exception as e:  # noqa: BLE001 - auto falls back to torch on any failure, saying why
+            self.report["reason"] = str(e) if isinstance(e, OnnxUnavailable) else f"{type(e).__name__}: {e}"
+            log.info("actor inference (auto): torch; ONNX Runtime unavailable: %s", self.report["reason"])
+            return
+        self.report.update(bench)
+        faster = bench["onnx_us"] * MIN_SPEEDUP <= bench["torch_us"]
+        log.info("actor inference (auto): %s; per forward at batch %d: ONNX Runtime %.0f us, torch %.0f us CPU",
+                 "onnx" if faster else "torch", bench["batch"], bench["onnx_us"], bench["torch_us"])
+        if faster:
+            self._use(OrtPolicy(self.model, self.kind, exported, live))
+
+    def loaded(self, version: int) -> None:
+        """New weights are in `model` (the learner's version `version`): the acting copy follows."""
+        self._latest = version
+        if isinstance(self.policy, OrtPolicy):
+            self.policy.sync(version, wait=self.wait)
+            return
+        if self.policy is not self.model:
+            self.policy.sync()  # the bf16 copy
+        self.version = version
+
+    def begin_fragment(self) -> int:
+        """Adopt auto's decision once made and a newer session once built; the version acting now."""
+        if self._selection is not None and self._selection.done():
+            selection, self._selection = self._selection, None
+            self._selector.shutdown(wait=False)
+            self._decide(selection.result)
+        if isinstance(self.policy, OrtPolicy):
+            self.version = self.policy.refresh(wait=self.wait)
+        return self.version
+
+    def close(self) -> None:
+        if self._selector is not None:
+            self._selector.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self.policy, OrtPolicy):
+            self.policy.close()
