@@ -13,10 +13,12 @@ agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE th
 Per num_envs, once per `--inference` runtime (spec.actor.inference; default torch, and onnx where
 ONNX Runtime is installed), in turn: `points` are the first runtime's, `by_inference` all of them
 (`policy_us` and `forward_runtime_us` are the runtime's own) and `ratio_by_inference` their
-actor/bare-env ratios side by side. Also the Nature CNN's FLOPs per frame, the GFLOP/s its
-float32 forward reaches and this core's float32 / bfloat16 matmul GFLOP/s (1024^3), i.e. the
-physical bound on inference, and `ratio_bound_fp32` = env_step / (env_step + FLOPs / fp32 matmul
-peak): the best actor/env ratio float32 inference allows on this CPU.
+actor/bare-env ratios side by side, each against the mean of the runs' env-step times (the env is
+the same whatever the runtime; on a loaded machine two 200-step samples of it differed by 30 %).
+Also the Nature CNN's FLOPs per frame, the GFLOP/s its float32 forward reaches and this core's
+float32 / bfloat16 matmul GFLOP/s (1024^3), i.e. the physical bound on inference, and
+`ratio_bound_fp32` = env_step / (env_step + FLOPs / fp32 matmul peak): the best actor/env ratio
+float32 inference allows on this CPU.
 """
 from __future__ import annotations
 
@@ -110,6 +112,16 @@ def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "tor
         loop.close()
 
 
+def _pooled_ratios(by: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Per runtime and num_envs: the mean env-step time of all runtimes' runs over this one's loop."""
+    env: dict[int, list[float]] = {}
+    for ps in by.values():
+        for p in ps:
+            env.setdefault(p["num_envs"], []).append(p["env_step_us"])
+    return {m: {str(p["num_envs"]): round(sum(env[p["num_envs"]]) / len(env[p["num_envs"]]) / p["loop_us"], 3)
+                for p in ps} for m, ps in by.items()}
+
+
 def _onnxruntime() -> bool:
     try:
         import onnx  # noqa: F401
@@ -145,8 +157,7 @@ def main(argv=None) -> int:
     bound_us = flops / peak32 / 1e3
     out = {"bench": "actor_profile", **stamp("actor_profile", argv),
            "job": os.path.relpath(a.job, ROOT), "sets": a.set, "points": rows, "by_inference": by,
-           "ratio_by_inference": {m: {str(p["num_envs"]): p["ratio_per_cpu_second"] for p in ps}
-                                  for m, ps in by.items()},
+           "ratio_by_inference": _pooled_ratios(by),
            "nature_cnn_mflop_per_frame": round(flops / 1e6, 2),
            "matmul_gflops_fp32": round(peak32, 1), "matmul_gflops_bf16": round(peak16, 1),
            "inference_bound_fp32_us": round(bound_us, 1),
