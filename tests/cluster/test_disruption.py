@@ -10,6 +10,9 @@ resumes where it stopped, on whichever node. Both tests wait for the target: the
 and never succeeds untrained."""
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from cluster_jobs import JOB, condition, diagnostics, example, pods, status, wait_phase, worker_metrics
@@ -49,26 +52,59 @@ def assert_never_succeeded_untrained(c, ns: str) -> None:
         assert st["meanReturn"] >= 475 and st.get("policyVersion", 0) > 0, st
 
 
+LINGER = "tianji.test/linger"  # a finalizer of the test's own: the object outlives its worker
+
+
+def delete_learner(c, ns: str, learner: str, how: str) -> None:
+    """graceful: `kubectl delete`; lingering: the same while a finalizer keeps the terminated
+    object 10 s after its worker stopped; forced: `--grace-period=0 --force` (no last checkpoint)."""
+    if how == "lingering":
+        c.kubectl("patch", "pod", learner, "-n", ns, "--type=merge", "-p",
+                  json.dumps({"metadata": {"finalizers": [LINGER]}}))
+    if how == "forced":
+        c.kubectl("delete", "pod", learner, "-n", ns, "--grace-period=0", "--force", "--wait=false")
+        return
+    c.kubectl("delete", "pod", learner, "-n", ns, "--wait=false")
+    if how == "lingering":
+        wait_for(lambda: (p := get(c, "pod", "-n", ns, learner)) and all(
+            "terminated" in (cs.get("state") or {}) for cs in p["status"].get("containerStatuses") or [{}]),
+                 120, "the learner's worker stopped under the finalizer", interval=1.0,
+                 on_timeout=lambda: diagnostics(c, ns))
+        time.sleep(10)  # the object lingers: the job goes on and nothing takes its name meanwhile
+        still = get(c, "pod", "-n", ns, learner)
+        assert still and still["metadata"].get("deletionTimestamp"), still
+        assert status(c, ns).get("phase") in ("Running", "Pending"), status(c, ns)
+        c.kubectl("patch", "pod", learner, "-n", ns, "--type=json", "-p",
+                  '[{"op": "remove", "path": "/metadata/finalizers"}]')
+
+
 @pytest.mark.timeout(900)
-def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster, operator, namespace):
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(TARGET_ONLY))
+@pytest.mark.parametrize("how", ["graceful", "lingering", "forced"])
+def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster, operator, namespace, how):
+    # A periodic checkpoint every 5 s: what a forced delete loses (it writes no last one).
+    cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                    input=example({**TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
     st = training(cluster, namespace)
     durable = condition(st, "Durable")
     assert durable["status"] == "True" and durable["reason"] == "DefaultStorageClass", durable
     learner = f"{JOB}-learner-0-0"
     old = get(cluster, "pod", "-n", namespace, learner)
     before = worker_metrics(old, ("tianji_policy_version{",))
-    cluster.kubectl("delete", "pod", learner, "-n", namespace, "--wait=false")
+    delete_learner(cluster, namespace, learner, how)
     new = wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, learner)) and
                    p["metadata"]["uid"] != old["metadata"]["uid"] and p, 120, "the learner pod re-created",
                    on_timeout=lambda: diagnostics(cluster, namespace))
     assert new["spec"]["hostname"] == learner
     resumed = trains_again(cluster, namespace, old["metadata"]["uid"])
-    # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on from the old one's
-    assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
+    if how != "forced":  # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on
+        assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
     st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 480)
     assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475 and st["policyVersion"] > 0, \
         diagnostics(cluster, namespace)
+    # it ended at its target, not on a budget, and the re-creation was counted
+    assert st.get("endReason") == "TargetReached", st.get("conditions")
+    assert condition(st, "TargetReached")["status"] == "True", st.get("conditions")
+    assert st["restartsByRole"]["learner"]["pods"] >= 1, st["restartsByRole"]
 
 
 @pytest.mark.timeout(1200)
