@@ -138,3 +138,33 @@ def test_a_stopped_node_is_named_and_its_pods_come_back_elsewhere(cluster, opera
     finally:
         node.start()
         cluster.wait_nodes_ready(120)
+
+
+@pytest.mark.timeout(900)
+def test_a_deleted_buffer_pod_is_counted_once_and_the_job_reaches_its_target(cluster, operator, namespace):
+    """The buffer's replacement: frames counted once (the status never grows much faster than
+    before the delete: a double count of a re-created pod's reports would), the re-creation
+    counted, the job at its target."""
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(TARGET_ONLY))
+    s0 = training(cluster, namespace)
+    t0 = time.monotonic()
+    s1 = wait_for(lambda: (s := status(cluster, namespace)).get("envFrames", 0) >= s0["envFrames"] + 10_000 and s,
+                  120, "10k more frames", interval=1.0, on_timeout=lambda: diagnostics(cluster, namespace))
+    before = (s1["envFrames"] - s0["envFrames"]) / max(time.monotonic() - t0, 1e-3)
+    buffer = f"{JOB}-buffer-0-0"
+    old = get(cluster, "pod", "-n", namespace, buffer)
+    cluster.kubectl("delete", "pod", buffer, "-n", namespace, "--wait=false")
+    t_del, f_del, samples = time.monotonic(), s1["envFrames"], []
+
+    def ended():
+        s = status(cluster, namespace)
+        samples.append((time.monotonic() - t_del, s.get("envFrames", 0) - f_del))
+        return s if s.get("phase") in ("Succeeded", "Failed") else None
+
+    st = wait_for(ended, 480, "the job's end", interval=2.0, on_timeout=lambda: diagnostics(cluster, namespace))
+    fast = [(round(t, 1), df) for t, df in samples if df > 3 * before * t + 20_000]
+    assert not fast, f"frames grew faster than 3x the {before:.0f}/s before the delete: {fast[:5]}"
+    assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(cluster, namespace)
+    new = get(cluster, "pod", "-n", namespace, buffer)
+    assert new and new["metadata"]["uid"] != old["metadata"]["uid"]
+    assert st["restartsByRole"]["buffer"]["pods"] >= 1, st["restartsByRole"]
