@@ -1,4 +1,5 @@
 """Operator-wide settings: from the environment in production, from arguments in tests."""
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ a stale copy.
 JSON patch that tests its resourceVersion; on a conflict it reads and computes again.
 Handlers and timers run concurrently: nothing is ever written from an older copy.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,6 @@ def is_mutable(path: str) -> bool:
 
 
 @dataclass
-
-
 class JobMemory:
     """What the operator keeps of one job between ticks (rebuilt from status after a restart)."""
 
@@ -77,8 +76,9 @@ class JobMemory:
 
     def known(self, incarnation: str) -> bool:
         acc = self.acc
-        return acc is not None and (incarnation in acc.gone or any(p.incarnation == incarnation
-                                                                   for p in acc.procs.values()))
+        return acc is not None and (
+            incarnation in acc.gone or any(p.incarnation == incarnation for p in acc.procs.values())
+        )
 
     def refuse(self, why: list[str], counted: bool = True) -> None:
         """Reports that were not counted: rejected (when `counted`), the last few reasons kept."""
@@ -129,17 +129,21 @@ class Operator:
 # ----------------------------------------------------------------- helpers
 def manifest_of(body: Any) -> dict:
     meta = body["metadata"]
-    return {"apiVersion": API_VERSION, "kind": KIND,
-            "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
-            "spec": dict(body.get("spec") or {})}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+        "spec": dict(body.get("spec") or {}),
+    }
 
 
 class StatusConflict(Exception):
     """The job changed between reading it and writing its status."""
 
 
-async def update_status(op: Operator, ns: Optional[str], name: str,
-                        compute: Callable[[dict], Optional[dict]], attempts: int = 5) -> Optional[dict]:
+async def update_status(
+    op: Operator, ns: Optional[str], name: str, compute: Callable[[dict], Optional[dict]], attempts: int = 5
+) -> Optional[dict]:
     """Read the job, compute status fields from THAT read, and write those that changed,
     only if the job is still at the resourceVersion read (a JSON-patch test); on a
     conflict, read and compute again. `compute(body)` returns the fields, or None to
@@ -153,8 +157,9 @@ async def update_status(op: Operator, ns: Optional[str], name: str,
         changed = {k: v for k, v in (fields or {}).items() if current.get(k) != v}
         if not changed:
             return body
-        if await op.kube.patch_status("TianJiJob", ns, name, body["metadata"]["resourceVersion"], changed,
-                                      has_status=bool(current)):
+        if await op.kube.patch_status(
+            "TianJiJob", ns, name, body["metadata"]["resourceVersion"], changed, has_status=bool(current)
+        ):
             return body
     raise StatusConflict(f"{name}: status still conflicting after {attempts} fresh reads")
 
@@ -182,7 +187,7 @@ def adopt(obj: dict, body: Any) -> dict:
 
 def spec_error_message(err: SpecError, source: str = "TianJiJob") -> str:
     """One line naming each offending field path, e.g. `spec.topology: buffers (2) > actors (1) ...`."""
-    lines = [ln[len(source) + 2:] if ln.startswith(source + ": ") else ln for ln in str(err).splitlines()]
+    lines = [ln[len(source) + 2 :] if ln.startswith(source + ": ") else ln for ln in str(err).splitlines()]
     return "; ".join(lines)
 
 
@@ -205,8 +210,10 @@ def checked_job(body: Any) -> TianJiJob:
     manifest = manifest_of(body)
     size = len(json.dumps(manifest["spec"], default=str))
     if size > MAX_MANIFEST_BYTES:  # as `tianji run` refuses such a file; the ConfigMap could not hold it
-        raise InvalidSpec(f"{bulkiest_field(manifest['spec'])}: the spec is {size / 2**20:.1f} MiB as JSON, "
-                          f"more than the {MAX_MANIFEST_BYTES // 1024} KiB a job manifest may be")
+        raise InvalidSpec(
+            f"{bulkiest_field(manifest['spec'])}: the spec is {size / 2**20:.1f} MiB as JSON, "
+            f"more than the {MAX_MANIFEST_BYTES // 1024} KiB a job manifest may be"
+        )
     try:
         job = parse_job(manifest, "TianJiJob")
     except SpecError as e:

@@ -7,6 +7,7 @@ they share. The work itself: reconcile.py (create, resume, update), timers/monit
 (children kept whole, refused creations, the end), timers/scaling.py (the autoscale timer),
 context.py (shared state, fresh-read status writes).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,7 +39,8 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     # real apiserver prunes anything else (Kopf's default also writes status.kopf).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tianji.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="tianji.dev", key="last-handled-configuration")
+        prefix="tianji.dev", key="last-handled-configuration"
+    )
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 600
 
@@ -60,13 +62,15 @@ def login(op: Operator, settings: kopf.OperatorSettings) -> Any:
     return info
 
 
-def register(registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] = None,
-             metrics: Optional[OperatorMetrics] = None) -> Operator:
+def register(
+    registry: kopf.OperatorRegistry, config: Optional[OperatorConfig] = None, metrics: Optional[OperatorMetrics] = None
+) -> Operator:
     op = Operator(config or OperatorConfig.from_env(), metrics)
     # A job annotated RELEASED (helm uninstall's hook, docs/kubernetes.md) matches no handler:
     # Kopf then removes its finalizer itself, and the job no longer blocks CRD/namespace deletion.
-    res: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry,
-                               annotations={RELEASED: kopf.ABSENT})
+    res: dict[str, Any] = dict(
+        group=GROUP, version=VERSION, plural=PLURAL, registry=registry, annotations={RELEASED: kopf.ABSENT}
+    )
     backoff = op.config.handler_backoff
 
     @kopf.on.startup(registry=registry)

@@ -9,6 +9,7 @@ Credentials are a `kopf.ConnectionInfo`, the same the Kopf login handler
 returns (service account in a pod, kubeconfig outside). On 401 the client
 logs in again once and retries (rotated service-account tokens).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,15 +42,21 @@ KINDS: dict[str, tuple[str, str, str]] = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, reason: str = "", message: str = "", method: str = "", path: str = "",
-                 causes: Optional[list] = None):
+    def __init__(
+        self,
+        status: int,
+        reason: str = "",
+        message: str = "",
+        method: str = "",
+        path: str = "",
+        causes: Optional[list] = None,
+    ):
         super().__init__(f"{method} {path}: {status} {reason}: {message}".strip())
         self.status, self.reason, self.message = status, reason, message
         self.causes = causes or []  # Status.details.causes: field-level validation failures
 
 
-def path_of(kind: str, namespace: Optional[str], name: Optional[str] = None,
-            subresource: Optional[str] = None) -> str:
+def path_of(kind: str, namespace: Optional[str], name: Optional[str] = None, subresource: Optional[str] = None) -> str:
     group, version, plural = KINDS[kind]
     base = f"/apis/{group}/{version}" if group else f"/api/{version}"
     if namespace:
@@ -67,6 +74,7 @@ def ssl_context(info: Any) -> ssl.SSLContext:
     if hasattr(info, "as_ssl_context"):
         return info.as_ssl_context()
     with contextlib.ExitStack() as stack:
+
         def path(p: Any, data: Any) -> Any:
             if p or not data:
                 return p
@@ -75,8 +83,10 @@ def ssl_context(info: Any) -> ssl.SSLContext:
             return f.name
 
         ctx = ssl.create_default_context(cafile=info.ca_path, cadata=_pem(info.ca_data) if info.ca_data else None)
-        cert, key = path(info.certificate_path, info.certificate_data), path(info.private_key_path,
-                                                                             info.private_key_data)
+        cert, key = (
+            path(info.certificate_path, info.certificate_data),
+            path(info.private_key_path, info.private_key_data),
+        )
         if cert and key:
             ctx.load_cert_chain(certfile=cert, keyfile=key)
     if info.insecure:
@@ -139,8 +149,17 @@ class KubeClient:
             await self._session.close()
             self._session = None
 
-    async def request(self, method: str, path: str, *, params: Optional[dict] = None, body: Any = None,
-                      content_type: str = "application/json", verb: str = "", kind: str = "") -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Optional[dict] = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        verb: str = "",
+        kind: str = "",
+    ) -> Any:
         for attempt in (0, 1):
             session, server = await self._get_session()
             data = None if body is None else json.dumps(body)
@@ -174,8 +193,13 @@ class KubeClient:
                 return None
             raise
 
-    async def list(self, kind: str, namespace: Optional[str], label_selector: Optional[str] = None,
-                   field_selector: Optional[str] = None) -> list[dict]:
+    async def list(
+        self,
+        kind: str,
+        namespace: Optional[str],
+        label_selector: Optional[str] = None,
+        field_selector: Optional[str] = None,
+    ) -> list[dict]:
         params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v} or None
         out = await self.request("GET", path_of(kind, namespace), params=params, verb="list", kind=kind)
         return list((out or {}).get("items") or [])
@@ -198,22 +222,43 @@ class KubeClient:
 
     async def patch(self, kind: str, namespace: Optional[str], name: str, patch: dict) -> dict:
         """JSON merge patch (RFC 7386)."""
-        return await self.request("PATCH", path_of(kind, namespace, name), body=patch,
-                                  content_type="application/merge-patch+json", verb="patch", kind=kind)
+        return await self.request(
+            "PATCH",
+            path_of(kind, namespace, name),
+            body=patch,
+            content_type="application/merge-patch+json",
+            verb="patch",
+            kind=kind,
+        )
 
-    async def patch_status(self, kind: str, namespace: Optional[str], name: str, resource_version: str,
-                           fields: dict, has_status: bool = True) -> bool:
+    async def patch_status(
+        self,
+        kind: str,
+        namespace: Optional[str],
+        name: str,
+        resource_version: str,
+        fields: dict,
+        has_status: bool = True,
+    ) -> bool:
         """Set top-level `.status` fields with optimistic concurrency: a JSON patch that first
         tests metadata.resourceVersion. False (nothing written) if the object changed since."""
         ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
         if has_status:
-            ops += [{"op": "add", "path": "/status/" + k.replace("~", "~0").replace("/", "~1"), "value": v}
-                    for k, v in fields.items()]
+            ops += [
+                {"op": "add", "path": "/status/" + k.replace("~", "~0").replace("/", "~1"), "value": v}
+                for k, v in fields.items()
+            ]
         else:
             ops.append({"op": "add", "path": "/status", "value": fields})
         try:
-            await self.request("PATCH", path_of(kind, namespace, name, "status"), body=ops,
-                               content_type="application/json-patch+json", verb="patch", kind=kind)
+            await self.request(
+                "PATCH",
+                path_of(kind, namespace, name, "status"),
+                body=ops,
+                content_type="application/json-patch+json",
+                verb="patch",
+                kind=kind,
+            )
             return True
         except ApiError as e:
             # A failed `test` is 422 without causes; a status the schema refuses is 422 *with*
@@ -222,8 +267,15 @@ class KubeClient:
                 return False
             raise
 
-    async def delete(self, kind: str, namespace: Optional[str], name: str, *, grace_seconds: Optional[int] = None,
-                     uid: Optional[str] = None) -> bool:
+    async def delete(
+        self,
+        kind: str,
+        namespace: Optional[str],
+        name: str,
+        *,
+        grace_seconds: Optional[int] = None,
+        uid: Optional[str] = None,
+    ) -> bool:
         """DELETE (background propagation); `grace_seconds=0` with `uid` is a forced delete of exactly
         that object (`kubectl delete --force --grace-period=0`)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}

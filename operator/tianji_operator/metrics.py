@@ -15,6 +15,7 @@ dashboard needs no kube-state-metrics and shows what `kubectl get tjj` shows:
     tianji_job_container_restarts{namespace, job, role}  status.restartsByRole[role].containers
     tianji_job_pods_recreated{namespace, job, role}      status.restartsByRole[role].pods
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,25 +28,52 @@ JOB_LABELS = ("namespace", "job")
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        self.reconciles = Counter("tianji_operator_reconciles", "Reconciliations of TianJiJobs",
-                                  ["handler", "result"], registry=self.registry)
-        self.errors = Counter("tianji_operator_errors", "Errors, by where they happened",
-                              ["where"], registry=self.registry)
-        self.rescales = Counter("tianji_operator_rescale_decisions", "Autoscaler decisions, by outcome",
-                                ["decision"], registry=self.registry)
-        self.timer_runs = Counter("tianji_operator_timer_runs", "Timer ticks, one per job per tick",
-                                  ["timer"], registry=self.registry)
-        self.api_requests = Counter("tianji_operator_api_requests", "Kubernetes API calls made by the operator",
-                                    ["verb", "kind", "code"], registry=self.registry)
+        self.reconciles = Counter(
+            "tianji_operator_reconciles", "Reconciliations of TianJiJobs", ["handler", "result"], registry=self.registry
+        )
+        self.errors = Counter(
+            "tianji_operator_errors", "Errors, by where they happened", ["where"], registry=self.registry
+        )
+        self.rescales = Counter(
+            "tianji_operator_rescale_decisions",
+            "Autoscaler decisions, by outcome",
+            ["decision"],
+            registry=self.registry,
+        )
+        self.timer_runs = Counter(
+            "tianji_operator_timer_runs", "Timer ticks, one per job per tick", ["timer"], registry=self.registry
+        )
+        self.api_requests = Counter(
+            "tianji_operator_api_requests",
+            "Kubernetes API calls made by the operator",
+            ["verb", "kind", "code"],
+            registry=self.registry,
+        )
 
-        self.actors_desired = Gauge("tianji_job_actors_desired", "Actors the job's group should run (status.groups)",
-                                    [*JOB_LABELS, "group"], registry=self.registry)
-        self.actors_ready = Gauge("tianji_job_actors_ready", "Ready actors of the job's group (status.groups)",
-                                  [*JOB_LABELS, "group"], registry=self.registry)
-        self.restarts = Gauge("tianji_job_container_restarts", "Container restarts of the job's pods, by role "
-                              "(status.restartsByRole)", [*JOB_LABELS, "role"], registry=self.registry)
-        self.recreated = Gauge("tianji_job_pods_recreated", "Pods of the job re-created, by role "
-                               "(status.restartsByRole)", [*JOB_LABELS, "role"], registry=self.registry)
+        self.actors_desired = Gauge(
+            "tianji_job_actors_desired",
+            "Actors the job's group should run (status.groups)",
+            [*JOB_LABELS, "group"],
+            registry=self.registry,
+        )
+        self.actors_ready = Gauge(
+            "tianji_job_actors_ready",
+            "Ready actors of the job's group (status.groups)",
+            [*JOB_LABELS, "group"],
+            registry=self.registry,
+        )
+        self.restarts = Gauge(
+            "tianji_job_container_restarts",
+            "Container restarts of the job's pods, by role (status.restartsByRole)",
+            [*JOB_LABELS, "role"],
+            registry=self.registry,
+        )
+        self.recreated = Gauge(
+            "tianji_job_pods_recreated",
+            "Pods of the job re-created, by role (status.restartsByRole)",
+            [*JOB_LABELS, "role"],
+            registry=self.registry,
+        )
         self._job_series: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
 
     def job_status(self, namespace: str, job: str, status: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ and namespace discovery) plus the operator's (`kube.py`). A ClusterRole
 ClusterRole) built from RULES is sufficient; tests check that every request
 the operator makes against the emulator is covered.
 """
+
 from __future__ import annotations
 
 RULES: list[dict] = [
@@ -46,5 +47,9 @@ def allows(verb: str, group: str, resource: str) -> bool:
 
 def cluster_role(name: str = "tianji-operator") -> dict:
     """RULES as a ClusterRole manifest."""
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": name}, "rules": [dict(r) for r in RULES]}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [dict(r) for r in RULES],
+    }

@@ -9,6 +9,7 @@
 
 A step that cannot apply the spec raises `Refused`; `refuse` records it in status.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,6 +42,7 @@ class Refused(Exception):
 @dataclass
 class Run:
     """One reconcile: the job as it is now and which handler asked."""
+
     op: Operator
     body: Any
     handler: str
@@ -64,6 +66,7 @@ class Run:
 @dataclass
 class Planned:
     """What the children are built from."""
+
     job: TianJiJob  # the spec as written (validated)
     resolved: TianJiJob  # the job as planned: topology, per-role resources, host ports
     plan: Optional[dict]  # the plan in force (made now, or recorded on the ConfigMap)
@@ -124,10 +127,12 @@ async def refuse(run: Run, reason: str, message: str) -> None:
     if run.cm is None:
         fields["phase"] = st.FAILED
         fields["completionTime"] = st.iso(run.now)
-        conds += [run.condition("Failed", True, reason, message),
-                  run.condition("Succeeded", False, reason, message),
-                  run.condition("Ready", False, reason, "no pods were created"),
-                  run.condition("Progressing", False, reason, message)]
+        conds += [
+            run.condition("Failed", True, reason, message),
+            run.condition("Succeeded", False, reason, message),
+            run.condition("Ready", False, reason, "no pods were created"),
+            run.condition("Progressing", False, reason, message),
+        ]
     else:
         applied_gen = (run.cm["metadata"].get("annotations") or {}).get(b.ANNOTATION_GENERATION, "?")
         conds[0]["message"] = f"{message}; the job keeps running its applied spec (generation {applied_gen})"
@@ -173,8 +178,11 @@ def _applied_with_edits(cm: dict, job: TianJiJob) -> Planned:
     fixed = [c for c in changes if not is_mutable(c[0])]
     if fixed:
         listing = "; ".join(f"{p}: {json.dumps(o)} -> {json.dumps(n)}" for p, o, n in fixed[:8])
-        raise Refused("ImmutableFieldChanged", f"{listing}{' ...' if len(fixed) > 8 else ''} cannot change on a "
-                                               "created job (delete and re-create it); no change was applied")
+        raise Refused(
+            "ImmutableFieldChanged",
+            f"{listing}{' ...' if len(fixed) > 8 else ''} cannot change on a "
+            "created job (delete and re-create it); no change was applied",
+        )
     planned = Planned(job, resolved, plan)
     if changes:
         doc = resolved.to_manifest()
@@ -189,8 +197,14 @@ def _applied_with_edits(cm: dict, job: TianJiJob) -> Planned:
 
 def _kept_failed(run: Run) -> bool:
     """A job that failed on its host ports stays failed when the operator restarts."""
-    return run.status.get("phase") == st.FAILED and run.handler != "update" and any(
-        c.get("type") == "Failed" and c.get("reason") in HOST_PORT_REASONS for c in run.status.get("conditions") or [])
+    return (
+        run.status.get("phase") == st.FAILED
+        and run.handler != "update"
+        and any(
+            c.get("type") == "Failed" and c.get("reason") in HOST_PORT_REASONS
+            for c in run.status.get("conditions") or []
+        )
+    )
 
 
 async def _first_plan(run: Run, job: TianJiJob) -> Planned:
@@ -210,7 +224,8 @@ async def _host_ports(run: Run, planned: Planned) -> None:
     recorded = hp.recorded_block(run.body)
     if run.cm is not None:
         planned.host_block = PortBlock.from_status(recorded or {}) or block_of(
-            planned.resolved, is_pinned(planned.job.spec.network))
+            planned.resolved, is_pinned(planned.job.spec.network)
+        )
         run.op.host_ports[hp.key(run.ns, run.name)] = planned.host_block
         return
     try:
@@ -230,9 +245,16 @@ async def children_step(run: Run, planned: Planned) -> Optional[tuple[dict[int, 
     op = run.op
     try:
         desired = await _desired_actors(run, planned)
-        objs = b.children(planned.resolved, planned.job.spec, desired, scrapers=op.config.metrics_scrapers,
-                          command=op.config.worker_command, defaults=op.config.worker_defaults,
-                          generation=run.gen or 0, plan=planned.plan)
+        objs = b.children(
+            planned.resolved,
+            planned.job.spec,
+            desired,
+            scrapers=op.config.metrics_scrapers,
+            command=op.config.worker_command,
+            defaults=op.config.worker_defaults,
+            generation=run.gen or 0,
+            plan=planned.plan,
+        )
         if planned.suspended:  # no learner/buffer pods; actors at 0 replicas
             objs = [o for o in objs if o["kind"] != "Pod"]
             if not run.ended:
@@ -284,18 +306,23 @@ async def _ensure(run: Run, planned: Planned, objs: list[dict], desired: dict[in
         elif obj["kind"] == "StatefulSet":
             g = int(obj["metadata"]["labels"][b.LABEL_GROUP])
             if (got.get("spec") or {}).get("replicas") != desired[g]:
-                await run.op.kube.patch("StatefulSet", run.ns, obj["metadata"]["name"],
-                                        {"spec": {"replicas": desired[g]}})
+                await run.op.kube.patch(
+                    "StatefulSet", run.ns, obj["metadata"]["name"], {"spec": {"replicas": desired[g]}}
+                )
     return created
 
 
 async def _record_applied(run: Run, cm: dict, want: dict) -> None:
     """The ConfigMap `want` (the planned job, the applied spec) written over the live `cm` where they differ."""
-    if (want["data"] != cm.get("data")
-            or want["metadata"]["annotations"][b.ANNOTATION_SPEC]
-            != cm["metadata"].get("annotations", {}).get(b.ANNOTATION_SPEC)):
-        await run.op.kube.patch("ConfigMap", run.ns, want["metadata"]["name"], {
-            "data": want["data"], "metadata": {"annotations": want["metadata"]["annotations"]}})
+    if want["data"] != cm.get("data") or want["metadata"]["annotations"][b.ANNOTATION_SPEC] != cm["metadata"].get(
+        "annotations", {}
+    ).get(b.ANNOTATION_SPEC):
+        await run.op.kube.patch(
+            "ConfigMap",
+            run.ns,
+            want["metadata"]["name"],
+            {"data": want["data"], "metadata": {"annotations": want["metadata"]["annotations"]}},
+        )
 
 
 # ----------------------------------------------------------------- status
@@ -303,9 +330,11 @@ async def status_step(run: Run, planned: Planned, desired: dict[int, int]) -> No
     """status.plan, hostPorts, phase, conditions and groups, computed from a fresh read: a job
     that ran and ended keeps its final phase and conditions."""
     resolved, plan = planned.resolved, planned.plan
-    always = [run.condition("Planned", True, "Planned", _plan_summary_from(plan, desired)),
-              run.condition("Failed", False, "SpecValid", "the spec is valid and planned"),
-              statevolume.condition(resolved, plan, run.now, run.gen)]
+    always = [
+        run.condition("Planned", True, "Planned", _plan_summary_from(plan, desired)),
+        run.condition("Failed", False, "SpecValid", "the spec is valid and planned"),
+        statevolume.condition(resolved, plan, run.now, run.gen),
+    ]
 
     def compute(fresh: dict) -> Optional[dict]:
         cur = fresh.get("status") or {}
@@ -320,8 +349,9 @@ async def status_step(run: Run, planned: Planned, desired: dict[int, int]) -> No
         fields.update(observedGeneration=run.gen, **phase_fields)
         if "groups" not in cur or planned.planned_now:
             replicas = {g: {"spec": {"replicas": n}} for g, n in desired.items()}
-            fields["groups"], fields["actors"] = st.summarize(resolved.spec.topology, [], replicas,
-                                                              b.LABEL_ROLE, b.LABEL_GROUP)
+            fields["groups"], fields["actors"] = st.summarize(
+                resolved.spec.topology, [], replicas, b.LABEL_ROLE, b.LABEL_GROUP
+            )
         fields["conditions"] = st.set_conditions(cur.get("conditions"), *always, *conds)
         return fields
 
@@ -339,12 +369,17 @@ def _phase(run: Run, planned: Planned, cur: dict) -> tuple[dict, list[dict]]:
     if planned.suspended:
         why = statevolume.suspend_message(planned.resolved, planned.plan)
         fields["phase"] = st.SUSPENDED
-        conds += [run.condition("Suspended", True, "Suspended", why), run.condition("Ready", False, "Suspended", why),
-                  run.condition("Progressing", False, "Suspended", why)]
+        conds += [
+            run.condition("Suspended", True, "Suspended", why),
+            run.condition("Ready", False, "Suspended", why),
+            run.condition("Progressing", False, "Suspended", why),
+        ]
     elif phase not in (st.PENDING, st.RUNNING):
         fields["phase"] = st.PENDING
-        conds += [run.condition("Ready", False, "PodsStarting", "waiting for the pods"),
-                  run.condition("Progressing", True, "Starting", "creating pods")]
+        conds += [
+            run.condition("Ready", False, "PodsStarting", "waiting for the pods"),
+            run.condition("Progressing", True, "Starting", "creating pods"),
+        ]
         if phase == st.SUSPENDED:
             conds.append(run.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: pods re-created"))
     if not planned.suspended and (not cur.get("activeSince") or phase == st.SUSPENDED):
@@ -358,8 +393,13 @@ def _plan_summary_from(plan_json: Optional[dict], desired: Optional[dict[int, in
         return "planned"
     p = plan_json
     now = sorted(set((desired or {}).values()))
-    actors = f"{p['actors']} actors" if not now or now == [p["actors"]] else (
-        f"{'/'.join(map(str, now))} actors (planned {p['actors']})")
-    return (f"{p['groups']} group(s) x ({actors}, {p['buffers']} buffers, {p['learners']} learners); "
-            f"{p['cpusUsed']:g} cores, {p['gpusUsed']} GPUs; predicted {p['producedFps']:.0f} frames/s produced, "
-            f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}")
+    actors = (
+        f"{p['actors']} actors"
+        if not now or now == [p["actors"]]
+        else (f"{'/'.join(map(str, now))} actors (planned {p['actors']})")
+    )
+    return (
+        f"{p['groups']} group(s) x ({actors}, {p['buffers']} buffers, {p['learners']} learners); "
+        f"{p['cpusUsed']:g} cores, {p['gpusUsed']} GPUs; predicted {p['producedFps']:.0f} frames/s produced, "
+        f"{p['consumedSps']:.0f} samples/s consumed; {p['bottleneck']}"
+    )

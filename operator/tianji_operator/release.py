@@ -10,6 +10,7 @@ With `--delete-jobs` the jobs are deleted too (their pods and children with them
 
 Re-adopting released jobs after a reinstall: `kubectl annotate tjj --all -A tianji.dev/released-`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,14 +40,22 @@ def _held(job: dict) -> bool:
     return FINALIZER in (job["metadata"].get("finalizers") or [])
 
 
-async def release_jobs(kube: KubeClient, namespaces: list[str], *, delete: bool = False, wait: float = 60.0,
-                       poll: float = 1.0, clock: Callable[[], float] = time.monotonic) -> dict[str, list[str]]:
+async def release_jobs(
+    kube: KubeClient,
+    namespaces: list[str],
+    *,
+    delete: bool = False,
+    wait: float = 60.0,
+    poll: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, list[str]]:
     """Release (and with `delete`, delete) every job; {"released": [...], "stripped": [...], "deleted": [...]}."""
     done: dict[str, list[str]] = {"released": [], "stripped": [], "deleted": []}
     for job in await _jobs(kube, namespaces):
         meta = job["metadata"]
-        await kube.patch("TianJiJob", meta.get("namespace"), meta["name"],
-                         {"metadata": {"annotations": {RELEASED: "true"}}})
+        await kube.patch(
+            "TianJiJob", meta.get("namespace"), meta["name"], {"metadata": {"annotations": {RELEASED: "true"}}}
+        )
         done["released"].append(f"{meta.get('namespace')}/{meta['name']}")
     deadline = clock() + wait
     while True:
@@ -58,8 +67,12 @@ async def release_jobs(kube: KubeClient, namespaces: list[str], *, delete: bool 
         meta = job["metadata"]
         rest = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
         try:
-            await kube.patch("TianJiJob", meta.get("namespace"), meta["name"],
-                             {"metadata": {"finalizers": rest, "resourceVersion": meta["resourceVersion"]}})
+            await kube.patch(
+                "TianJiJob",
+                meta.get("namespace"),
+                meta["name"],
+                {"metadata": {"finalizers": rest, "resourceVersion": meta["resourceVersion"]}},
+            )
             done["stripped"].append(f"{meta.get('namespace')}/{meta['name']}")
         except ApiError as e:
             if e.status not in (404, 409):

@@ -1,34 +1,44 @@
 """TianJiJob `.status`: phase, conditions, replicas per group — pure functions.
 
-    phase               Pending | Running | Suspended | Succeeded | Failed
-    conditions[]        type (Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed,
-                        TargetReached: timers/outcome.py),
-                        status, reason, message, lastTransitionTime (changes only when status flips),
-                        observedGeneration
-    observedGeneration  the metadata.generation the operator last reconciled
-    plan                the planner's output (topology, per-role requests, predictions)
-    groups[]            {group, actors|buffers|learners: {desired, ready}}
-    actors              "ready/desired" over all groups (printer column)
-    envFrames, episodes, meanReturn, meanEpisodeLength, policyVersion, policyLag, throughput, rates, bytesSent,
-    droppedSamples, rejectedMessages, reportTime
-                        tianji.control.contracts.accounting's view (summary.json's numbers, camelCase)
-    accounting          the accounting's state (an operator restart continues from it)
-    autoscale           lastRescaleTime, lastDecision, lastEvaluation
-    restarts            container restarts of the job's pods (runPolicy.backoffLimit); timers/restarts.py
-    restartsByRole, podsSeen  restarts and pod re-creations by role, and what was counted of each pod
-    model[]             each learner's newest checkpoint (after the end: the one written as it stopped)
-    activeSince         creation or last resume (runPolicy.activeDeadlineSeconds counts from it)
-    startTime, completionTime
-    endReason           how the job ended: TargetReached, FrameBudget, TimeBudget, or its Failed reason
+phase               Pending | Running | Suspended | Succeeded | Failed
+conditions[]        type (Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed,
+                    TargetReached: timers/outcome.py),
+                    status, reason, message, lastTransitionTime (changes only when status flips),
+                    observedGeneration
+observedGeneration  the metadata.generation the operator last reconciled
+plan                the planner's output (topology, per-role requests, predictions)
+groups[]            {group, actors|buffers|learners: {desired, ready}}
+actors              "ready/desired" over all groups (printer column)
+envFrames, episodes, meanReturn, meanEpisodeLength, policyVersion, policyLag, throughput, rates, bytesSent,
+droppedSamples, rejectedMessages, reportTime
+                    tianji.control.contracts.accounting's view (summary.json's numbers, camelCase)
+accounting          the accounting's state (an operator restart continues from it)
+autoscale           lastRescaleTime, lastDecision, lastEvaluation
+restarts            container restarts of the job's pods (runPolicy.backoffLimit); timers/restarts.py
+restartsByRole, podsSeen  restarts and pod re-creations by role, and what was counted of each pod
+model[]             each learner's newest checkpoint (after the end: the one written as it stopped)
+activeSince         creation or last resume (runPolicy.activeDeadlineSeconds counts from it)
+startTime, completionTime
+endReason           how the job ended: TargetReached, FrameBudget, TimeBudget, or its Failed reason
 """
+
 from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-CONDITION_TYPES = ("Planned", "Durable", "Ready", "Progressing", "Rescaled", "Suspended", "Succeeded", "Failed",
-                   "TargetReached")
+CONDITION_TYPES = (
+    "Planned",
+    "Durable",
+    "Ready",
+    "Progressing",
+    "Rescaled",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+    "TargetReached",
+)
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 SUSPENDED = "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)
@@ -42,19 +52,24 @@ def parse_iso(text: Optional[str]) -> Optional[float]:
     if not text:
         return None
     try:
-        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=datetime.timezone.utc).timestamp()
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
     except ValueError:
         return None
 
 
-def condition(ctype: str, status: bool | str, reason: str, message: str = "", *, now: float,
-              generation: Optional[int] = None) -> dict:
+def condition(
+    ctype: str, status: bool | str, reason: str, message: str = "", *, now: float, generation: Optional[int] = None
+) -> dict:
     if ctype not in CONDITION_TYPES:
         raise ValueError(f"unknown condition type {ctype}")
     st = status if isinstance(status, str) else ("True" if status else "False")
-    c: dict[str, Any] = {"type": ctype, "status": st, "reason": reason, "message": message,
-                         "lastTransitionTime": iso(now)}
+    c: dict[str, Any] = {
+        "type": ctype,
+        "status": st,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": iso(now),
+    }
     if generation is not None:
         c["observedGeneration"] = generation
     return c
@@ -88,8 +103,9 @@ def pod_phase(pod: dict) -> str:
     return (pod.get("status") or {}).get("phase") or "Pending"
 
 
-def summarize(topology: Any, pods: list[dict], statefulsets: Mapping[int, Optional[dict]],
-              label_role: str, label_group: str) -> tuple[list[dict], str]:
+def summarize(
+    topology: Any, pods: list[dict], statefulsets: Mapping[int, Optional[dict]], label_role: str, label_group: str
+) -> tuple[list[dict], str]:
     """Per-group desired/ready counts and the "ready/desired" actors summary."""
     groups = []
     a_ready = a_desired = 0
@@ -105,8 +121,9 @@ def summarize(topology: Any, pods: list[dict], statefulsets: Mapping[int, Option
         entry["actors"] = {"desired": desired, "ready": min(ready, desired) if desired else ready}
         a_ready += entry["actors"]["ready"]
         a_desired += desired
-        groups.append({"group": g, "actors": entry["actors"], "buffers": entry["buffers"],
-                       "learners": entry["learners"]})
+        groups.append(
+            {"group": g, "actors": entry["actors"], "buffers": entry["buffers"], "learners": entry["learners"]}
+        )
     return groups, f"{a_ready}/{a_desired}"
 
 
@@ -117,8 +134,10 @@ def all_ready(groups: list[dict]) -> bool:
 def camel_keys(obj: Any) -> Any:
     """snake_case dict keys → camelCase (Kubernetes API convention), recursively."""
     if isinstance(obj, dict):
-        return {"".join(w.capitalize() if i else w for i, w in enumerate(str(k).split("_"))): camel_keys(v)
-                for k, v in obj.items()}
+        return {
+            "".join(w.capitalize() if i else w for i, w in enumerate(str(k).split("_"))): camel_keys(v)
+            for k, v in obj.items()
+        }
     if isinstance(obj, list):
         return [camel_keys(v) for v in obj]
     return obj

@@ -15,6 +15,7 @@ Names are fixed (idempotent creation, no duplicates after a restart), from
 Every object carries the labels tianji.dev/job, tianji.dev/role and (per
 group) tianji.dev/group; the handlers add owner references with kopf.adopt.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,7 @@ def checkpoint_claim_name(job: str) -> str:
     return f"{job}-checkpoints"
 
 
-def labels(job: str, role: Optional[str] = None, group: Optional[int] = None,
-           index: Optional[int] = None) -> dict:
+def labels(job: str, role: Optional[str] = None, group: Optional[int] = None, index: Optional[int] = None) -> dict:
     out = {**MANAGED_BY, "app.kubernetes.io/instance": job, LABEL_JOB: job}
     if role is not None:
         out[LABEL_ROLE] = role
@@ -107,8 +107,9 @@ def cpu_quantity(cores: float) -> str:
 # ----------------------------------------------------------------- the applied spec
 def spec_json(spec: JobSpec) -> str:
     """Canonical JSON of a spec (defaults filled): what `applied-spec` stores and diffs compare."""
-    return json.dumps(spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True,
-                      separators=(",", ":"))
+    return json.dumps(
+        spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True, separators=(",", ":")
+    )
 
 
 # ----------------------------------------------------------------- objects
@@ -124,23 +125,34 @@ def _meta(job: TianJiJob, name: str, lab: dict, annotations: Optional[dict] = No
 def configmap(resolved: TianJiJob, applied_spec: JobSpec, generation: int = 0, plan: Optional[dict] = None) -> dict:
     """The planned job for the workers; annotations record the applied spec and the plan."""
     manifest = resolved.to_manifest()
-    manifest["metadata"] = {"name": resolved.name, **({"namespace": resolved.metadata.namespace}
-                                                       if resolved.metadata.namespace else {})}
+    manifest["metadata"] = {
+        "name": resolved.name,
+        **({"namespace": resolved.metadata.namespace} if resolved.metadata.namespace else {}),
+    }
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(resolved, configmap_name(resolved.name), labels(resolved.name),
-                          {ANNOTATION_SPEC: spec_json(applied_spec), ANNOTATION_GENERATION: str(generation),
-                           **({ANNOTATION_PLAN: json.dumps(plan, sort_keys=True, separators=(",", ":"))}
-                              if plan else {})}),
+        "metadata": _meta(
+            resolved,
+            configmap_name(resolved.name),
+            labels(resolved.name),
+            {
+                ANNOTATION_SPEC: spec_json(applied_spec),
+                ANNOTATION_GENERATION: str(generation),
+                **({ANNOTATION_PLAN: json.dumps(plan, sort_keys=True, separators=(",", ":"))} if plan else {}),
+            },
+        ),
         "data": {JOB_FILE: yaml.safe_dump(manifest, sort_keys=False)},
     }
 
 
 def _data_ports(job: TianJiJob) -> list[dict]:
     base = job.spec.network.base_port
-    return [{"name": ch, "port": base + PORTS[ch], "targetPort": ch, "protocol": "TCP"}
-            for r in ("buffer", "learner") for ch in ROLE_PORTS[r]]
+    return [
+        {"name": ch, "port": base + PORTS[ch], "targetPort": ch, "protocol": "TCP"}
+        for r in ("buffer", "learner")
+        for ch in ROLE_PORTS[r]
+    ]
 
 
 def service(job: TianJiJob) -> dict:
@@ -153,8 +165,8 @@ def service(job: TianJiJob) -> dict:
             # DNS records before readiness: peers resolve each other while starting.
             "publishNotReadyAddresses": True,
             "selector": selector(job.name),
-            "ports": _data_ports(job) + [{"name": "metrics", "port": job.spec.network.metrics_port,
-                                          "targetPort": "metrics", "protocol": "TCP"}],
+            "ports": _data_ports(job)
+            + [{"name": "metrics", "port": job.spec.network.metrics_port, "targetPort": "metrics", "protocol": "TCP"}],
         },
     }
 
@@ -190,8 +202,12 @@ def checkpoint_pvc(job: TianJiJob) -> Optional[dict]:
     spec: dict = {"accessModes": [c.access_mode], "resources": {"requests": {"storage": c.size}}}
     if c.storage_class_name:
         spec["storageClassName"] = c.storage_class_name
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": _meta(job, checkpoint_claim_name(job.name), labels(job.name, "learner")), "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(job, checkpoint_claim_name(job.name), labels(job.name, "learner")),
+        "spec": spec,
+    }
 
 
 # The claim each learner pod gets by default (statevolume.py decides; a checkpoint is the model, the
@@ -229,11 +245,16 @@ def state_pvcs(job: TianJiJob, plan: Optional[dict]) -> list[dict]:
                 continue
             size = AUTO_CLAIM_SIZE if role == "learner" else job.spec.resources.buffer.memory
             for i in range(n):
-                out.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                            "metadata": _meta(job, state_claim_name(pod_name(job.name, role, g, i)),
-                                              labels(job.name, role, g, i)),
-                            "spec": {"accessModes": ["ReadWriteOnce"],
-                                     "resources": {"requests": {"storage": size}}}})
+                out.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolumeClaim",
+                        "metadata": _meta(
+                            job, state_claim_name(pod_name(job.name, role, g, i)), labels(job.name, role, g, i)
+                        ),
+                        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}},
+                    }
+                )
     return out
 
 
@@ -263,8 +284,13 @@ def _resources(job: TianJiJob, role: str) -> dict:
 # ----------------------------------------------------------------- Pod Security
 def pod_security_context() -> dict:
     """Pod Security "restricted": a non-root user, the runtime's default seccomp profile."""
-    return {"runAsNonRoot": True, "runAsUser": WORKER_UID, "runAsGroup": WORKER_UID, "fsGroup": WORKER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": WORKER_UID,
+        "runAsGroup": WORKER_UID,
+        "fsGroup": WORKER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def container_security_context(job: TianJiJob) -> dict:
@@ -274,8 +300,12 @@ def container_security_context(job: TianJiJob) -> dict:
     caps: dict = {"drop": ["ALL"]}
     if job.spec.network.rdma:
         caps["add"] = ["IPC_LOCK"]
-    return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
-            "capabilities": caps}
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": caps,
+    }
 
 
 # ----------------------------------------------------------------- pod overlays
@@ -308,8 +338,7 @@ def apply_overlay(spec: dict, container: dict, overlay: PodOverlay) -> None:
     container["volumeMounts"] += o.get("volumeMounts", [])
 
 
-def scheduling(job: TianJiJob, role: str, spec: dict, container: dict,
-               defaults: Optional[PodOverlay] = None) -> None:
+def scheduling(job: TianJiJob, role: str, spec: dict, container: dict, defaults: Optional[PodOverlay] = None) -> None:
     """Overlays, and the toleration of tainted GPU pools for roles that request GPUs."""
     if getattr(job.spec.resources, role).gpu:
         spec["tolerations"] = [dict(GPU_TOLERATION)]
@@ -336,8 +365,14 @@ def pod_metrics_port(job: TianJiJob, role: str, group: int, index: str) -> int:
 def container_ports(job: TianJiJob, role: str, group: int, index: str) -> list[dict]:
     """Named data ports of the role (tianji.control.contracts.addressing's layout) and `metrics`."""
     i = _slot_index(index)
-    ports = [{"name": ch, "containerPort": data_port(job.spec.network.base_port, ch, group, i, port_slots(job)),
-              "protocol": "TCP"} for ch in ROLE_PORTS[role]]
+    ports = [
+        {
+            "name": ch,
+            "containerPort": data_port(job.spec.network.base_port, ch, group, i, port_slots(job)),
+            "protocol": "TCP",
+        }
+        for ch in ROLE_PORTS[role]
+    ]
     ports.append({"name": "metrics", "containerPort": pod_metrics_port(job, role, group, index), "protocol": "TCP"})
     return ports
 
@@ -352,8 +387,10 @@ def worker_container(job: TianJiJob, role: str, group: int, index: str, launch: 
         "imagePullPolicy": "IfNotPresent",
         "command": launch.command,
         "args": launch.args,
-        "env": [*({"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in launch.field_env.items()),
-                *({"name": k, "value": v} for k, v in launch.env.items())],
+        "env": [
+            *({"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in launch.field_env.items()),
+            *({"name": k, "value": v} for k, v in launch.env.items()),
+        ],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         "ports": container_ports(job, role, group, index),
@@ -361,8 +398,12 @@ def worker_container(job: TianJiJob, role: str, group: int, index: str, launch: 
         # timeoutSeconds 5, not the default 1: a worker whose loop keeps its cores busy (unpaced
         # actors on 2 cores) can take over a second to render /metrics, and a pod marked not ready
         # holds the autoscaler back ("waiting for actors to become ready")
-        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
-                           "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {
+            "httpGet": {"path": "/metrics", "port": "metrics"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
         "volumeMounts": [
             {"name": "job", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
@@ -374,13 +415,28 @@ def worker_container(job: TianJiJob, role: str, group: int, index: str, launch: 
     }
 
 
-def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[str],
-             hostname: Optional[str] = None, defaults: Optional[PodOverlay] = None,
-             plan: Optional[dict] = None) -> dict:
+def pod_spec(
+    job: TianJiJob,
+    role: str,
+    group: int,
+    index: str,
+    command: list[str],
+    hostname: Optional[str] = None,
+    defaults: Optional[PodOverlay] = None,
+    plan: Optional[dict] = None,
+) -> dict:
     """Every worker pod's spec: learner, buffer and evaluator pods (`hostname`: their stable DNS
     name) and the actor StatefulSets' template (index `auto`); the overlays last."""
-    launch = worker_launch(job, role, group, index, engine="pod", job_file=f"{CONFIG_DIR}/{JOB_FILE}",
-                           command=command, metrics_port=pod_metrics_port(job, role, group, index))
+    launch = worker_launch(
+        job,
+        role,
+        group,
+        index,
+        engine="pod",
+        job_file=f"{CONFIG_DIR}/{JOB_FILE}",
+        command=command,
+        metrics_port=pod_metrics_port(job, role, group, index),
+    )
     container = worker_container(job, role, group, index, launch)
     spec: dict = {
         # an evaluator that fails is restarted, never the job's failure (as an actor)
@@ -390,8 +446,10 @@ def pod_spec(job: TianJiJob, role: str, group: int, index: str, command: list[st
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": [
-            {"name": "job", "configMap": {"name": configmap_name(job.name),
-                                          "items": [{"key": JOB_FILE, "path": JOB_FILE}]}},
+            {
+                "name": "job",
+                "configMap": {"name": configmap_name(job.name), "items": [{"key": JOB_FILE, "path": JOB_FILE}]},
+            },
             state_volume(job, role, hostname, plan),
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             {"name": "scratch", "emptyDir": {}},
@@ -418,15 +476,29 @@ def curve_secrets(job: TianJiJob) -> list[dict]:
         return []
     pairs = {role: keypair() for role in KEYED_ROLES}
     peers = {role: public for role, (public, _) in pairs.items()}
-    return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-             "metadata": _meta(job, curve_secret_name(job.name, role), labels(job.name, role)),
-             "stringData": {CURVE_FILE: json.dumps({"identity": role, "public": public, "secret": secret,
-                                                    "peers": peers})}}
-            for role, (public, secret) in pairs.items()]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": _meta(job, curve_secret_name(job.name, role), labels(job.name, role)),
+            "stringData": {
+                CURVE_FILE: json.dumps({"identity": role, "public": public, "secret": secret, "peers": peers})
+            },
+        }
+        for role, (public, secret) in pairs.items()
+    ]
 
 
-def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[str],
-             defaults: Optional[PodOverlay] = None, plan: Optional[dict] = None) -> dict:
+def role_pod(
+    job: TianJiJob,
+    role: str,
+    group: int,
+    index: int,
+    command: list[str],
+    defaults: Optional[PodOverlay] = None,
+    plan: Optional[dict] = None,
+) -> dict:
     """A learner, buffer or evaluator pod: stable name = hostname, under the headless Service's subdomain."""
     name = pod_name(job.name, role, group, index)
     return {
@@ -437,8 +509,9 @@ def role_pod(job: TianJiJob, role: str, group: int, index: int, command: list[st
     }
 
 
-def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[str],
-                      defaults: Optional[PodOverlay] = None) -> dict:
+def actor_statefulset(
+    job: TianJiJob, group: int, replicas: int, command: list[str], defaults: Optional[PodOverlay] = None
+) -> dict:
     """One group's actors; each pod derives its index from its ordinal (`--index auto`)."""
     lab = labels(job.name, "actor", group)
     return {
@@ -450,20 +523,34 @@ def actor_statefulset(job: TianJiJob, group: int, replicas: int, command: list[s
             "replicas": replicas,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector(job.name, "actor", group)},
-            "template": {"metadata": {"labels": dict(lab)}, "spec": pod_spec(job, "actor", group, "auto", command,
-                                                                                defaults=defaults)},
+            "template": {
+                "metadata": {"labels": dict(lab)},
+                "spec": pod_spec(job, "actor", group, "auto", command, defaults=defaults),
+            },
         },
     }
 
 
-def children(resolved: TianJiJob, applied_spec: JobSpec, actors: dict[int, int], *,
-             scrapers: list[dict], command: list[str], generation: int = 0,
-             plan: Optional[dict] = None, defaults: Optional[PodOverlay] = None) -> list[dict]:
+def children(
+    resolved: TianJiJob,
+    applied_spec: JobSpec,
+    actors: dict[int, int],
+    *,
+    scrapers: list[dict],
+    command: list[str],
+    generation: int = 0,
+    plan: Optional[dict] = None,
+    defaults: Optional[PodOverlay] = None,
+) -> list[dict]:
     """Everything a job needs, in creation order (the ConfigMap first: pods mount it).
     `defaults`: the cluster-wide pod overlay (chart values `workerDefaults`)."""
     t = resolved.spec.topology
-    out = [configmap(resolved, applied_spec, generation, plan), service(resolved), network_policy(resolved, scrapers),
-           *curve_secrets(resolved)]
+    out = [
+        configmap(resolved, applied_spec, generation, plan),
+        service(resolved),
+        network_policy(resolved, scrapers),
+        *curve_secrets(resolved),
+    ]
     pvc = checkpoint_pvc(resolved)
     if pvc is not None:
         out.append(pvc)

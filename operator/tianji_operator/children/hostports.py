@@ -6,6 +6,7 @@ pinned ports of jobs not yet recorded, and from blocks this process handed out w
 status write has not landed yet (`Operator.host_ports`). One lock per operator makes
 two jobs created at once take turns.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -62,13 +63,18 @@ async def taken_blocks(op: Operator, ns: Optional[str], name: str) -> dict[str, 
     return out
 
 
-async def job_block(op: Operator, ns: Optional[str], name: str, planned: TianJiJob, requested: TianJiJob,
-                    recorded: Optional[dict]) -> PortBlock:
+async def job_block(
+    op: Operator, ns: Optional[str], name: str, planned: TianJiJob, requested: TianJiJob, recorded: Optional[dict]
+) -> PortBlock:
     """This job's block (tianji.control.contracts.ports.assign); HostPortError when it cannot have one."""
     async with op.host_ports_lock:
-        block = assign(planned, requested.spec.network, await taken_blocks(op, ns, name),
-                       parse_port_range(op.config.host_port_range),
-                       PortBlock.from_status(recorded) if recorded else None)
+        block = assign(
+            planned,
+            requested.spec.network,
+            await taken_blocks(op, ns, name),
+            parse_port_range(op.config.host_port_range),
+            PortBlock.from_status(recorded) if recorded else None,
+        )
         op.host_ports[key(ns, name)] = block
         return block
 

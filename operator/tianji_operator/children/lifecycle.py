@@ -3,6 +3,7 @@ ConfigMap comes back; hand-scaling is set back), creations that admission refuse
 good (the job fails with the apiserver's words, no retry loop), suspension, and the end
 (`finish`: the terminal status first, then cleanPodPolicy).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -43,12 +44,19 @@ def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
     try:
         doc = parse_job(manifest_of(body)).to_manifest()
         # The spec's groupSync stays: status.plan carries only the counts.
-        doc["spec"]["topology"] = {**doc["spec"]["topology"], "auto": False,
-                                   **{k: int(v) for k, v in plan["topology"].items()}}
+        doc["spec"]["topology"] = {
+            **doc["spec"]["topology"],
+            "auto": False,
+            **{k: int(v) for k, v in plan["topology"].items()},
+        }
         for role in ("actor", "buffer", "learner"):
             rp = plan[role]
-            doc["spec"]["resources"][role] = {"cpu": rp["cpu"], "memory": rp["memory"], "gpu": rp["gpu"],
-                                              "threads": rp["threads"]}
+            doc["spec"]["resources"][role] = {
+                "cpu": rp["cpu"],
+                "memory": rp["memory"],
+                "gpu": rp["gpu"],
+                "threads": rp["threads"],
+            }
         block = PortBlock.from_status((body.get("status") or {}).get("hostPorts") or {})
         if block is not None:  # hostNetwork: the ports the pods were given
             with_block(doc, block)
@@ -65,13 +73,15 @@ async def recreate_configmap(op: Operator, body: Any, plan: dict, logger: kopf.L
     obj = b.configmap(resolved, parse_job(manifest_of(body)).spec, body["metadata"].get("generation") or 0, plan)
     got, created = await op.kube.ensure(adopt(obj, body))
     if created:
-        kopf.warn(body, reason="Recreated", message=f"ConfigMap/{obj['metadata']['name']} (from the spec and "
-                                                    "status.plan)")
+        kopf.warn(
+            body, reason="Recreated", message=f"ConfigMap/{obj['metadata']['name']} (from the spec and status.plan)"
+        )
     return got
 
 
-async def reconcile_manual_scaling(op: Operator, body: Any, resolved: TianJiJob, sets: dict,
-                                    logger: kopf.Logger) -> None:
+async def reconcile_manual_scaling(
+    op: Operator, body: Any, resolved: TianJiJob, sets: dict, logger: kopf.Logger
+) -> None:
     """autoscale.mode off: actor StatefulSets have spec.topology.actors replicas; a manual
     `kubectl scale sts` is set back (Warning event ScaleReconciled). external: adopted
     (never touched); planner: the autoscaler's next decision applies."""
@@ -88,13 +98,23 @@ async def reconcile_manual_scaling(op: Operator, body: Any, resolved: TianJiJob,
     for g, s in sets.items():
         have = int(((s or {}).get("spec") or {}).get("replicas") or 0) if s is not None else None
         if have is not None and have != want:
-            await op.kube.patch("StatefulSet", body["metadata"].get("namespace"), actor_set_name(
-                body["metadata"]["name"], g), {"spec": {"replicas": want}})
+            await op.kube.patch(
+                "StatefulSet",
+                body["metadata"].get("namespace"),
+                actor_set_name(body["metadata"]["name"], g),
+                {"spec": {"replicas": want}},
+            )
             back.append(f"group {g}: {have} -> {want}")
     if back:
-        kopf.warn(body, reason="ScaleReconciled", message=("actor replicas set back to spec.topology.actors "
-                                                           "(autoscale.mode off; use mode external to let "
-                                                           "another scaler own them): " + ", ".join(back))[:900])
+        kopf.warn(
+            body,
+            reason="ScaleReconciled",
+            message=(
+                "actor replicas set back to spec.topology.actors "
+                "(autoscale.mode off; use mode external to let "
+                "another scaler own them): " + ", ".join(back)
+            )[:900],
+        )
 
 
 # ----------------------------------------------------------------- refused creations, suspension
@@ -104,13 +124,16 @@ def refused_for_good(e: ApiError) -> bool:
     return e.status == 422 or (e.status == 403 and "exceeded quota" not in e.message)
 
 
-PRIVILEGED_HINT = ("host networking and RDMA (spec.network.hostNetwork, spec.network.rdma) need a namespace "
-                   "whose Pod Security level is privileged (label pod-security.kubernetes.io/enforce=privileged); "
-                   "see docs/kubernetes.md")
+PRIVILEGED_HINT = (
+    "host networking and RDMA (spec.network.hostNetwork, spec.network.rdma) need a namespace "
+    "whose Pod Security level is privileged (label pod-security.kubernetes.io/enforce=privileged); "
+    "see docs/kubernetes.md"
+)
 
 
-async def creation_refused(op: Operator, body: Any, resolved: TianJiJob, obj: dict, e: ApiError, now: float,
-                            logger: kopf.Logger, handler: str) -> None:
+async def creation_refused(
+    op: Operator, body: Any, resolved: TianJiJob, obj: dict, e: ApiError, now: float, logger: kopf.Logger, handler: str
+) -> None:
     """The job fails with the apiserver's words (status and a Warning Event) instead of
     retrying a create that admission will refuse every time."""
     security = "violates PodSecurity" in e.message
@@ -138,8 +161,15 @@ async def delete_role_pods(op: Operator, ns: Optional[str], name: str) -> list[s
     return gone
 
 
-async def clean_up(op: Operator, ns: Optional[str], name: str, resolved: TianJiJob, pods: list[dict], policy: str,
-                   sets: Optional[dict] = None) -> tuple[list[str], bool]:
+async def clean_up(
+    op: Operator,
+    ns: Optional[str],
+    name: str,
+    resolved: TianJiJob,
+    pods: list[dict],
+    policy: str,
+    sets: Optional[dict] = None,
+) -> tuple[list[str], bool]:
     """cleanPodPolicy: Running deletes learner/buffer/evaluator pods not yet finished, All every
     one; both scale the actors to 0. Idempotent (pods being deleted and sets at 0, as read in
     `sets`, are left alone): the monitor repeats it after the end, so an operator stopped
@@ -149,7 +179,8 @@ async def clean_up(op: Operator, ns: Optional[str], name: str, resolved: TianJiJ
         return cleaned, False
     for p in pods:
         if p["metadata"].get("labels", {}).get(b.LABEL_ROLE) not in b.POD_ROLES or p["metadata"].get(
-                "deletionTimestamp"):
+            "deletionTimestamp"
+        ):
             continue
         if policy == "All" or st.pod_phase(p) in ("Pending", "Running", "Unknown"):
             if await op.kube.delete("Pod", ns, p["metadata"]["name"]):
@@ -167,9 +198,19 @@ async def clean_up(op: Operator, ns: Optional[str], name: str, resolved: TianJiJ
     return cleaned, scaled
 
 
-async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict], acc: Accounting,
-                  phase: str, reason: str, message: str, now: float, extra: Optional[dict] = None,
-                  conditions: tuple[dict, ...] = ()) -> None:
+async def finish(
+    op: Operator,
+    body: Any,
+    resolved: TianJiJob,
+    pods: list[dict],
+    acc: Accounting,
+    phase: str,
+    reason: str,
+    message: str,
+    now: float,
+    extra: Optional[dict] = None,
+    conditions: tuple[dict, ...] = (),
+) -> None:
     """Record the end (status first, from a fresh read: if another tick ended the job
     already, nothing changes), then clean up. The pods' final reports arrive afterwards
     (termination messages) and are counted by the monitor and the pod event handler.
@@ -179,12 +220,13 @@ async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict],
     policy = run_policy_of(body, resolved).clean_pod_policy
     ended = phase == st.SUCCEEDED
     gen = body["metadata"].get("generation")
-    conds = [st.condition("Progressing", False, "JobSucceeded" if ended else "JobFailed", message, now=now,
-                          generation=gen),
-             st.condition("Ready", False, reason, message, now=now, generation=gen),
-             st.condition("Succeeded", ended, reason if ended else "JobFailed", message, now=now, generation=gen),
-             st.condition("Failed", not ended, "JobSucceeded" if ended else reason, message, now=now,
-                          generation=gen), *conditions]
+    conds = [
+        st.condition("Progressing", False, "JobSucceeded" if ended else "JobFailed", message, now=now, generation=gen),
+        st.condition("Ready", False, reason, message, now=now, generation=gen),
+        st.condition("Succeeded", ended, reason if ended else "JobFailed", message, now=now, generation=gen),
+        st.condition("Failed", not ended, "JobSucceeded" if ended else reason, message, now=now, generation=gen),
+        *conditions,
+    ]
     won = False
 
     def compute(fresh: dict) -> Optional[dict]:
@@ -194,15 +236,22 @@ async def finish(op: Operator, body: Any, resolved: TianJiJob, pods: list[dict],
             won = False
             return None
         won = True
-        return {"endReason": reason, **(extra or {}), "phase": phase, "completionTime": st.iso(now),
-                "conditions": st.set_conditions(cur.get("conditions"), *conds), **counted_fields(acc, cur, now)}
+        return {
+            "endReason": reason,
+            **(extra or {}),
+            "phase": phase,
+            "completionTime": st.iso(now),
+            "conditions": st.set_conditions(cur.get("conditions"), *conds),
+            **counted_fields(acc, cur, now),
+        }
 
     await update_status(op, ns, name, compute)
     if not won:
         return
     cleaned, _ = await clean_up(op, ns, name, resolved, pods, policy)
-    msg = f"{reason}: {message}; cleanPodPolicy {policy}" + (f": deleted {len(cleaned)} pod(s), actors scaled to 0"
-                                                   if policy != "None" else "")
+    msg = f"{reason}: {message}; cleanPodPolicy {policy}" + (
+        f": deleted {len(cleaned)} pod(s), actors scaled to 0" if policy != "None" else ""
+    )
     if ended:
         kopf.info(body, reason="Succeeded", message=msg)
     else:

@@ -13,6 +13,7 @@ after a disruption.
 The decision is recorded in the plan (`stateVolume`, in status.plan and on the ConfigMap), so
 a class added or removed later never switches a running job's volumes.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,8 +25,10 @@ from ..context import Operator
 from ..kube import ApiError
 from . import builders as b
 
-DEFAULT_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
-                             "storageclass.beta.kubernetes.io/is-default-class")
+DEFAULT_CLASS_ANNOTATIONS = (
+    "storageclass.kubernetes.io/is-default-class",
+    "storageclass.beta.kubernetes.io/is-default-class",
+)
 
 
 async def default_storage_class(op: Operator) -> tuple[Optional[str], str]:
@@ -63,19 +66,38 @@ def describe(job: TianJiJob, plan: Optional[dict]) -> tuple[bool, str, str]:
     sv = (plan or {}).get("stateVolume") or {}
     claim = b.checkpoint_claim(job)
     if claim:
-        return True, "Claim", (f"learner checkpoints on PersistentVolumeClaim {claim}: a replaced or resumed "
-                               "learner continues from its last checkpoint")
+        return (
+            True,
+            "Claim",
+            (
+                f"learner checkpoints on PersistentVolumeClaim {claim}: a replaced or resumed "
+                "learner continues from its last checkpoint"
+            ),
+        )
     if b.per_pod_claims(job, plan):
-        return True, "DefaultStorageClass", (
-            f"each learner keeps its checkpoints on its own claim <pod>-state (StorageClass "
-            f"{sv.get('storageClass', 'default')}): a replaced or resumed learner continues from its last "
-            "checkpoint")
-    lost = ("learner state is in an emptyDir, lost with its pod: a replaced or resumed learner starts again "
-            "from policy version 0 (counts are kept in status)")
+        return (
+            True,
+            "DefaultStorageClass",
+            (
+                f"each learner keeps its checkpoints on its own claim <pod>-state (StorageClass "
+                f"{sv.get('storageClass', 'default')}): a replaced or resumed learner continues from its last "
+                "checkpoint"
+            ),
+        )
+    lost = (
+        "learner state is in an emptyDir, lost with its pod: a replaced or resumed learner starts again "
+        "from policy version 0 (counts are kept in status)"
+    )
     if sv.get("reason") == "NoDefaultStorageClass":
-        return False, "NoDefaultStorageClass", (f"{sv.get('detail') or 'no default StorageClass'}: {lost}; set "
-                                                "spec.checkpoint.size (with storageClassName) or "
-                                                "spec.checkpoint.persistentVolumeClaim to keep it")
+        return (
+            False,
+            "NoDefaultStorageClass",
+            (
+                f"{sv.get('detail') or 'no default StorageClass'}: {lost}; set "
+                "spec.checkpoint.size (with storageClassName) or "
+                "spec.checkpoint.persistentVolumeClaim to keep it"
+            ),
+        )
     if job.spec.checkpoint.ephemeral:
         return False, "Ephemeral", f"spec.checkpoint.ephemeral: {lost}"
     return False, "EmptyDir", lost  # a job created by an older operator: its volumes stay as they are
@@ -90,5 +112,7 @@ def suspend_message(job: TianJiJob, plan: Optional[dict]) -> str:
     """What runPolicy.suspend really keeps."""
     if durable(job, plan):
         return "runPolicy.suspend is true: pods deleted; counts and learner checkpoints kept"
-    return ("runPolicy.suspend is true: pods deleted; counts kept, but learner state is in an emptyDir and "
-            "is lost: on resume the learners start again from policy version 0")
+    return (
+        "runPolicy.suspend is true: pods deleted; counts kept, but learner state is in an emptyDir and "
+        "is lost: on resume the learners start again from policy version 0"
+    )

@@ -23,6 +23,7 @@ StatefulSet `spec.replicas`, posts an event and records the decision in
 `.status.autoscale` and the `Rescaled` condition. A job that is not Running is
 never rescaled (checked on a fresh read, just before the patch).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,19 +49,33 @@ class Observation:
     source: str = ""
 
     def throughput(self, actors: dict[int, int]) -> dict[int, GroupThroughput]:
-        return {g: GroupThroughput(produced_fps=v.get("produced", 0.0), received_sps=v.get("received", 0.0),
-                                   consumed_sps=v.get("consumed", 0.0), actors=actors[g],
-                                   capacity_sps=v.get("capacity"))
-                for g, v in self.groups.items() if g in actors}
+        return {
+            g: GroupThroughput(
+                produced_fps=v.get("produced", 0.0),
+                received_sps=v.get("received", 0.0),
+                consumed_sps=v.get("consumed", 0.0),
+                actors=actors[g],
+                capacity_sps=v.get("capacity"),
+            )
+            for g, v in self.groups.items()
+            if g in actors
+        }
 
     def record(self) -> dict:
         """What the decision was made from (status.autoscale.lastEvaluation)."""
-        return {"source": self.source,
-                "groups": [{"group": g, "producedFps": round(v.get("produced", 0.0), 3),
-                            "receivedFps": round(v.get("received", 0.0), 3),
-                            "consumedSps": round(v.get("consumed", 0.0), 3),
-                            **({"capacitySps": round(v["capacity"], 3)} if v.get("capacity") is not None else {})}
-                           for g, v in sorted(self.groups.items())]}
+        return {
+            "source": self.source,
+            "groups": [
+                {
+                    "group": g,
+                    "producedFps": round(v.get("produced", 0.0), 3),
+                    "receivedFps": round(v.get("received", 0.0), 3),
+                    "consumedSps": round(v.get("consumed", 0.0), 3),
+                    **({"capacitySps": round(v["capacity"], 3)} if v.get("capacity") is not None else {}),
+                }
+                for g, v in sorted(self.groups.items())
+            ],
+        }
 
 
 def from_accounting(acc: Accounting, after: Optional[float] = None) -> Optional[Observation]:
@@ -79,17 +94,23 @@ def from_accounting(acc: Accounting, after: Optional[float] = None) -> Optional[
     for g in acc.groups():
         r = acc.rates(g)
         groups[g] = {"produced": r["produced_fps"], "received": r["received_fps"], "consumed": r["consumed_sps"]}
-        caps = [p["capacity_sps"] for name, p in procs.items()
-                if name.startswith(f"learner-{g}-") and isinstance(p.get("capacity_sps"), (int, float))
-                and math.isfinite(p["capacity_sps"]) and p["capacity_sps"] >= 0]
+        caps = [
+            p["capacity_sps"]
+            for name, p in procs.items()
+            if name.startswith(f"learner-{g}-")
+            and isinstance(p.get("capacity_sps"), (int, float))
+            and math.isfinite(p["capacity_sps"])
+            and p["capacity_sps"] >= 0
+        ]
         if caps:
             groups[g]["capacity"] = float(sum(caps))
     return Observation(groups=groups, source="reports")
 
 
 # ----------------------------------------------------------------- Prometheus
-def promql_queries(job: str, namespace: Optional[str], window: str, job_label: str = "job",
-                   namespace_label: str = "namespace") -> dict[str, str]:
+def promql_queries(
+    job: str, namespace: Optional[str], window: str, job_label: str = "job", namespace_label: str = "namespace"
+) -> dict[str, str]:
     sel = f'{job_label}="{job}"'
     if namespace_label and namespace:
         sel += f',{namespace_label}="{namespace}"'
@@ -172,14 +193,22 @@ def prometheus_allowed(url: str, allowed: list[str]) -> bool:
         return False
     for base in allowed:
         a = urlsplit(base)
-        if (u.scheme, u.hostname, port) == (a.scheme, a.hostname, a.port) and (
-                u.path.rstrip("/") + "/").startswith(a.path.rstrip("/") + "/"):
+        if (u.scheme, u.hostname, port) == (a.scheme, a.hostname, a.port) and (u.path.rstrip("/") + "/").startswith(
+            a.path.rstrip("/") + "/"
+        ):
             return True
     return False
 
 
-def decide(spec: Any, observed: dict[int, GroupThroughput], current: dict[int, int], last_rescale: Optional[float],
-           now: float, max_step: int = 4, ready: Optional[dict[int, int]] = None) -> Decision:
+def decide(
+    spec: Any,
+    observed: dict[int, GroupThroughput],
+    current: dict[int, int],
+    last_rescale: Optional[float],
+    now: float,
+    max_step: int = 4,
+    ready: Optional[dict[int, int]] = None,
+) -> Decision:
     """`current`: desired actors per group; `ready`: those ready. While a group has actors not
     ready yet, nothing is added (they would be counted as producing nothing, and pending pods
     would pile up); removals and bounds still apply."""
@@ -187,15 +216,18 @@ def decide(spec: Any, observed: dict[int, GroupThroughput], current: dict[int, i
     lo, hi = a.min_actors, a.max_actors
     clamped = {g: min(max(n, lo), hi) for g, n in current.items()}
     if clamped != current:  # bounds are hard: applied at once, cooldown or not
-        return Decision("bounds", current, clamped, _describe(current, clamped, observed, spec)
-                        + f" (bounds [{lo}, {hi}])")
+        return Decision(
+            "bounds", current, clamped, _describe(current, clamped, observed, spec) + f" (bounds [{lo}, {hi}])"
+        )
     pending = {g: current[g] - ready.get(g, 0) for g in current if ready is not None and ready.get(g, 0) < current[g]}
     if pending:
         waiting = ", ".join(f"group {g}: {n} of {current[g]}" for g, n in sorted(pending.items()))
-        return Decision("pending", current, current, f"waiting for actors to become ready ({waiting} not ready) "
-                                                     "before rescaling")
-    policy = RebalancePolicy(target_ratio=target_ratio(spec), band=a.band, min_actors=lo, max_actors=hi,
-                             max_step=max_step)
+        return Decision(
+            "pending", current, current, f"waiting for actors to become ready ({waiting} not ready) before rescaling"
+        )
+    policy = RebalancePolicy(
+        target_ratio=target_ratio(spec), band=a.band, min_actors=lo, max_actors=hi, max_step=max_step
+    )
     want = dict(current)
     want.update({g: min(max(n, lo), hi) for g, n in rebalance(observed, policy).items() if g in current})
     if want == current:
@@ -204,9 +236,13 @@ def decide(spec: Any, observed: dict[int, GroupThroughput], current: dict[int, i
     cooldown = a.cooldown(kind)
     if last_rescale is not None and now - last_rescale < cooldown:
         left = cooldown - (now - last_rescale)
-        return Decision("cooldown", current, current,
-                        f"would rescale ({_describe(current, want, observed, spec)}) but the cooldown has "
-                        f"{left:.0f} s left (scale-{kind} cooldown {cooldown:g} s)")
+        return Decision(
+            "cooldown",
+            current,
+            current,
+            f"would rescale ({_describe(current, want, observed, spec)}) but the cooldown has "
+            f"{left:.0f} s left (scale-{kind} cooldown {cooldown:g} s)",
+        )
     return Decision(kind, current, want, _describe(current, want, observed, spec))
 
 
@@ -216,9 +252,11 @@ def _needed(o: GroupThroughput, r: float) -> float:
 
 def _rates(observed: dict[int, GroupThroughput], spec: Any) -> str:
     r = target_ratio(spec)
-    return "; ".join(f"group {g}: produced {o.produced_fps:.1f} frames/s, consumed {o.consumed_sps:.1f} samples/s "
-                     f"(needs {_needed(o, r):.1f}; {observed_bottleneck(o, r, spec.autoscale.band)})"
-                     for g, o in sorted(observed.items()))
+    return "; ".join(
+        f"group {g}: produced {o.produced_fps:.1f} frames/s, consumed {o.consumed_sps:.1f} samples/s "
+        f"(needs {_needed(o, r):.1f}; {observed_bottleneck(o, r, spec.autoscale.band)})"
+        for g, o in sorted(observed.items())
+    )
 
 
 def _describe(current: dict[int, int], want: dict[int, int], observed: dict[int, GroupThroughput], spec: Any) -> str:

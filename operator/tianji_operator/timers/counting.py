@@ -4,6 +4,7 @@ Running pods answer /report; ended containers left their final report as termina
 message (`on_pod_event` catches those of pods being deleted, before the message is gone).
 The numbers written are `Accounting.view()`: what a local run's summary.json shows.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,9 @@ from .podreports import scrape_reports, terminated_reports
 
 
 # ----------------------------------------------------------------- accounting
-async def count_reports(op: Operator, mem: JobMemory, name: str, pods: list[dict],
-                        port: int, ended: bool = False) -> tuple[Accounting, list[Report]]:
+async def count_reports(
+    op: Operator, mem: JobMemory, name: str, pods: list[dict], port: int, ended: bool = False
+) -> tuple[Accounting, list[Report]]:
     """Feed the job's accounting: every running pod's /report, and the final reports that
     ended containers left in their termination messages. The caller has loaded `mem`'s
     accounting (JobMemory.accounting) from the job's status. Returns the accounting and the
@@ -94,8 +96,12 @@ def model_entries(acc: Accounting, current: Any) -> list[dict]:
     for (role, g, i), p in sorted(acc.procs.items()):
         m = CHECKPOINT_NAME.match(str(p.extra.get("checkpoint") or "")) if role == "learner" else None
         if m:
-            out[f"learner-{g}-{i}"] = {"learner": f"learner-{g}-{i}", "checkpoint": m.group(0),
-                                       "policyVersion": int(m.group(1)), "final": bool(p.final)}
+            out[f"learner-{g}-{i}"] = {
+                "learner": f"learner-{g}-{i}",
+                "checkpoint": m.group(0),
+                "policyVersion": int(m.group(1)),
+                "final": bool(p.final),
+            }
     return [out[k] for k in sorted(out)]
 
 
@@ -108,8 +114,11 @@ def elapsed_since_start(status: dict, now: float) -> float:
 
 def counted_fields(acc: Accounting, status: dict, now: float) -> dict:
     """The accounting's status fields (summary.json's numbers) and its state."""
-    fields = {**status_numbers(acc.view(elapsed_since_start(status, now))), "reportTime": st.iso(now),
-              "accounting": acc.state()}
+    fields = {
+        **status_numbers(acc.view(elapsed_since_start(status, now))),
+        "reportTime": st.iso(now),
+        "accounting": acc.state(),
+    }
     model = model_entries(acc, status.get("model"))
     if model:
         fields["model"] = model

@@ -6,6 +6,7 @@ and readiness from the children, re-creates what is missing, applies the run pol
 stop rule (tianji.control.contracts.accounting.StopRule, as `tianji run`). After the end it only
 counts the final reports of the pods still stopping.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -45,12 +46,20 @@ async def _failed_creates(op: Operator, body: Any, groups: list[dict]) -> list[s
         if e["actors"]["ready"] >= e["actors"]["desired"]:
             continue
         sts = actor_set_name(name, e["group"])
-        events = await op.kube.list("Event", ns, field_selector=(
-            f"involvedObject.kind=StatefulSet,involvedObject.name={sts},reason=FailedCreate"))
+        events = await op.kube.list(
+            "Event",
+            ns,
+            field_selector=(f"involvedObject.kind=StatefulSet,involvedObject.name={sts},reason=FailedCreate"),
+        )
         if not events:
             continue
-        last = max(events, key=lambda ev: (ev.get("lastTimestamp") or ev.get("eventTime") or "",
-                                          ev["metadata"].get("resourceVersion", "")))
+        last = max(
+            events,
+            key=lambda ev: (
+                ev.get("lastTimestamp") or ev.get("eventTime") or "",
+                ev["metadata"].get("resourceVersion", ""),
+            ),
+        )
         message = f"StatefulSet {sts}: {last.get('message') or 'FailedCreate'}"
         live = current_spec(body)
         if "violates PodSecurity" in message and live and (live.network.host_network or live.network.rdma):
@@ -82,8 +91,9 @@ async def _expire(op: Operator, body: Any, status: dict, now: float, logger: kop
     if now - done < rp.ttl_seconds_after_finished:
         return False
     ns, name = body["metadata"].get("namespace"), body["metadata"]["name"]
-    logger.info("%s ended %.0f s ago: ttlSecondsAfterFinished %d, deleting it", name, now - done,
-                rp.ttl_seconds_after_finished)
+    logger.info(
+        "%s ended %.0f s ago: ttlSecondsAfterFinished %d, deleting it", name, now - done, rp.ttl_seconds_after_finished
+    )
     await op.kube.delete("TianJiJob", ns, name)
     return True
 
@@ -111,8 +121,9 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods
     _, resolved = read_applied(cm)
     mem = op.memory(ns, name)
     mem.accounting(status)
-    acc, live = await count_reports(op, mem, name, pods, resolved.spec.network.metrics_port,
-                                    ended=status.get("phase") in st.TERMINAL)
+    acc, live = await count_reports(
+        op, mem, name, pods, resolved.spec.network.metrics_port, ended=status.get("phase") in st.TERMINAL
+    )
     acc.sample(now)
     lost = await release_lost_pods(op, body, pods, now, logger)
     if lost:  # their objects are gone: the self-healing below (or the StatefulSet) makes them again
@@ -131,8 +142,11 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods
     ledger.observe(pods, expected)
     actors_back = [p for p in ledger.recreated if p.startswith(f"{name}-actor-")]
     if actors_back:  # learner/buffer pods: the operator's own re-creation posts the event
-        kopf.warn(body, reason="Recreated", message=("Pod/" + ", Pod/".join(actors_back) +
-                                                     " (re-created by its StatefulSet)")[:900])
+        kopf.warn(
+            body,
+            reason="Recreated",
+            message=("Pod/" + ", Pod/".join(actors_back) + " (re-created by its StatefulSet)")[:900],
+        )
     ended, waiting = await _decide_end(op, body, resolved, pods, acc, live, ledger, rp, status, now)
     if ended:
         return
@@ -150,8 +164,18 @@ def _deleting(pod: dict) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
 
-async def _decide_end(op: Operator, body: Any, resolved: Any, pods: list[dict], acc: Any, live: list,
-                      ledger: Ledger, rp: Any, status: dict, now: float) -> tuple[bool, str]:
+async def _decide_end(
+    op: Operator,
+    body: Any,
+    resolved: Any,
+    pods: list[dict],
+    acc: Any,
+    live: list,
+    ledger: Ledger,
+    rp: Any,
+    status: dict,
+    now: float,
+) -> tuple[bool, str]:
     """End the job if it must: (ended, why the stop rule holds but the job goes on).
 
     Success is the stop rule only (as `tianji run`), backed by the learners' own live reports
@@ -174,29 +198,76 @@ async def _decide_end(op: Operator, body: Any, resolved: Any, pods: list[dict], 
             reason = rule.message(why, acc, elapsed)
             if not behind:
                 end, met, how = target_outcome(why, rule, acc, elapsed)
-                await finish(op, body, resolved, pods, acc, st.SUCCEEDED, "StopConditionReached", reason, now,
-                             extra={**ledger.fields(), "endReason": end},
-                             conditions=(st.condition("TargetReached", met, end, how[:1000], now=now,
-                                                      generation=body["metadata"].get("generation")),))
+                await finish(
+                    op,
+                    body,
+                    resolved,
+                    pods,
+                    acc,
+                    st.SUCCEEDED,
+                    "StopConditionReached",
+                    reason,
+                    now,
+                    extra={**ledger.fields(), "endReason": end},
+                    conditions=(
+                        st.condition(
+                            "TargetReached",
+                            met,
+                            end,
+                            how[:1000],
+                            now=now,
+                            generation=body["metadata"].get("generation"),
+                        ),
+                    ),
+                )
                 return True, ""
             waiting = f"{reason}, but {'; '.join(behind)}"
     failed = [p for p in _role_pods(pods, "learner", "buffer") if st.pod_phase(p) == "Failed" and not _deleting(p)]
     if failed:
         p = failed[0]
         why = (p.get("status") or {}).get("reason") or (p.get("status") or {}).get("message") or "Failed"
-        await finish(op, body, resolved, pods, acc, st.FAILED, "PodFailed",
-                     f"pod {p['metadata']['name']} failed: {why}", now, extra=ledger.fields())
+        await finish(
+            op,
+            body,
+            resolved,
+            pods,
+            acc,
+            st.FAILED,
+            "PodFailed",
+            f"pod {p['metadata']['name']} failed: {why}",
+            now,
+            extra=ledger.fields(),
+        )
         return True, waiting
     if ledger.total > rp.backoff_limit:
-        await finish(op, body, resolved, pods, acc, st.FAILED, "BackoffLimitExceeded",
-                     f"{ledger.total} container restarts exceed runPolicy.backoffLimit ({rp.backoff_limit}); "
-                     f"last: {ledger.last or 'counted before'}", now, extra=ledger.fields())
+        await finish(
+            op,
+            body,
+            resolved,
+            pods,
+            acc,
+            st.FAILED,
+            "BackoffLimitExceeded",
+            f"{ledger.total} container restarts exceed runPolicy.backoffLimit ({rp.backoff_limit}); "
+            f"last: {ledger.last or 'counted before'}",
+            now,
+            extra=ledger.fields(),
+        )
         return True, waiting
     since = st.parse_iso(status.get("activeSince"))
     if rp.active_deadline_seconds is not None and since is not None and now - since >= rp.active_deadline_seconds:
-        await finish(op, body, resolved, pods, acc, st.FAILED, "DeadlineExceeded",
-                     f"active for {now - since:.0f} s: runPolicy.activeDeadlineSeconds is "
-                     f"{rp.active_deadline_seconds}", now, extra=ledger.fields())
+        await finish(
+            op,
+            body,
+            resolved,
+            pods,
+            acc,
+            st.FAILED,
+            "DeadlineExceeded",
+            f"active for {now - since:.0f} s: runPolicy.activeDeadlineSeconds is {rp.active_deadline_seconds}",
+            now,
+            extra=ledger.fields(),
+        )
         return True, waiting
     return False, waiting
 
@@ -212,22 +283,31 @@ async def _restart_stopped(op: Operator, body: Any, pods: list[dict], logger: ko
             await op.kube.delete("Pod", ns, p["metadata"]["name"])
 
 
-async def _heal(op: Operator, body: Any, resolved: Any, pods: list[dict], sets: dict, status: dict,
-                logger: kopf.Logger) -> None:
+async def _heal(
+    op: Operator, body: Any, resolved: Any, pods: list[dict], sets: dict, status: dict, logger: kopf.Logger
+) -> None:
     """Self-healing: a learner/buffer pod, a StatefulSet or a kept child that is gone comes back."""
     ns = body["metadata"].get("namespace")
     topo = resolved.spec.topology
     by_name = {p["metadata"]["name"]: p for p in pods}
-    expected = b.children(resolved, resolved.spec, {g: topo.actors for g in range(topo.groups)},
-                          scrapers=op.config.metrics_scrapers, command=op.config.worker_command,
-                          defaults=op.config.worker_defaults, plan=status.get("plan"))
+    expected = b.children(
+        resolved,
+        resolved.spec,
+        {g: topo.actors for g in range(topo.groups)},
+        scrapers=op.config.metrics_scrapers,
+        command=op.config.worker_command,
+        defaults=op.config.worker_defaults,
+        plan=status.get("plan"),
+    )
     recreated = []
     try:
         for obj in expected:
             kind, oname = obj["kind"], obj["metadata"]["name"]
-            missing = (kind == "Pod" and oname not in by_name) or (
-                kind == "StatefulSet" and sets.get(int(obj["metadata"]["labels"][b.LABEL_GROUP])) is None) or (
-                kind in KEPT_WHOLE and not await child_exists(op, kind, ns, oname))
+            missing = (
+                (kind == "Pod" and oname not in by_name)
+                or (kind == "StatefulSet" and sets.get(int(obj["metadata"]["labels"][b.LABEL_GROUP])) is None)
+                or (kind in KEPT_WHOLE and not await child_exists(op, kind, ns, oname))
+            )
             if missing:
                 if kind == "StatefulSet" and resolved.spec.autoscale.effective_mode == "planner":
                     a = resolved.spec.autoscale
@@ -244,8 +324,17 @@ async def _heal(op: Operator, body: Any, resolved: Any, pods: list[dict], sets: 
         kopf.warn(body, reason="Recreated", message=", ".join(recreated)[:900])
 
 
-async def _write_running(op: Operator, body: Any, resolved: Any, pods: list[dict], sets: dict, acc: Any,
-                         expected: set[str], now: float, waiting: str) -> None:
+async def _write_running(
+    op: Operator,
+    body: Any,
+    resolved: Any,
+    pods: list[dict],
+    sets: dict,
+    acc: Any,
+    expected: set[str],
+    now: float,
+    waiting: str,
+) -> None:
     """Phase, readiness, groups, restarts and the counts of a job that goes on."""
     name, ns, gen = body["metadata"]["name"], body["metadata"].get("namespace"), body["metadata"].get("generation")
     topo = resolved.spec.topology
@@ -253,8 +342,9 @@ async def _write_running(op: Operator, body: Any, resolved: Any, pods: list[dict
     fixed_pods = _role_pods(pods, "learner", "buffer")
     groups, actors = st.summarize(topo, pods, sets, b.LABEL_ROLE, b.LABEL_GROUP)
     want_fixed = topo.groups * (topo.learners + topo.buffers)
-    running = len(fixed_pods) == want_fixed and all(st.pod_phase(p) == "Running" and not _deleting(p)
-                                                    for p in fixed_pods)
+    running = len(fixed_pods) == want_fixed and all(
+        st.pod_phase(p) == "Running" and not _deleting(p) for p in fixed_pods
+    )
     ready = st.all_ready(groups) and running
     stuck = _unschedulable(pods)
     for pod_name, why in stuck:
@@ -270,18 +360,30 @@ async def _write_running(op: Operator, body: Any, resolved: Any, pods: list[dict
     elif mem.node_lost:
         conds = [st.condition("Ready", False, "NodeLost", mem.node_lost[:1000], now=now, generation=gen)]
     elif stuck:
-        conds = [st.condition("Ready", False, "Unschedulable", "; ".join(f"pod {p}: {w}" for p, w in stuck)[:1000],
-                              now=now, generation=gen)]
+        conds = [
+            st.condition(
+                "Ready",
+                False,
+                "Unschedulable",
+                "; ".join(f"pod {p}: {w}" for p, w in stuck)[:1000],
+                now=now,
+                generation=gen,
+            )
+        ]
     else:
         conds = [st.condition("Ready", False, "PodsNotReady", _not_ready(groups), now=now, generation=gen)]
     if waiting:
         conds.append(st.condition("Progressing", True, "CatchingUp", waiting[:1000], now=now, generation=gen))
     elif running:
-        conds.append(st.condition("Progressing", True, "Training", "learners and buffers are running", now=now,
-                                  generation=gen))
+        conds.append(
+            st.condition("Progressing", True, "Training", "learners and buffers are running", now=now, generation=gen)
+        )
     else:
-        conds.append(st.condition("Progressing", True, "Starting", "waiting for learner and buffer pods", now=now,
-                                  generation=gen))
+        conds.append(
+            st.condition(
+                "Progressing", True, "Starting", "waiting for learner and buffer pods", now=now, generation=gen
+            )
+        )
 
     def compute(fresh: dict) -> Optional[dict]:
         cur = fresh.get("status") or {}
@@ -291,9 +393,14 @@ async def _write_running(op: Operator, body: Any, resolved: Any, pods: list[dict
             return None  # suspended meanwhile
         ledger = Ledger(cur)  # from the status this write is computed from: nothing counted twice
         ledger.observe(pods, expected)
-        fields: dict[str, Any] = {"groups": groups, "actors": actors, "phase": st.RUNNING if running else st.PENDING,
-                                  "conditions": st.set_conditions(cur.get("conditions"), *conds),
-                                  **ledger.fields(), **_scale_status(name, groups)}
+        fields: dict[str, Any] = {
+            "groups": groups,
+            "actors": actors,
+            "phase": st.RUNNING if running else st.PENDING,
+            "conditions": st.set_conditions(cur.get("conditions"), *conds),
+            **ledger.fields(),
+            **_scale_status(name, groups),
+        }
         if not cur.get("activeSince"):  # a job created by an older operator
             fields["activeSince"] = st.iso(now)
         if running and not cur.get("startTime"):
@@ -320,15 +427,22 @@ async def _after_end(op: Operator, body: Any, resolved: Any, pods: list[dict], a
     groups, actors = st.summarize(topo, pods, sets, b.LABEL_ROLE, b.LABEL_GROUP)
     for e in groups:  # desired after the end: the pods that are left
         for role in ("learners", "buffers"):
-            e[role]["desired"] = sum(1 for p in _role_pods(pods, role[:-1]) if not _deleting(p) and
-                                     p["metadata"]["labels"].get(b.LABEL_GROUP) == str(e["group"]))
+            e[role]["desired"] = sum(
+                1
+                for p in _role_pods(pods, role[:-1])
+                if not _deleting(p) and p["metadata"]["labels"].get(b.LABEL_GROUP) == str(e["group"])
+            )
 
     def compute(fresh: dict) -> Optional[dict]:
         cur = fresh.get("status") or {}
         if cur.get("phase") not in st.TERMINAL:
             return None
-        fields = {**(final_counted_fields(acc, cur, now) or {}), "groups": groups, "actors": actors,
-                  **_scale_status(name, groups)}
+        fields = {
+            **(final_counted_fields(acc, cur, now) or {}),
+            "groups": groups,
+            "actors": actors,
+            **_scale_status(name, groups),
+        }
         op.metrics.job_status(ns or "", name, {**cur, **fields})
         return fields
 

@@ -13,6 +13,7 @@ scheduler finds room: the learner and buffer pods by the monitor's self-healing,
 by their StatefulSet. Peers find the new pod by its DNS name. A kubelet that is alive confirms
 a deletion within the pod's grace period, so only pods of nodes that stopped answering are
 ever overdue. Their checkpoints are what the learner's state volume kept."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -50,9 +51,11 @@ async def release(op: Operator, body: Any, pods: list[dict], now: float, logger:
             raise
         if gone:
             due = st.parse_iso(meta["deletionTimestamp"]) or now  # overdue() read it: never `now`
-            line = (f"pod {meta['name']} on node {node}: its deletion was not confirmed by the node for "
-                    f"{now - due:.0f} s past its grace period "
-                    f"(node lost?); force-deleted to be re-created on another node")
+            line = (
+                f"pod {meta['name']} on node {node}: its deletion was not confirmed by the node for "
+                f"{now - due:.0f} s past its grace period "
+                f"(node lost?); force-deleted to be re-created on another node"
+            )
             logger.warning(line)
             kopf.warn(body, reason="NodeLost", message=line[:900])
             out.append(line)

@@ -15,6 +15,7 @@ A budget end is still Succeeded (the job did what its spec asked); TargetReached
 says the target was not met, so `kubectl get tjj` and `kubectl wait
 --for=condition=TargetReached` tell the two apart.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -29,8 +30,10 @@ def _evaluation(acc: Accounting) -> str:
     last = acc.eval_last
     if not last:
         return ""
-    return (f"; last evaluation: mean return {last['return_mean']:.4g} over {last['episodes']} episode(s) "
-            f"of policy version {last['policy_version']}")
+    return (
+        f"; last evaluation: mean return {last['return_mean']:.4g} over {last['episodes']} episode(s) "
+        f"of policy version {last['policy_version']}"
+    )
 
 
 def target_outcome(why: str, rule: StopRule, acc: Accounting, elapsed: float) -> tuple[str, bool, str]:
@@ -48,11 +51,11 @@ def target_outcome(why: str, rule: StopRule, acc: Accounting, elapsed: float) ->
     elif mean is None:
         where = f"no finished episode yet against stop.meanReturn {target:g}"
     elif len(acc.window) < WINDOW:
-        where = (f"mean return {mean:.4g} over {len(acc.window)} of the {WINDOW} episodes stop.meanReturn "
-                 f"{target:g} needs")
+        where = (
+            f"mean return {mean:.4g} over {len(acc.window)} of the {WINDOW} episodes stop.meanReturn {target:g} needs"
+        )
     elif mean < target:
         where = f"mean return {mean:.4g}, below stop.meanReturn {target:g}"
     else:  # the mean is there but no learner has trained (version 0): no result
         where = f"mean return {mean:.4g} with an untrained policy (version {acc.policy_version()})"
     return reason, False, f"{rule.message(why, acc, elapsed)} first: {where}{_evaluation(acc)}"
-

@@ -9,6 +9,7 @@ never trusted. A report counts only as the pod it came from (`as_pod`): its
 (role, group, index) must be the pod's labels, so an actor pod cannot report as
 the learner or as another actor.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,10 @@ def as_pod(rep: Report, pod: dict) -> Report:
     lab = meta.get("labels") or {}
     index = lab.get(LABEL_INDEX) or lab.get(POD_INDEX_LABEL) or str(meta.get("name", "")).rsplit("-", 1)[-1]
     if (rep.role, str(rep.group), str(rep.index)) != (lab.get(LABEL_ROLE), lab.get(LABEL_GROUP), index):
-        raise ReportError(f"{meta.get('name')}: a report as {rep.role}-{rep.group}-{rep.index} from "
-                          f"{lab.get(LABEL_ROLE)}-{lab.get(LABEL_GROUP)}-{index}")
+        raise ReportError(
+            f"{meta.get('name')}: a report as {rep.role}-{rep.group}-{rep.index} from "
+            f"{lab.get(LABEL_ROLE)}-{lab.get(LABEL_GROUP)}-{index}"
+        )
     return rep
 
 
@@ -59,12 +62,18 @@ def pod_port(pod: dict, name: str, default: int) -> int:
     return default
 
 
-async def scrape_reports(session: aiohttp.ClientSession, pods: list[dict], port: int,
-                         job: str) -> tuple[list[Report], list[str]]:
+async def scrape_reports(
+    session: aiohttp.ClientSession, pods: list[dict], port: int, job: str
+) -> tuple[list[Report], list[str]]:
     """(reports, errors) from every running pod's /report; a pod that does not answer is
     an error, not a zero."""
-    targets = [p for p in pods if (p.get("status") or {}).get("podIP") and st.pod_phase(p) == "Running"
-               and not p["metadata"].get("deletionTimestamp")]
+    targets = [
+        p
+        for p in pods
+        if (p.get("status") or {}).get("podIP")
+        and st.pod_phase(p) == "Running"
+        and not p["metadata"].get("deletionTimestamp")
+    ]
 
     async def one(pod: dict) -> Report | str:
         name = pod["metadata"]["name"]

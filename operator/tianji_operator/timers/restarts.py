@@ -23,6 +23,7 @@ one gone for a moment (deleted, not made again yet) is still known when its succ
 The ledger is reset (podsSeen {}) when a job is suspended or resumed: pods deleted and made
 again by the operator's own hand are not disruptions.
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,8 +44,9 @@ def _last_restart(pod: dict) -> str:
     n = _restart_count(pod)
     for c in (pod.get("status") or {}).get("containerStatuses") or []:
         term = (c.get("lastState") or {}).get("terminated") or {}
-        detail = ", ".join(x for x in (term.get("reason"), f"exit code {term['exitCode']}"
-                                       if "exitCode" in term else None) if x)
+        detail = ", ".join(
+            x for x in (term.get("reason"), f"exit code {term['exitCode']}" if "exitCode" in term else None) if x
+        )
         if term:
             return f"pod {pod['metadata']['name']} restarted {n} time(s)" + (f" ({detail})" if detail else "")
     return f"pod {pod['metadata']['name']} restarted {n} time(s)"
@@ -60,8 +62,13 @@ class Ledger:
         self.seen: dict[str, dict] = copy.deepcopy(status.get("podsSeen") or {})
         self.total = int(status.get("restarts") or 0)
         by = status.get("restartsByRole") or {}
-        self.by_role = {r: {"containers": int((by.get(r) or {}).get("containers") or 0),
-                            "pods": int((by.get(r) or {}).get("pods") or 0)} for r in ROLES}
+        self.by_role = {
+            r: {
+                "containers": int((by.get(r) or {}).get("containers") or 0),
+                "pods": int((by.get(r) or {}).get("pods") or 0),
+            }
+            for r in ROLES
+        }
         self.last = ""
         self.recreated: list[str] = []  # pod names seen under a new uid this tick
 
@@ -118,8 +125,12 @@ class Ledger:
 
 def expected_pods(name: str, topology: Any, sets: dict[int, Any], evaluator: bool) -> set[str]:
     """Names of the pods a job runs now: its learners and buffers, actors up to each set's replicas."""
-    out = {pod_name(name, r, g, i) for g in range(topology.groups)
-           for r, n in (("learner", topology.learners), ("buffer", topology.buffers)) for i in range(n)}
+    out = {
+        pod_name(name, r, g, i)
+        for g in range(topology.groups)
+        for r, n in (("learner", topology.learners), ("buffer", topology.buffers))
+        for i in range(n)
+    }
     for g, s in sets.items():
         n = int(((s or {}).get("spec") or {}).get("replicas") or 0)
         out |= {f"{actor_set_name(name, g)}-{i}" for i in range(n)}

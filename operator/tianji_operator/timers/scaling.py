@@ -2,6 +2,7 @@
 rescaling decision (autoscaler.py) → the actor StatefulSets. A job that is not Running,
 checked on a fresh read just before the write, is never rescaled.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -40,15 +41,23 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: kopf.Logger) ->
     if url and not asc.prometheus_allowed(url, op.config.prometheus_allowed):
         if f"prometheus/{url}" not in mem.warned:
             mem.warned.add(f"prometheus/{url}")
-            kopf.warn(body, reason="PrometheusNotAllowed",
-                      message=f"spec.autoscale.prometheusUrl {url} is not in the operator's allow-list "
-                              "(chart operator.prometheusAllowList): counting from the pods' reports instead"[:900])
+            kopf.warn(
+                body,
+                reason="PrometheusNotAllowed",
+                message=f"spec.autoscale.prometheusUrl {url} is not in the operator's allow-list "
+                "(chart operator.prometheusAllowList): counting from the pods' reports instead"[:900],
+            )
         url = None
     obs: Optional[asc.Observation]
     try:
         if url:
-            obs = await asc.query_prometheus(op.http(), url, asc.promql_queries(
-                name, ns, op.config.promql_window, op.config.promql_job_label, op.config.promql_namespace_label))
+            obs = await asc.query_prometheus(
+                op.http(),
+                url,
+                asc.promql_queries(
+                    name, ns, op.config.promql_window, op.config.promql_job_label, op.config.promql_namespace_label
+                ),
+            )
         else:
             obs = asc.from_accounting(mem.acc, after=mem.last_sample) if mem.acc is not None else None
     except asc.MetricsError as e:
@@ -66,8 +75,9 @@ async def autoscale(op: Operator, body: Any, patch: Any, logger: kopf.Logger) ->
         raise
 
 
-async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: TianJiJob, obs: asc.Observation,
-                               now: float, logger: kopf.Logger) -> None:
+async def _observe_and_rescale(
+    op: Operator, body: Any, spec: Any, resolved: TianJiJob, obs: asc.Observation, now: float, logger: kopf.Logger
+) -> None:
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
     sets = await actor_sets(op, ns, name, resolved.spec.topology.groups)
     current = {g: int((s.get("spec") or {}).get("replicas") or 0) for g, s in sets.items() if s is not None}
@@ -82,13 +92,22 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
         auto = dict(cur.get("autoscale") or {})
         mode = spec.autoscale.effective_mode
         if mode != "planner":
-            auto["lastEvaluation"] = {"time": st.iso(now), "decision": "disabled" if mode == "off" else "external",
-                                      **obs.record()}
+            auto["lastEvaluation"] = {
+                "time": st.iso(now),
+                "decision": "disabled" if mode == "off" else "external",
+                **obs.record(),
+            }
             return {"autoscale": auto}
-        decision = asc.decide(spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now,
-                              ready=ready)
-        record = {"time": st.iso(now), "decision": decision.kind, "message": decision.message,
-                  "actors": {str(g): n for g, n in sorted(decision.desired.items())}, **obs.record()}
+        decision = asc.decide(
+            spec, obs.throughput(current), current, st.parse_iso(auto.get("lastRescaleTime")), now, ready=ready
+        )
+        record = {
+            "time": st.iso(now),
+            "decision": decision.kind,
+            "message": decision.message,
+            "actors": {str(g): n for g, n in sorted(decision.desired.items())},
+            **obs.record(),
+        }
         decided["decision"] = decision
         auto["lastEvaluation"] = record
         if decision.desired == decision.current:
@@ -98,8 +117,12 @@ async def _observe_and_rescale(op: Operator, body: Any, spec: Any, resolved: Tia
         if decision.kind in ("up", "down"):
             auto[f"lastScale{decision.kind.capitalize()}Time"] = st.iso(now)
         reason = {"up": "ScaledUp", "down": "ScaledDown", "bounds": "Clamped"}[decision.kind]
-        return {"autoscale": auto, "conditions": st.set_conditions(
-            cur.get("conditions"), st.condition("Rescaled", True, reason, decision.message, now=now))}
+        return {
+            "autoscale": auto,
+            "conditions": st.set_conditions(
+                cur.get("conditions"), st.condition("Rescaled", True, reason, decision.message, now=now)
+            ),
+        }
 
     await update_status(op, ns, name, compute)
     decision = decided.get("decision")

@@ -27,6 +27,7 @@ Counting rules (the same for processes and pods):
 
 Torch-free and numpy-free: the operator image imports it.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -50,8 +51,12 @@ TOTALS = {
     "consumed": ("learner", "samples_consumed_total"),
     "train_steps": ("learner", "train_steps_total"),
 }
-RATE_KEYS = {"env_frames": "produced_fps", "received": "received_fps", "consumed": "consumed_sps",
-             "train_steps": "train_steps_per_s"}
+RATE_KEYS = {
+    "env_frames": "produced_fps",
+    "received": "received_fps",
+    "consumed": "consumed_sps",
+    "train_steps": "train_steps_per_s",
+}
 
 RATE_WINDOW_S = 5.0
 MAX_GONE = 1024  # replaced incarnations remembered (to recognise their late reports)
@@ -68,9 +73,11 @@ def _merge_lag(parts: list[dict]) -> dict[str, Optional[float]]:
     parts = [x for x in parts if x.get("count")]
     if not parts:
         return {"min": None, "mean": None, "max": None}
-    return {"min": float(min(x["min"] for x in parts)),
-            "mean": float(sum(x["sum"] for x in parts) / sum(x["count"] for x in parts)),
-            "max": float(max(x["max"] for x in parts))}
+    return {
+        "min": float(min(x["min"] for x in parts)),
+        "mean": float(sum(x["sum"] for x in parts) / sum(x["count"] for x in parts)),
+        "max": float(max(x["max"] for x in parts)),
+    }
 
 
 def _episode(t: float, r: float, *length: int) -> tuple:
@@ -145,8 +152,12 @@ class Accounting:
         held = self.target_crossing
         if held is not None and held["target"] == float(target):
             return held, False
-        self.target_crossing = {"target": float(target), "t": round(float(t), 3), "env_frames": int(env_frames),
-                                "mean_return": float(mean_return)}
+        self.target_crossing = {
+            "target": float(target),
+            "t": round(float(t), 3),
+            "env_frames": int(env_frames),
+            "mean_return": float(mean_return),
+        }
         return self.target_crossing, True
 
     def _take_eval(self, report: Report) -> None:
@@ -161,16 +172,22 @@ class Accounting:
             del self._eval_seen[next(iter(self._eval_seen))]
         if self.eval_last is None or ev["last"]["t"] >= self.eval_last["t"]:  # a replaced one's late report: not last
             self.eval_last = dict(ev["last"])
-        self.eval_best = ev["best_return_mean"] if self.eval_best is None else max(self.eval_best,
-                                                                                  ev["best_return_mean"])
+        self.eval_best = (
+            ev["best_return_mean"] if self.eval_best is None else max(self.eval_best, ev["best_return_mean"])
+        )
 
     def evaluation(self, spec: Any = None) -> Optional[dict[str, Any]]:
         """summary.json's `evaluation`: None when spec.evaluation is off; without the spec
         (the operator's status view), what was counted, None before the first evaluation."""
         if spec is not None and spec.interval_seconds is None or spec is None and self.eval_last is None:
             return None
-        return {"interval_seconds": spec and spec.interval_seconds, "episodes_per_eval": spec and spec.episodes,
-                "count": self.evals, "last": self.eval_last, "best_return_mean": self.eval_best}
+        return {
+            "interval_seconds": spec and spec.interval_seconds,
+            "episodes_per_eval": spec and spec.episodes,
+            "count": self.evals,
+            "last": self.eval_last,
+            "best_return_mean": self.eval_best,
+        }
 
     @staticmethod
     def _proc(r: Report) -> Report:
@@ -222,7 +239,7 @@ class Accounting:
         self.retired_lag = _merge_lag_raw(self.retired_lag, p.lag)
         self.gone[p.incarnation] = p
         if len(self.gone) > MAX_GONE:  # forget the oldest: their late reports can no longer arrive
-            for inc, _ in sorted(self.gone.items(), key=lambda kv: kv[1].started)[:len(self.gone) - MAX_GONE]:
+            for inc, _ in sorted(self.gone.items(), key=lambda kv: kv[1].started)[: len(self.gone) - MAX_GONE]:
                 del self.gone[inc]
 
     # -------------------------------------------------------------- views
@@ -267,8 +284,10 @@ class Accounting:
 
     def lag_hist(self) -> Optional[list[float]]:
         """Consumed samples per policy-lag bucket (report.LAG_BOUNDS, then beyond), whole job."""
-        return merge_hist([self.retired_lag.get("hist")] +
-                          [p.lag.get("hist") for (r, _, _), p in self.procs.items() if r == "learner"])
+        return merge_hist(
+            [self.retired_lag.get("hist")]
+            + [p.lag.get("hist") for (r, _, _), p in self.procs.items() if r == "learner"]
+        )
 
     def processes(self) -> dict[str, dict[str, Any]]:
         """Per-process latest counters and gauges (metrics.jsonl's `processes`)."""
@@ -276,17 +295,28 @@ class Accounting:
         for (role, g, i), p in sorted(self.procs.items()):
             c = p.counts
             out[f"{role}-{g}-{i}"] = {
-                "frames": c.get("env_frames_total", 0.0), "sent": c.get("samples_sent_total", 0.0),
-                "received": c.get("samples_received_total", 0.0), "consumed": c.get("samples_consumed_total", 0.0),
-                "bytes_sent": c.get("bytes_sent_total", 0.0), "queue_depth": p.gauges.get("queue_depth", 0.0),
-                "version": p.extra.get("version"), "pace_fps": p.extra.get("pace_fps"),
+                "frames": c.get("env_frames_total", 0.0),
+                "sent": c.get("samples_sent_total", 0.0),
+                "received": c.get("samples_received_total", 0.0),
+                "consumed": c.get("samples_consumed_total", 0.0),
+                "bytes_sent": c.get("bytes_sent_total", 0.0),
+                "queue_depth": p.gauges.get("queue_depth", 0.0),
+                "version": p.extra.get("version"),
+                "pace_fps": p.extra.get("pace_fps"),
                 "capacity_sps": p.extra.get("capacity_sps"),
-                **({"epsilon": p.extra["epsilon"]} if "epsilon" in p.extra else {})}
+                **({"epsilon": p.extra["epsilon"]} if "epsilon" in p.extra else {}),
+            }
         return out
 
     def checkpoint(self) -> Optional[str]:
-        return next((p.extra["checkpoint"] for (r, _, _), p in sorted(self.procs.items())
-                     if r == "learner" and p.extra.get("checkpoint")), None)
+        return next(
+            (
+                p.extra["checkpoint"]
+                for (r, _, _), p in sorted(self.procs.items())
+                if r == "learner" and p.extra.get("checkpoint")
+            ),
+            None,
+        )
 
     # -------------------------------------------------------------- rates
     def sample(self, now: float) -> None:
@@ -339,26 +369,41 @@ class Accounting:
         rate history). A held report is kept as the report itself (report.report_doc), so that
         restoring it validates it as any report is validated; a replaced incarnation's without
         gauges and extras, which nothing reads (the status must stay small)."""
-        return {"v": STATE_VERSION, "episodesTotal": self.episodes_total, "window": [list(e) for e in self.window],
-                "windowSince": self.window_since,
-                "retired": [{"role": r, "group": g, "counts": c} for (r, g), c in sorted(self.retired.items())],
-                "retiredReasons": self.retired_reasons, "retiredLag": self.retired_lag, "rejected": self.rejected,
-                "eval": {"count": self.evals, "last": self.eval_last, "best": self.eval_best,
-                         "seen": dict(self._eval_seen)},
-                **({"targetCrossing": dict(self.target_crossing)} if self.target_crossing else {}),
-                "procs": [report_doc(p) for _, p in sorted(self.procs.items())],
-                "gone": [report_doc(dataclasses.replace(p, gauges={}, extra={}))
-                         for p in sorted(self.gone.values(), key=lambda p: p.started)]}
+        return {
+            "v": STATE_VERSION,
+            "episodesTotal": self.episodes_total,
+            "window": [list(e) for e in self.window],
+            "windowSince": self.window_since,
+            "retired": [{"role": r, "group": g, "counts": c} for (r, g), c in sorted(self.retired.items())],
+            "retiredReasons": self.retired_reasons,
+            "retiredLag": self.retired_lag,
+            "rejected": self.rejected,
+            "eval": {
+                "count": self.evals,
+                "last": self.eval_last,
+                "best": self.eval_best,
+                "seen": dict(self._eval_seen),
+            },
+            **({"targetCrossing": dict(self.target_crossing)} if self.target_crossing else {}),
+            "procs": [report_doc(p) for _, p in sorted(self.procs.items())],
+            "gone": [
+                report_doc(dataclasses.replace(p, gauges={}, extra={}))
+                for p in sorted(self.gone.values(), key=lambda p: p.started)
+            ],
+        }
 
     def _load(self, s: dict) -> None:
         try:
             self.episodes_total = int(s.get("episodesTotal", 0))
             self.window = sorted(_episode(*e) for e in s.get("window", []))[-WINDOW:]
             self.window_since = float(s.get("windowSince", 0.0))
-            self.retired = {(x["role"], int(x["group"])): {k: float(v) for k, v in x["counts"].items()}
-                            for x in s.get("retired", [])}
-            self.retired_reasons = {k: {r: float(v) for r, v in by.items()}
-                                    for k, by in s.get("retiredReasons", {}).items()}
+            self.retired = {
+                (x["role"], int(x["group"])): {k: float(v) for k, v in x["counts"].items()}
+                for x in s.get("retired", [])
+            }
+            self.retired_reasons = {
+                k: {r: float(v) for r, v in by.items()} for k, by in s.get("retiredReasons", {}).items()
+            }
             self.retired_lag = dict(s.get("retiredLag") or self.retired_lag)
             self.rejected = int(s.get("rejected", 0))
             ev = s.get("eval") or {}
@@ -368,9 +413,12 @@ class Accounting:
             self._eval_seen = {str(k): int(v) for k, v in (ev.get("seen") or {}).items()}
             crossing = s.get("targetCrossing")
             if crossing is not None:
-                self.target_crossing = {"target": float(crossing["target"]), "t": float(crossing["t"]),
-                                        "env_frames": int(crossing["env_frames"]),
-                                        "mean_return": float(crossing["mean_return"])}
+                self.target_crossing = {
+                    "target": float(crossing["target"]),
+                    "t": float(crossing["t"]),
+                    "env_frames": int(crossing["env_frames"]),
+                    "mean_return": float(crossing["mean_return"]),
+                }
             held = parse_report if s.get("v") == STATE_VERSION else _from_v1
             for doc in s.get("procs", []):
                 p = held(doc)
@@ -384,11 +432,23 @@ class Accounting:
 
 def _from_v1(p: dict) -> Report:
     """A held process as state version 1 kept it (written before v2: no gauges, the version only)."""
-    return parse_report({"v": REPORT_VERSION, "role": p["role"], "group": p["group"], "index": p.get("index", 0),
-                         "incarnation": p["incarnation"], "started": p.get("started", 0.0), "seq": p["seq"],
-                         "final": bool(p.get("final")), "counts": p["counts"], "reasons": p.get("reasons", {}),
-                         "lag": p.get("lag", {}), "episodes_total": p.get("episodesTotal", 0),
-                         "extra": {"version": int(p.get("version", 0))}})
+    return parse_report(
+        {
+            "v": REPORT_VERSION,
+            "role": p["role"],
+            "group": p["group"],
+            "index": p.get("index", 0),
+            "incarnation": p["incarnation"],
+            "started": p.get("started", 0.0),
+            "seq": p["seq"],
+            "final": bool(p.get("final")),
+            "counts": p["counts"],
+            "reasons": p.get("reasons", {}),
+            "lag": p.get("lag", {}),
+            "episodes_total": p.get("episodesTotal", 0),
+            "extra": {"version": int(p.get("version", 0))},
+        }
+    )
 
 
 def _merge_lag_raw(a: dict, b: dict) -> dict:
@@ -396,8 +456,12 @@ def _merge_lag_raw(a: dict, b: dict) -> dict:
         return dict(a)
     if not a.get("count"):
         return {k: b.get(k) for k in ("count", "sum", "min", "max", "hist") if b.get(k) is not None}
-    out = {"count": a["count"] + b["count"], "sum": a["sum"] + b["sum"],
-           "min": min(a["min"], b["min"]), "max": max(a["max"], b["max"])}
+    out = {
+        "count": a["count"] + b["count"],
+        "sum": a["sum"] + b["sum"],
+        "min": min(a["min"], b["min"]),
+        "max": max(a["max"], b["max"]),
+    }
     hist = merge_hist([a.get("hist"), b.get("hist")])
     if hist is not None:
         out["hist"] = hist
@@ -411,19 +475,26 @@ def merge_hist(parts: list) -> Optional[list[float]]:
 
 
 # ----------------------------------------------------------------- the status view
-STATUS_RATE_KEYS = {"produced_fps": "producedFps", "received_fps": "receivedFps", "consumed_sps": "consumedSps",
-                    "train_steps_per_s": "trainStepsPerSecond"}
+STATUS_RATE_KEYS = {
+    "produced_fps": "producedFps",
+    "received_fps": "receivedFps",
+    "consumed_sps": "consumedSps",
+    "train_steps_per_s": "trainStepsPerSecond",
+}
 
 
 def status_numbers(view: dict) -> dict:
     """`Accounting.view()` as TianJiJob status fields: the same numbers under the Kubernetes
     API's camelCase names (summary.json env_frames = status.envFrames, and so on)."""
     out = {
-        "envFrames": view["env_frames"], "episodes": view["episodes"], "policyVersion": view["policy_version"],
+        "envFrames": view["env_frames"],
+        "episodes": view["episodes"],
+        "policyVersion": view["policy_version"],
         "policyLag": {k: round(v, 4) for k, v in view["policy_lag"].items() if v is not None},
         "throughput": {STATUS_RATE_KEYS[k]: round(v, 3) for k, v in view["throughput"].items()},
         "rates": {STATUS_RATE_KEYS[k]: round(v, 3) for k, v in view["rates"].items()},
-        "bytesSent": view["bytes_sent"], "droppedSamples": dict(view["dropped_samples"]),
+        "bytesSent": view["bytes_sent"],
+        "droppedSamples": dict(view["dropped_samples"]),
         "rejectedMessages": view["rejected_messages"],
     }
     if view["mean_return"] is not None:
@@ -456,17 +527,22 @@ class StopRule:
 
     def target_reached(self, acc: Accounting) -> bool:
         mean = acc.mean_return()
-        return (self.stop.mean_return is not None and len(acc.window) >= WINDOW and mean is not None
-                and mean >= self.stop.mean_return and acc.policy_version() > 0)
+        return (
+            self.stop.mean_return is not None
+            and len(acc.window) >= WINDOW
+            and mean is not None
+            and mean >= self.stop.mean_return
+            and acc.policy_version() > 0
+        )
 
     def check(self, acc: Accounting, elapsed: float) -> Optional[str]:
-        """"target" | "frames" | "seconds", or None to go on."""
+        """ "target" | "frames" | "seconds", or None to go on."""
         if self.target_reached(acc):
             return "target"
         return self.budget(acc, elapsed)
 
     def budget(self, acc: Accounting, elapsed: float) -> Optional[str]:
-        """"frames" | "seconds" once a budget is spent, or None. (`tianji run` takes a target only
+        """ "frames" | "seconds" once a budget is spent, or None. (`tianji run` takes a target only
         from the saved policy's evaluation: local/targetcheck.py.)"""
         if self.stop.env_frames is not None and acc.totals()["env_frames"] >= self.stop.env_frames:
             return "frames"
@@ -476,8 +552,10 @@ class StopRule:
 
     def message(self, reason: str, acc: Accounting, elapsed: float) -> str:
         if reason == "target":
-            return (f"mean return {acc.mean_return():.4g} >= stop.meanReturn {self.stop.mean_return:g} "
-                    f"(policy version {acc.policy_version()}, checkpoint {acc.checkpoint() or 'none yet'})")
+            return (
+                f"mean return {acc.mean_return():.4g} >= stop.meanReturn {self.stop.mean_return:g} "
+                f"(policy version {acc.policy_version()}, checkpoint {acc.checkpoint() or 'none yet'})"
+            )
         if reason == "frames":
             return f"{int(acc.totals()['env_frames'])} env frames >= stop.envFrames {self.stop.env_frames}"
         return f"ran {elapsed:.0f} s >= {self.seconds:g} s"

@@ -24,6 +24,7 @@ API's `apps.kubernetes.io/pod-index` label, Kubernetes >= 1.28) or, on older
 clusters, the ordinal at the end of TIANJI_POD_NAME (metadata.name), never from
 HOSTNAME: under host networking that is the node's name.
 """
+
 from __future__ import annotations
 
 import os
@@ -120,8 +121,14 @@ class Addresses:
         if run_dir:
             return cls(job, base_port, Path(run_dir))
         slots = os.environ.get(ENV_HOST_PORT_SLOTS)
-        return cls(job, base_port, None, os.environ.get("TIANJI_NAMESPACE"), os.environ.get("TIANJI_POD_IP") or "*",
-                   int(slots) if slots else None)
+        return cls(
+            job,
+            base_port,
+            None,
+            os.environ.get("TIANJI_NAMESPACE"),
+            os.environ.get("TIANJI_POD_IP") or "*",
+            int(slots) if slots else None,
+        )
 
     def _check(self, channel: str) -> str:
         if channel not in PORTS:
@@ -147,8 +154,9 @@ class Addresses:
         if self.fabric_metrics_port is not None:  # waits for the peer's metrics port to answer
             from tianji.control.contracts.fabric import fetch_fabric_address
 
-            host = fetch_fabric_address(host, metrics_port(self.fabric_metrics_port, owner, group, index,
-                                                           self.port_slots))
+            host = fetch_fabric_address(
+                host, metrics_port(self.fabric_metrics_port, owner, group, index, self.port_slots)
+            )
         return f"tcp://{host}:{data_port(self.base_port, channel, group, index, self.port_slots)}"
 
 
@@ -189,6 +197,8 @@ def auto_index(env: Optional[Mapping[str, str]] = None) -> int:
     name = env.get(ENV_POD_NAME) or ""
     tail = name.rsplit("-", 1)[-1]
     if not name or not tail.isdigit():
-        raise ValueError(f"--index auto needs {ENV_INDEX} (downward API label {POD_INDEX_LABEL}) or "
-                         f"{ENV_POD_NAME} (metadata.name) ending in the ordinal; got {name!r}; pass --index")
+        raise ValueError(
+            f"--index auto needs {ENV_INDEX} (downward API label {POD_INDEX_LABEL}) or "
+            f"{ENV_POD_NAME} (metadata.name) ending in the ordinal; got {name!r}; pass --index"
+        )
     return int(tail)

@@ -4,6 +4,7 @@
 Z85 strings of 32-byte keys, public = X25519(secret, 9). Used by the operator to create a
 job's key Secret; workers read it with tianji.runtime.security.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,7 +44,7 @@ def z85(data: bytes) -> str:
         raise ValueError("Z85 needs a multiple of 4 bytes")
     out: list[str] = []
     for i in range(0, len(data), 4):
-        v = int.from_bytes(data[i:i + 4], "big")
+        v = int.from_bytes(data[i : i + 4], "big")
         chunk = []
         for _ in range(5):
             v, r = divmod(v, 85)

@@ -12,6 +12,7 @@ still ZeroMQ over TCP (IPoIB), not RDMA verbs.
 What comes back from a peer is validated (size, JSON, one unicast IPv4 address), never
 trusted as more.
 """
+
 from __future__ import annotations
 
 import errno
@@ -40,15 +41,18 @@ def interface_ipv4(name: str) -> str:
     interface when it does not exist or has no IPv4 address."""
     names = [n for _, n in socket.if_nameindex()]
     if name not in names:
-        raise FabricError(f"network.interface {name!r}: no such interface on this host "
-                          f"(it has {', '.join(names) or 'none'})")
+        raise FabricError(
+            f"network.interface {name!r}: no such interface on this host (it has {', '.join(names) or 'none'})"
+        )
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            req = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:IFNAMSIZ - 1]))
+            req = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[: IFNAMSIZ - 1]))
         except OSError as e:
             if e.errno == errno.EADDRNOTAVAIL:
-                raise FabricError(f"network.interface {name!r} has no IPv4 address (is it up and configured, "
-                                  "e.g. IPoIB with an address?)") from None
+                raise FabricError(
+                    f"network.interface {name!r} has no IPv4 address (is it up and configured, "
+                    "e.g. IPoIB with an address?)"
+                ) from None
             raise FabricError(f"network.interface {name!r}: {e}") from None
     return socket.inet_ntoa(req[20:24])  # struct ifreq: name[16], sockaddr_in (family, port, addr)
 
@@ -76,9 +80,15 @@ def _get(url: str, timeout: float) -> bytes:
         return resp.read(MAX_REPLY + 1)
 
 
-def fetch_fabric_address(host: str, port: int, wait_s: float = 300.0, *,
-                         get: Callable[[str, float], bytes] = _get, sleep: Callable[[float], None] = time.sleep,
-                         clock: Callable[[], float] = time.monotonic) -> str:
+def fetch_fabric_address(
+    host: str,
+    port: int,
+    wait_s: float = 300.0,
+    *,
+    get: Callable[[str, float], bytes] = _get,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
     """Ask the peer at host:port (its metrics port) for its fabric address, retrying while it
     starts (up to `wait_s`); FabricError naming the peer after that, or at once on a bad reply."""
     url = f"http://{host}:{port}{FABRIC_PATH}"

@@ -46,6 +46,7 @@ pages back in on the next one. Keeping large buffers on the heap brought the
 wire from ~0.5 to 0.82-0.99 of raw pyzmq at >= 256 KB (bench/transport.py
 --tuned-malloc). glibc reads GLIBC_TUNABLES at process start only.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,9 @@ from typing import Literal, Optional, Union
 
 from tianji.control.contracts.addressing import ENV_HOST_PORT_SLOTS, ENV_INDEX, ENV_POD_NAME, POD_INDEX_LABEL
 
-MALLOC_TUNABLES = ("glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=33554432:"
-                   "glibc.malloc.top_pad=67108864")
+MALLOC_TUNABLES = (
+    "glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=33554432:glibc.malloc.top_pad=67108864"
+)
 
 WORKER_COMMAND = ["tianji", "worker"]  # the worker image's entry point
 CONFIG_DIR = "/etc/tianji"  # pods: the job's ConfigMap is mounted here
@@ -112,17 +114,28 @@ class WorkerLaunch:
         return [*self.command, *self.args]
 
 
-def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine: Literal["local", "pod"],
-                  job_file: str, command: Optional[list[str]] = None, run_dir: Optional[str] = None,
-                  report: Optional[str] = None, metrics_port: Optional[int] = None,
-                  sock_dir: Optional[str] = None, parent_pid: Optional[int] = None,
-                  dist_init: Optional[str] = None, curve_keys: Optional[str] = None,
-                  device: Optional[str] = None) -> WorkerLaunch:
+def worker_launch(
+    job,
+    role: str,
+    group: int,
+    index: Union[int, str],
+    *,
+    engine: Literal["local", "pod"],
+    job_file: str,
+    command: Optional[list[str]] = None,
+    run_dir: Optional[str] = None,
+    report: Optional[str] = None,
+    metrics_port: Optional[int] = None,
+    sock_dir: Optional[str] = None,
+    parent_pid: Optional[int] = None,
+    dist_init: Optional[str] = None,
+    curve_keys: Optional[str] = None,
+    device: Optional[str] = None,
+) -> WorkerLaunch:
     """The one way a role process is described. `index` is an int, or "auto" (a StatefulSet
     pod's ordinal, from its hostname)."""
     args = ["--role", role, "--group", str(group), "--index", str(index), "--job", job_file]
-    env = {"OMP_NUM_THREADS": str(torch_threads(job, role)), "GLIBC_TUNABLES": MALLOC_TUNABLES,
-           "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": str(torch_threads(job, role)), "GLIBC_TUNABLES": MALLOC_TUNABLES, "PYTHONUNBUFFERED": "1"}
     field_env: dict[str, str] = {}
     volumes: list = []
     mounts: list = []
@@ -140,8 +153,7 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
         if device:
             env[ENV_DEVICE] = device
     elif engine == "pod":
-        field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP",
-                     ENV_POD_NAME: "metadata.name"}
+        field_env = {ENV_NAMESPACE: "metadata.namespace", ENV_POD_IP: "status.podIP", ENV_POD_NAME: "metadata.name"}
         if str(index) == "auto":
             field_env[ENV_INDEX] = f"metadata.labels['{POD_INDEX_LABEL}']"
         if job.spec.network.host_network:
@@ -153,9 +165,16 @@ def worker_launch(job, role: str, group: int, index: Union[int, str], *, engine:
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = job.spec.network.interface
         if job.spec.network.encryption == "curve":  # this role's key Secret (operator: builders.curve_secrets)
             env[ENV_CURVE_KEYS] = f"{CURVE_DIR}/{CURVE_FILE}"
-            volumes.append({"name": "curve", "secret": {"secretName": curve_secret_name(job.name, role),
-                                                        "defaultMode": 0o400,
-                                                        "items": [{"key": CURVE_FILE, "path": CURVE_FILE}]}})
+            volumes.append(
+                {
+                    "name": "curve",
+                    "secret": {
+                        "secretName": curve_secret_name(job.name, role),
+                        "defaultMode": 0o400,
+                        "items": [{"key": CURVE_FILE, "path": CURVE_FILE}],
+                    },
+                }
+            )
             mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
     else:
         raise ValueError(f"unknown engine {engine!r}")

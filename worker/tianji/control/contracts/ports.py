@@ -15,6 +15,7 @@ ports are checked against every other job's block. Pure functions: the operator 
 the block in the job's status (an operator restart keeps it) and writes it into the
 planned job that the pods read.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -75,8 +76,14 @@ class PortBlock:
 
     def to_status(self) -> dict:
         data, metrics = self.ranges
-        return {"basePort": self.base_port, "metricsPort": self.metrics_port, "slots": self.slots,
-                "dataPorts": _span(data), "metricsPorts": _span(metrics), "pinned": self.pinned}
+        return {
+            "basePort": self.base_port,
+            "metricsPort": self.metrics_port,
+            "slots": self.slots,
+            "dataPorts": _span(data),
+            "metricsPorts": _span(metrics),
+            "pinned": self.pinned,
+        }
 
     @classmethod
     def from_status(cls, d: Mapping) -> Optional[PortBlock]:
@@ -98,8 +105,7 @@ def is_pinned(network) -> bool:
     (Set or not cannot be told apart: the apiserver writes the CRD schema's defaults into
     the stored spec, so the defaults themselves mean "allocate".)"""
     fields = type(network).model_fields
-    return (network.base_port != fields["base_port"].default
-            or network.metrics_port != fields["metrics_port"].default)
+    return network.base_port != fields["base_port"].default or network.metrics_port != fields["metrics_port"].default
 
 
 def block_of(job, pinned: bool) -> PortBlock:
@@ -118,16 +124,19 @@ def allocate(slots: int, port_range: range, taken: Mapping[str, PortBlock]) -> P
             break
         start = max(start, hi)
     if start + size > port_range.stop:
-        raise HostPortError("HostPortRangeExhausted",
-                            f"hostNetwork: no free block of {size} ports ({slots} slot(s) x "
-                            f"{PORT_BLOCK + METRICS_BLOCK}) in the operator's range {_span(port_range)}: "
-                            f"{len(taken)} other host-network job(s) hold blocks; delete one, or widen the chart "
-                            "value hostNetwork.portRange")
+        raise HostPortError(
+            "HostPortRangeExhausted",
+            f"hostNetwork: no free block of {size} ports ({slots} slot(s) x "
+            f"{PORT_BLOCK + METRICS_BLOCK}) in the operator's range {_span(port_range)}: "
+            f"{len(taken)} other host-network job(s) hold blocks; delete one, or widen the chart "
+            "value hostNetwork.portRange",
+        )
     return PortBlock(start, start + PORT_BLOCK * slots, slots)
 
 
-def assign(planned, requested_network, taken: Mapping[str, PortBlock], port_range: range,
-           recorded: Optional[PortBlock] = None) -> PortBlock:
+def assign(
+    planned, requested_network, taken: Mapping[str, PortBlock], port_range: range, recorded: Optional[PortBlock] = None
+) -> PortBlock:
     """The block of a host-network job: the one recorded in its status (for as many slots), else its pinned ports
     (refused if they overlap another job's block), else a free block of `port_range`.
     `planned`: the job as planned (its topology fixed); `requested_network`: the spec as
@@ -138,10 +147,12 @@ def assign(planned, requested_network, taken: Mapping[str, PortBlock], port_rang
         mine = block_of(planned, True)
         clash = sorted(name for name, b in taken.items() if mine.overlaps(b))
         if clash:
-            raise HostPortError("HostPortConflict",
-                                f"hostNetwork: the job's ports ({mine.describe()}) overlap those of "
-                                f"{', '.join(clash)}; their pods could not share a node: choose other "
-                                "network.basePort/metricsPort, or leave both unset for the operator to allocate")
+            raise HostPortError(
+                "HostPortConflict",
+                f"hostNetwork: the job's ports ({mine.describe()}) overlap those of "
+                f"{', '.join(clash)}; their pods could not share a node: choose other "
+                "network.basePort/metricsPort, or leave both unset for the operator to allocate",
+            )
         return mine
     return allocate(slots_of(planned), port_range, taken)
 

@@ -8,6 +8,7 @@ production, see runtime/pacing.py).
 
 Torch-free and socket-free: the buffer owns one, the tests drive it directly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,15 +62,22 @@ class SampleToInsertRatio:
             raise ValueError(
                 f"error_buffer {self.error_buffer:g} < (sample_size {self.sample_size} + insert_size "
                 f"{self.insert_size} x samples_per_insert {self.samples_per_insert:g}) / 2 = {need:g}: "
-                "the limiter could reach a state where neither a sample nor an insert is allowed")
+                "the limiter could reach a state where neither a sample nor an insert is allowed"
+            )
         offset = self.samples_per_insert * self.min_size_to_sample
         self.lo, self.hi = offset - self.error_buffer, offset + self.error_buffer
         self.inserts = 0  # every insert taken, stage 1 included
         self.samples = 0
 
     @classmethod
-    def for_replay(cls, samples_per_insert: float, learning_starts: int, batch: int, fragment: int,
-                   error_buffer: float | None = None) -> SampleToInsertRatio:
+    def for_replay(
+        cls,
+        samples_per_insert: float,
+        learning_starts: int,
+        batch: int,
+        fragment: int,
+        error_buffer: float | None = None,
+    ) -> SampleToInsertRatio:
         """The buffer's limiter: requests of `batch` samples, inserts of at most `fragment`
         samples; the default error buffer is twice the smallest deadlock-free one."""
         if error_buffer is None:

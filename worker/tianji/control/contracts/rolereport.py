@@ -13,6 +13,7 @@
 its stop rule, so a non-finite, negative, huge or foreign one is refused (ReportError).
 Torch-free and numpy-free: the operator image imports it.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,10 +37,9 @@ COUNTERS = {
     "group_averages_total": "Cross-group parameter averages a learner applied (topology.groupSync: average)",
     "group_averages_skipped_total": "Cross-group averages skipped because their mean was not finite",
     "eval_episodes_total": "Episodes the evaluator played with the greedy policy (spec.evaluation)",
-    "policy_wait_seconds_total": "dependencies: strict: seconds an actor waited for the policy trained on its "
-                                 "rollout",
+    "policy_wait_seconds_total": "dependencies: strict: seconds an actor waited for the policy trained on its rollout",
     "strict_resends_total": "dependencies: strict: rollouts an actor sent again because no new policy came "
-                            "(a rollout lost to a restart)",
+    "(a rollout lost to a restart)",
 }
 GAUGES = {
     "policy_version": "Policy version this role holds",
@@ -51,7 +51,7 @@ GAUGES = {
     "learner_capacity_sps": "Learner consumption capacity (samples per busy second)",
     "replay_restored": "Transitions a DQN buffer loaded from its replay snapshot at start (checkpoint.replaySnapshot)",
     "replay_snapshot_seconds": "Time the buffer's latest replay snapshot took: the copy in its loop plus the write "
-                               "in a thread",
+    "in a thread",
     "eval_return_mean": "Mean return of the evaluator's last evaluation (greedy policy, spec.evaluation)",
 }
 # What a learner computes on each update (gauges `learner_<name>`: the value of its latest batch).
@@ -80,7 +80,7 @@ ROLES = ("actor", "buffer", "learner", "evaluator")
 
 WINDOW = 100  # episodes in the mean return (and carried in a report)
 REPORT_VERSION = 1
-MAX_COUNT = 2.0 ** 62  # larger counters are hostile or broken, not real
+MAX_COUNT = 2.0**62  # larger counters are hostile or broken, not real
 MAX_EPISODES_PER_REPORT = WINDOW
 MAX_EPISODE_LENGTH = 1 << 40  # steps; beyond this a report is hostile or broken
 
@@ -118,23 +118,65 @@ class Report:
         return f"{self.role}-{self.group}-{self.index}"
 
 
-def build_report(*, job: str, role: str, group: int, index: int, incarnation: str, pid: int, started: float,
-                 seq: int, time: float, final: bool, snapshot: dict, episodes_total: int, recent: list,
-                 extra: dict) -> dict:
+def build_report(
+    *,
+    job: str,
+    role: str,
+    group: int,
+    index: int,
+    incarnation: str,
+    pid: int,
+    started: float,
+    seq: int,
+    time: float,
+    final: bool,
+    snapshot: dict,
+    episodes_total: int,
+    recent: list,
+    extra: dict,
+) -> dict:
     """The report as a plain dict (msgpack/JSON): what a role process produces."""
-    return {"v": REPORT_VERSION, "job": job, "role": role, "group": group, "index": index,
-            "incarnation": incarnation, "pid": pid, "started": started, "seq": seq, "time": time, "final": final,
-            "counts": snapshot["counts"], "reasons": snapshot["reasons"], "gauges": snapshot["gauges"],
-            "lag": snapshot["lag"], "episodes_total": int(episodes_total),
-            "recent": [episode(*e) for e in recent[-MAX_EPISODES_PER_REPORT:]], "extra": extra}
+    return {
+        "v": REPORT_VERSION,
+        "job": job,
+        "role": role,
+        "group": group,
+        "index": index,
+        "incarnation": incarnation,
+        "pid": pid,
+        "started": started,
+        "seq": seq,
+        "time": time,
+        "final": final,
+        "counts": snapshot["counts"],
+        "reasons": snapshot["reasons"],
+        "gauges": snapshot["gauges"],
+        "lag": snapshot["lag"],
+        "episodes_total": int(episodes_total),
+        "recent": [episode(*e) for e in recent[-MAX_EPISODES_PER_REPORT:]],
+        "extra": extra,
+    }
 
 
 def report_doc(r: Report, job: str = "") -> dict:
     """A parsed report as the dict it came from: `parse_report(report_doc(r)) == r` (with `job`)."""
     snapshot = {"counts": r.counts, "reasons": r.reasons, "gauges": r.gauges, "lag": r.lag}
-    return build_report(job=job, role=r.role, group=r.group, index=r.index, incarnation=r.incarnation, pid=r.pid,
-                        started=r.started, seq=r.seq, time=r.time, final=r.final, snapshot=snapshot,
-                        episodes_total=r.episodes_total, recent=r.recent, extra=r.extra)
+    return build_report(
+        job=job,
+        role=r.role,
+        group=r.group,
+        index=r.index,
+        incarnation=r.incarnation,
+        pid=r.pid,
+        started=r.started,
+        seq=r.seq,
+        time=r.time,
+        final=r.final,
+        snapshot=snapshot,
+        episodes_total=r.episodes_total,
+        recent=r.recent,
+        extra=r.extra,
+    )
 
 
 def episode(t: float, r: float, length: Optional[int] = None) -> list:
@@ -158,10 +200,10 @@ def compact_json(report: dict, limit: int) -> bytes:
             return out
         long = [i for i, e in enumerate(doc["recent"]) if len(e) > 2]
         if long:  # a length takes 2 (",1") to 15 bytes: strip a few at a time, the oldest first
-            for i in long[:max(1, (len(out) - limit) // 15)]:
+            for i in long[: max(1, (len(out) - limit) // 15)]:
                 doc["recent"][i] = doc["recent"][i][:2]
             continue
-        doc["recent"] = doc["recent"][max(1, (len(out) - limit) // 24):]
+        doc["recent"] = doc["recent"][max(1, (len(out) - limit) // 24) :]
 
 
 def _num(v: Any, what: str, lo: float = 0.0, hi: float = MAX_COUNT) -> float:
@@ -173,7 +215,7 @@ def _num(v: Any, what: str, lo: float = 0.0, hi: float = MAX_COUNT) -> float:
     return v
 
 
-def _int(v: Any, what: str, lo: int = 0, hi: int = 2 ** 62) -> int:
+def _int(v: Any, what: str, lo: int = 0, hi: int = 2**62) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise ReportError(f"{what}: expected an integer in [{lo}, {hi}], got {v!r}")
     return v
@@ -189,26 +231,48 @@ MAX_SENDERS = 1024  # senders a buffer names in extra.over_share
 MAX_RETURN = 1e12  # |return| beyond this is hostile or broken (recent episodes and evaluations)
 
 
-def eval_summary(*, count: int, return_mean: float, return_std: float, episodes: int, policy_version: int,
-                 env_frames: int, t: float, best_return_mean: float) -> dict:
+def eval_summary(
+    *,
+    count: int,
+    return_mean: float,
+    return_std: float,
+    episodes: int,
+    policy_version: int,
+    env_frames: int,
+    t: float,
+    best_return_mean: float,
+) -> dict:
     """The evaluator's report extra `eval`: its evaluations this incarnation, the last one's numbers."""
-    return {"count": count, "best_return_mean": best_return_mean,
-            "last": {"return_mean": return_mean, "return_std": return_std, "episodes": episodes,
-                     "policy_version": policy_version, "env_frames": env_frames, "t": t}}
+    return {
+        "count": count,
+        "best_return_mean": best_return_mean,
+        "last": {
+            "return_mean": return_mean,
+            "return_std": return_std,
+            "episodes": episodes,
+            "policy_version": policy_version,
+            "env_frames": env_frames,
+            "t": t,
+        },
+    }
 
 
 def _eval(v: Any) -> dict:
     d = _dict(v, "extra.eval")
     last = _dict(d.get("last"), "extra.eval.last")
     ret = (-MAX_RETURN, MAX_RETURN)
-    return {"count": _int(d.get("count"), "extra.eval.count", 1, 1 << 40),
-            "best_return_mean": _num(d.get("best_return_mean"), "extra.eval.best_return_mean", *ret),
-            "last": {"return_mean": _num(last.get("return_mean"), "extra.eval.last.return_mean", *ret),
-                     "return_std": _num(last.get("return_std"), "extra.eval.last.return_std", 0.0, MAX_RETURN),
-                     "episodes": _int(last.get("episodes"), "extra.eval.last.episodes", 1, 1 << 20),
-                     "policy_version": _int(last.get("policy_version"), "extra.eval.last.policy_version"),
-                     "env_frames": _int(last.get("env_frames"), "extra.eval.last.env_frames"),
-                     "t": _num(last.get("t"), "extra.eval.last.t", 0.0, 1e11)}}
+    return {
+        "count": _int(d.get("count"), "extra.eval.count", 1, 1 << 40),
+        "best_return_mean": _num(d.get("best_return_mean"), "extra.eval.best_return_mean", *ret),
+        "last": {
+            "return_mean": _num(last.get("return_mean"), "extra.eval.last.return_mean", *ret),
+            "return_std": _num(last.get("return_std"), "extra.eval.last.return_std", 0.0, MAX_RETURN),
+            "episodes": _int(last.get("episodes"), "extra.eval.last.episodes", 1, 1 << 20),
+            "policy_version": _int(last.get("policy_version"), "extra.eval.last.policy_version"),
+            "env_frames": _int(last.get("env_frames"), "extra.eval.last.env_frames"),
+            "t": _num(last.get("t"), "extra.eval.last.t", 0.0, 1e11),
+        },
+    }
 
 
 def parse_report(doc: Any, job: Optional[str] = None) -> Report:
@@ -232,11 +296,14 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
     for name, by in _dict(d.get("reasons", {}), "reasons").items():
         if name in REASON_LABELED:
             reasons[name] = {str(r)[:64]: _num(x, f"reasons.{name}.{r}") for r, x in _dict(by, name).items()}
-    gauges = {k: _num(v, f"gauges.{k}", -MAX_COUNT) for k, v in _dict(d.get("gauges", {}), "gauges").items()
-              if k in GAUGES}
+    gauges = {
+        k: _num(v, f"gauges.{k}", -MAX_COUNT) for k, v in _dict(d.get("gauges", {}), "gauges").items() if k in GAUGES
+    }
     lag_in = _dict(d.get("lag", {}), "lag")
-    lag: dict[str, Any] = {"count": _int(lag_in.get("count", 0), "lag.count"),
-                           "sum": _num(lag_in.get("sum", 0.0), "lag.sum", -MAX_COUNT)}
+    lag: dict[str, Any] = {
+        "count": _int(lag_in.get("count", 0), "lag.count"),
+        "sum": _num(lag_in.get("sum", 0.0), "lag.sum", -MAX_COUNT),
+    }
     for k in ("min", "max"):
         lag[k] = None if lag_in.get(k) is None else _num(lag_in[k], f"lag.{k}", -MAX_COUNT)
     if lag_in.get("hist") is not None:
@@ -272,10 +339,21 @@ def parse_report(doc: Any, job: Optional[str] = None) -> Report:
         if len(by) > MAX_SENDERS:
             raise ReportError(f"extra.over_share: more than {MAX_SENDERS} senders")
         extra["over_share"] = {str(k)[:64]: _num(v, f"extra.over_share.{str(k)[:64]}") for k, v in by.items()}
-    return Report(role=role, group=_int(d.get("group"), "group", 0, 1 << 20),
-                  index=_int(d.get("index"), "index", 0, 1 << 20), incarnation=inc,
-                  pid=_int(d.get("pid", 0), "pid", 0, 1 << 31),
-                  started=_num(d.get("started", 0.0), "started", 0.0, 1e11),
-                  seq=_int(d.get("seq", 0), "seq"), time=_num(d.get("time", 0.0), "time", 0.0, 1e11),
-                  final=bool(d.get("final", False)), counts=counts, reasons=reasons, gauges=gauges, lag=lag,
-                  episodes_total=_int(d.get("episodes_total", 0), "episodes_total"), recent=recent, extra=extra)
+    return Report(
+        role=role,
+        group=_int(d.get("group"), "group", 0, 1 << 20),
+        index=_int(d.get("index"), "index", 0, 1 << 20),
+        incarnation=inc,
+        pid=_int(d.get("pid", 0), "pid", 0, 1 << 31),
+        started=_num(d.get("started", 0.0), "started", 0.0, 1e11),
+        seq=_int(d.get("seq", 0), "seq"),
+        time=_num(d.get("time", 0.0), "time", 0.0, 1e11),
+        final=bool(d.get("final", False)),
+        counts=counts,
+        reasons=reasons,
+        gauges=gauges,
+        lag=lag,
+        episodes_total=_int(d.get("episodes_total", 0), "episodes_total"),
+        recent=recent,
+        extra=extra,
+    )

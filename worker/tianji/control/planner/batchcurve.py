@@ -18,6 +18,7 @@ whose runs take hours) ρ is the geometric mean over the measured curves of the 
 taken to sit where theirs do relative to the noise scale. With no curve found at all
 (`assumed`) ρ(W) = (1 + W)/2, the McCandlish form with B_noise = B.
 """
+
 from __future__ import annotations
 
 import json
@@ -149,10 +150,17 @@ def parse(doc: dict, path: str) -> BatchCurve:
         if len(censored) == len(pts):
             raise ValueError("every point is a lower bound (no batch size reached the target in every run)")
         pts.sort()
-        return BatchCurve(job=str(doc["job"]), env=str(doc["env"]), algorithm=str(doc["algorithm"]),
-                          base_batch=int(doc["base_batch"]), points=tuple(pts), path=path,
-                          date=str(doc.get("date", "")), censored=tuple(censored),
-                          target=None if doc.get("target_return") is None else float(doc["target_return"]))
+        return BatchCurve(
+            job=str(doc["job"]),
+            env=str(doc["env"]),
+            algorithm=str(doc["algorithm"]),
+            base_batch=int(doc["base_batch"]),
+            points=tuple(pts),
+            path=path,
+            date=str(doc.get("date", "")),
+            censored=tuple(censored),
+            target=None if doc.get("target_return") is None else float(doc["target_return"]),
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: not a batch curve ({type(e).__name__}: {e})") from None
 

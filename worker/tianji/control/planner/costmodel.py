@@ -75,6 +75,7 @@ needs no fewer samples than one synchronous batch of g·n_l·B (bench/groupsync.
 measured no fall in frames to target), so `average` buys consumption, not sample
 efficiency; a penalty on n_l only would have the planner multiply groups for free.
 """
+
 from __future__ import annotations
 
 import math
@@ -94,8 +95,9 @@ class LinkModel:
     latency_s: float
 
 
-def link_for(link, nodes: int, ipc_bytes_per_second: Optional[float],
-             measured: Optional[tuple[float, float]] = None) -> LinkModel:
+def link_for(
+    link, nodes: int, ipc_bytes_per_second: Optional[float], measured: Optional[tuple[float, float]] = None
+) -> LinkModel:
     """`link` = spec.network.link, or None: loopback on one node; across nodes the link the
     profile measured between two hosts (`measured` = (bytes/s, one-way s)), else ethernet-10g."""
     if link is None and nodes > 1 and measured is not None:
@@ -135,8 +137,9 @@ def _ring(ranks: int, param_bytes: float, link: LinkModel) -> float:
     return 2 * (ranks - 1) / ranks * param_bytes / link.bytes_per_s + 2 * (ranks - 1) * link.latency_s
 
 
-def allreduce_seconds(measured: Optional[dict], ranks: int, param_bytes: float,
-                      link: LinkModel, measured_link: LinkModel) -> tuple[float, bool]:
+def allreduce_seconds(
+    measured: Optional[dict], ranks: int, param_bytes: float, link: LinkModel, measured_link: LinkModel
+) -> tuple[float, bool]:
     """A(W) (module docstring) and whether it is extrapolated beyond the measured ranks."""
     if ranks <= 1:
         return 0.0, False
@@ -200,8 +203,15 @@ def max_min_shares(demands: list[float], cores: float) -> list[float]:
     return shares
 
 
-def host_turns(cores: float, actors: int, buffers: int, learners: int, learner_threads: float,
-               buffer_demand: float, background: float = 0.0) -> tuple[float, float, float]:
+def host_turns(
+    cores: float,
+    actors: int,
+    buffers: int,
+    learners: int,
+    learner_threads: float,
+    buffer_demand: float,
+    background: float = 0.0,
+) -> tuple[float, float, float]:
     """CPU shares (actor, buffer, learner; cores per process) when a job's roles share one host.
 
     Measured rule (bench/scaling.py, docs/results/scaling.json; DQN CartPole at replay ratio 2 on 2

@@ -17,9 +17,10 @@ device run's results. Its device is the first name found in, in order, the objec
 `learner_gpu` / `learnerGpu` object (`name`, `device_name`, `gpu_name`, `gpu`), the object
 itself (`learner_gpu_name`, `gpu_name`, `gpu`, `device_name`, `device`), then the enclosing
 objects outward (the same keys); `cuda` and `cpu` are not names. `tianji profile` writes
-`learner_gpu.device_name`; bench/device/run.sh writes its profiles flat into docs/device. Its job is the object's `job`, `env`, `algorithm`
-and `batch_size` where given.
+`learner_gpu.device_name`; bench/device/run.sh writes its profiles flat into docs/device.
+Its job is the object's `job`, `env`, `algorithm` and `batch_size` where given.
 """
+
 from __future__ import annotations
 
 import functools
@@ -93,10 +94,12 @@ class GpuFigure:
     def matches(self, job) -> bool:
         """Measured for this job's env, algorithm and batch (what it leaves out, it does not contradict)."""
         s = job.spec
-        return ((self.env is None or self.env == s.env.id)
-                and (self.algorithm is None or self.algorithm == s.algorithm.name)
-                and (self.batch_size is None or self.batch_size == s.algorithm.batch_size)
-                and (self.env is not None or self.job == job.name))
+        return (
+            (self.env is None or self.env == s.env.id)
+            and (self.algorithm is None or self.algorithm == s.algorithm.name)
+            and (self.batch_size is None or self.batch_size == s.algorithm.batch_size)
+            and (self.env is not None or self.job == job.name)
+        )
 
 
 def _name(d: dict, keys) -> Optional[str]:
@@ -139,8 +142,18 @@ def gpu_figures(doc, source: str, date: str = "") -> list[GpuFigure]:
         sps = _sps(node)
         if sps is not None and here:
             bs = node.get("batch_size", node.get("batchSize"))
-            out.append(GpuFigure(here, sps, source, _str(node.get("job")), _str(node.get("env")),
-                                 _str(node.get("algorithm")), bs if isinstance(bs, int) else None, date))
+            out.append(
+                GpuFigure(
+                    here,
+                    sps,
+                    source,
+                    _str(node.get("job")),
+                    _str(node.get("env")),
+                    _str(node.get("algorithm")),
+                    bs if isinstance(bs, int) else None,
+                    date,
+                )
+            )
         for k, v in node.items():
             if isinstance(v, (dict, list)) and k not in ("learner_gpu", "learnerGpu"):
                 walk(v, here, date, depth + 1)

@@ -23,6 +23,7 @@ best count as equal; among those, the fewest resources, then learners, then proc
 `choose` also names the runners-up (the nearest smaller and bigger plans on the E-versus-R
 frontier, the most-progress plan, the best plan dropped for lag) and why each lost.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -81,26 +82,34 @@ def choose(cands: list[Candidate], cpus: float, gpus: int, x: float, max_lag=Non
 
 def _describe(c: Candidate, chosen: Candidate, lost: str) -> dict:
     s = c.shape
-    return {"topology": {"groups": s.g, "actors": s.na, "buffers": s.nb, "learners": s.nl},
-            "actor_cpu": s.ca, "buffer_cpu": s.cb, "learner_cpu": s.cl, "learner_gpu": s.gl,
-            "cpus_used": c.cores, "gpus_used": c.gpus, "consumed_sps": c.pred["consumed_sps"],
-            "efficiency": c.pred["efficiency"], "effective_sps": c.effective,
-            "expected_policy_lag": c.pred["expected_policy_lag"], "bottleneck": c.pred["bottleneck"],
-            "time_to_target_vs_plan": chosen.effective / c.effective if c.effective > 0 else None,
-            "lost": lost}
+    return {
+        "topology": {"groups": s.g, "actors": s.na, "buffers": s.nb, "learners": s.nl},
+        "actor_cpu": s.ca,
+        "buffer_cpu": s.cb,
+        "learner_cpu": s.cl,
+        "learner_gpu": s.gl,
+        "cpus_used": c.cores,
+        "gpus_used": c.gpus,
+        "consumed_sps": c.pred["consumed_sps"],
+        "efficiency": c.pred["efficiency"],
+        "effective_sps": c.effective,
+        "expected_policy_lag": c.pred["expected_policy_lag"],
+        "bottleneck": c.pred["bottleneck"],
+        "time_to_target_vs_plan": chosen.effective / c.effective if c.effective > 0 else None,
+        "lost": lost,
+    }
 
 
 def _why(c: Candidate, chosen: Candidate, cpus: float, gpus: int, x: float) -> str:
     """Why `c` lost to `chosen` under the budget rule, in the rule's own terms."""
     rc, rp = resources(c, cpus, gpus), resources(chosen, cpus, gpus)
     if score(c, cpus, gpus, x) >= score(chosen, cpus, gpus, x) * (1 - _EPS):
-        return (f"scores within {NEAR_BEST:.0%} of the plan (as good); the planner keeps the one with "
-                "fewer resources")
+        return f"scores within {NEAR_BEST:.0%} of the plan (as good); the planner keeps the one with fewer resources"
     if rc > rp:
         k, gain = rc / rp, c.effective / chosen.effective - 1
-        return f"{gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k ** x - 1:+.0%}"
+        return f"{gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k**x - 1:+.0%}"
     k, gain = rp / rc, chosen.effective / c.effective - 1
-    return f"the plan buys {gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k ** x - 1:+.0%}"
+    return f"the plan buys {gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k**x - 1:+.0%}"
 
 
 def _runners_up(chosen, eligible, cands, cpus, gpus, x, max_lag) -> list[dict]:
@@ -114,6 +123,12 @@ def _runners_up(chosen, eligible, cands, cpus, gpus, x, max_lag) -> list[dict]:
     dropped = [c for c in cands if id(c) not in kept and c.effective > chosen.effective]
     if dropped:
         d = max(dropped, key=lambda c: c.effective)
-        out.append(_describe(d, chosen, f"expected policy lag {d.pred['expected_policy_lag']:.1f} > maxPolicyLag "
-                                        f"{max_lag}: its samples would be dropped"))
+        out.append(
+            _describe(
+                d,
+                chosen,
+                f"expected policy lag {d.pred['expected_policy_lag']:.1f} > maxPolicyLag "
+                f"{max_lag}: its samples would be dropped",
+            )
+        )
     return out

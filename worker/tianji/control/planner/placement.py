@@ -13,6 +13,7 @@ The link between nodes is spec.network.link when set, else the one `tianji profi
 (costmodel.link_for). An explicit spec.network.link is what every process talks over, on one
 node too (the user says so).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,9 +60,11 @@ def process_items(g: int, na: int, nb: int, nl: int, ca: float, cb: float, cl: f
     return [(cl, gl, g * nl), (ca, 0, g * na), (cb, 0, g * nb)]
 
 
-def max_packable(na: int, nb: int, g: int, ca: float, cb: float, cl: float, gl: int,
-                 node_cpus: list[float], node_gpus: list[int]) -> Optional[int]:
+def max_packable(
+    na: int, nb: int, g: int, ca: float, cb: float, cl: float, gl: int, node_cpus: list[float], node_gpus: list[int]
+) -> Optional[int]:
     """Largest n ≤ na (n ≥ nb) actors per group whose processes pack onto the nodes, or None."""
+
     def fits(n: int) -> bool:
         return pack(process_items(g, n, nb, 1, ca, cb, cl, gl), node_cpus, node_gpus) is not None
 
@@ -79,8 +82,20 @@ def max_packable(na: int, nb: int, g: int, ca: float, cb: float, cl: float, gl: 
     return lo
 
 
-def links_for(job, profile, node_cpus: Optional[list[float]], node_gpus: Optional[list[int]],
-              g: int, na: int, nb: int, nl: int, ca: float, cb: float, cl: float, gl: int) -> Links:
+def links_for(
+    job,
+    profile,
+    node_cpus: Optional[list[float]],
+    node_gpus: Optional[list[int]],
+    g: int,
+    na: int,
+    nb: int,
+    nl: int,
+    ca: float,
+    cb: float,
+    cl: float,
+    gl: int,
+) -> Links:
     """The links of one topology on len(node_cpus) nodes (module docstring). node_cpus None: K =
     resources.nodes of unknown size, every group assumed to span them."""
     s = job.spec

@@ -47,6 +47,7 @@ groups only while the progress they buy clears the budget rule; the plan names e
 assumes, what it extrapolates (`Plan.extrapolated`), and why each core and GPU it leaves unused
 stays so (`Plan.unused`, explain.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -158,28 +159,46 @@ def _threads(cpu: float) -> int:
     return max(1, int(cpu + _EPS))
 
 
-def make_plan(job: TianJiJob, sh: Shape, pred: dict, min_marginal_gain: Optional[float] = None,
-              runners_up: tuple = (), **about) -> Plan:
+def make_plan(
+    job: TianJiJob, sh: Shape, pred: dict, min_marginal_gain: Optional[float] = None, runners_up: tuple = (), **about
+) -> Plan:
     """The Plan of one predicted shape; `about`: the fields on where its figures come from and
     what it leaves unused (cpus_given, gpus_given, assumed, measured, unused, batch_curve)."""
     res = job.spec.resources
     return Plan(
-        groups=sh.g, actors=sh.na, buffers=sh.nb, learners=sh.nl,
+        groups=sh.g,
+        actors=sh.na,
+        buffers=sh.nb,
+        learners=sh.nl,
         actor=RolePlan(sh.ca, res.actor.memory, 0, _threads(sh.ca)),
         buffer=RolePlan(sh.cb, res.buffer.memory, 0, _threads(sh.cb)),
         learner=RolePlan(sh.cl, res.learner.memory, sh.gl, _threads(sh.cl)),
         batch_size=job.spec.algorithm.batch_size,
-        produced_fps=pred["produced_fps"], consumed_sps=pred["consumed_sps"],
-        replay_ratio=pred["replay_ratio"], expected_policy_lag=pred["expected_policy_lag"],
-        bottleneck=pred["bottleneck"], cpus_used=sh.cores, gpus_used=sh.gpus,
-        sample_seconds=pred["sample_seconds"], train_seconds=pred["train_seconds"],
-        comm_seconds=pred["comm_seconds"], allreduce_seconds=pred["allreduce_seconds"],
-        efficiency=pred["efficiency"], effective_sps=pred["effective_sps"],
-        learner_threads_measured=pred["learner_threads_measured"], extrapolated=pred["extrapolated"],
-        group_link=pred["group_link"], sync_link=pred["sync_link"],
-        min_marginal_gain=min_marginal_gain, runners_up=runners_up,
-        frames_ratio=pred["frames_ratio"], lag_cost=pred["lag_cost"], time_to_target_s=pred["time_to_target_s"],
-        production_fps=pred["tr_a"], learner_capacity_sps=pred["tr_l"], **about,
+        produced_fps=pred["produced_fps"],
+        consumed_sps=pred["consumed_sps"],
+        replay_ratio=pred["replay_ratio"],
+        expected_policy_lag=pred["expected_policy_lag"],
+        bottleneck=pred["bottleneck"],
+        cpus_used=sh.cores,
+        gpus_used=sh.gpus,
+        sample_seconds=pred["sample_seconds"],
+        train_seconds=pred["train_seconds"],
+        comm_seconds=pred["comm_seconds"],
+        allreduce_seconds=pred["allreduce_seconds"],
+        efficiency=pred["efficiency"],
+        effective_sps=pred["effective_sps"],
+        learner_threads_measured=pred["learner_threads_measured"],
+        extrapolated=pred["extrapolated"],
+        group_link=pred["group_link"],
+        sync_link=pred["sync_link"],
+        min_marginal_gain=min_marginal_gain,
+        runners_up=runners_up,
+        frames_ratio=pred["frames_ratio"],
+        lag_cost=pred["lag_cost"],
+        time_to_target_s=pred["time_to_target_s"],
+        production_fps=pred["tr_a"],
+        learner_capacity_sps=pred["tr_l"],
+        **about,
     )
 
 
@@ -192,8 +211,9 @@ def planned_job(job: TianJiJob, p: Plan) -> TianJiJob:
     return TianJiJob.model_validate(doc)
 
 
-def _budget(job: TianJiJob, p: Profile, cpus: float, gpus: int, nodes: int,
-            cpus_per_node: Optional[float]) -> tuple[Budget, list[int]]:
+def _budget(
+    job: TianJiJob, p: Profile, cpus: float, gpus: int, nodes: int, cpus_per_node: Optional[float]
+) -> tuple[Budget, list[int]]:
     """The usable budget and the GPU modes to search (0: CPU learners; γ: GPU learners);
     PlanError for inputs with no plan (plan's docstring)."""
     if not (isinstance(cpus, (int, float)) and cpus > 0):
@@ -209,26 +229,40 @@ def _budget(job: TianJiJob, p: Profile, cpus: float, gpus: int, nodes: int,
     budget = Budget(min(float(cpus), nodes * cn), gpus, (cn,) * nodes, node_gpus)
     want_gpu = job.spec.resources.learner.gpu
     if want_gpu and gpus == 0:
-        raise PlanError(f"spec.resources.learner.gpu asks {want_gpu} GPU(s) per learner but no GPUs were given "
-                        "(pass --gpus, or set resources.learner.gpu: 0)")
+        raise PlanError(
+            f"spec.resources.learner.gpu asks {want_gpu} GPU(s) per learner but no GPUs were given "
+            "(pass --gpus, or set resources.learner.gpu: 0)"
+        )
     if want_gpu and want_gpu > max(node_gpus):
-        raise PlanError(f"a learner needs {want_gpu} GPU(s) but a node has at most {max(node_gpus)} "
-                        f"({gpus} GPU(s) over {nodes} node(s))")
+        raise PlanError(
+            f"a learner needs {want_gpu} GPU(s) but a node has at most {max(node_gpus)} "
+            f"({gpus} GPU(s) over {nodes} node(s))"
+        )
     if want_gpu and p.learner_sps_per_gpu is None:
-        raise PlanError("spec.resources.learner.gpu > 0 but the profile has no GPU figure (learner_sps_per_gpu); "
-                        "profile on a GPU machine or omit --profile")
+        raise PlanError(
+            "spec.resources.learner.gpu > 0 but the profile has no GPU figure (learner_sps_per_gpu); "
+            "profile on a GPU machine or omit --profile"
+        )
     a_min, b_min = min(ACTOR_CORES), min(BUFFER_CORES)
     l_min = GPU_LEARNER_CORES if want_gpu else min(LEARNER_CORES)
     if budget.cpus + _EPS < a_min + b_min + l_min:
-        raise PlanError(f"{budget.cpus:g} cores cannot hold one actor ({a_min:g}) + one buffer ({b_min:g}) + one "
-                        f"learner ({l_min:g}): need at least {a_min + b_min + l_min:g} cores")
+        raise PlanError(
+            f"{budget.cpus:g} cores cannot hold one actor ({a_min:g}) + one buffer ({b_min:g}) + one "
+            f"learner ({l_min:g}): need at least {a_min + b_min + l_min:g} cores"
+        )
     modes = [want_gpu] if want_gpu else [0] + ([1] if gpus and p.learner_sps_per_gpu is not None else [])
     return budget, modes
 
 
-def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
-         cpus_per_node: Optional[float] = None, profile: Optional[Profile] = None,
-         min_marginal_gain: Optional[float] = None) -> Plan:
+def plan(
+    job: TianJiJob,
+    cpus: float,
+    gpus: int = 0,
+    nodes: int = 1,
+    cpus_per_node: Optional[float] = None,
+    profile: Optional[Profile] = None,
+    min_marginal_gain: Optional[float] = None,
+) -> Plan:
     """Size `job` for M = `cpus` cores and G = `gpus` GPUs (module docstring; objective.py).
 
     Preconditions (PlanError otherwise): M > 0; G ≥ 0; K = nodes ≥ 1; C_n =
@@ -243,8 +277,10 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
     curve = batchcurve.for_job(job)
     cands = candidates(job, p, budget, modes, curve)
     if not cands:
-        raise PlanError(f"no topology fits {budget.cpus:g} cores on {nodes} node(s) of {budget.node_cpus[0]:g} cores"
-                        + (f" with {gpus} GPU(s)" if gpus else ""))
+        raise PlanError(
+            f"no topology fits {budget.cpus:g} cores on {nodes} node(s) of {budget.node_cpus[0]:g} cores"
+            + (f" with {gpus} GPU(s)" if gpus else "")
+        )
     x = job.spec.plan.min_marginal_gain if min_marginal_gain is None else min_marginal_gain
     lag = job.spec.max_policy_lag
     choice = choose(cands, budget.cpus, gpus, x, lag)
@@ -252,9 +288,19 @@ def plan(job: TianJiJob, cpus: float, gpus: int = 0, nodes: int = 1,
     if c is not choice.chosen:  # a step up the grid missed: the runners-up are judged against it
         choice = choose([*cands, c], budget.cpus, gpus, x, lag)
     assumed, measured = explain.provenance(job, p, curve, gpus, c.gpus)
-    return make_plan(job, c.shape, c.pred, x, choice.runners_up, cpus_given=budget.cpus, gpus_given=gpus,
-                     assumed=assumed, measured=measured, batch_curve=curve.source(),
-                     unused=explain.unused(job, p, c, cands, budget, curve, x, lag))
+    return make_plan(
+        job,
+        c.shape,
+        c.pred,
+        x,
+        choice.runners_up,
+        cpus_given=budget.cpus,
+        gpus_given=gpus,
+        assumed=assumed,
+        measured=measured,
+        batch_curve=curve.source(),
+        unused=explain.unused(job, p, c, cands, budget, curve, x, lag),
+    )
 
 
 DEFAULT_PLAN_CPUS = 2.0  # topology: auto without resources.cpus
@@ -278,24 +324,38 @@ def plan_for_job(job: TianJiJob, profile: Optional[Profile] = None) -> Plan:
     if s.topology.auto:
         cpus = (res.cpus or DEFAULT_PLAN_CPUS) - evaluator
         if cpus <= 0:
-            raise PlanError(f"resources.evaluator.cpu ({evaluator:g}) leaves no cores of resources.cpus "
-                            f"({res.cpus or DEFAULT_PLAN_CPUS:g}) for training")
-        return plan(job, cpus=cpus, gpus=res.gpus, nodes=res.nodes,
-                    cpus_per_node=res.cpus_per_node, profile=profile)
+            raise PlanError(
+                f"resources.evaluator.cpu ({evaluator:g}) leaves no cores of resources.cpus "
+                f"({res.cpus or DEFAULT_PLAN_CPUS:g}) for training"
+            )
+        return plan(job, cpus=cpus, gpus=res.gpus, nodes=res.nodes, cpus_per_node=res.cpus_per_node, profile=profile)
     p = profile or default_profile(job)
     t = s.topology
-    sh = Shape(t.groups, t.actors, t.buffers, t.learners, res.actor.cpu, res.buffer.cpu, res.learner.cpu,
-               res.learner.gpu)
+    sh = Shape(
+        t.groups, t.actors, t.buffers, t.learners, res.actor.cpu, res.buffer.cpu, res.learner.cpu, res.learner.gpu
+    )
     _check_explicit(sh, res, p, sh.cores + evaluator)
     budget = None
     if res.cpus_per_node is not None:  # node sizes known: groups that fit one node keep loopback
         n = res.nodes
-        budget = Budget(n * res.cpus_per_node, res.gpus, (res.cpus_per_node,) * n,
-                        tuple(res.gpus // n + (1 if i < res.gpus % n else 0) for i in range(n)))
+        budget = Budget(
+            n * res.cpus_per_node,
+            res.gpus,
+            (res.cpus_per_node,) * n,
+            tuple(res.gpus // n + (1 if i < res.gpus % n else 0) for i in range(n)),
+        )
     curve = batchcurve.for_job(job)
     assumed, measured = explain.provenance(job, p, curve, res.gpus, sh.gpus)
-    out = make_plan(job, sh, predict_shape(job, p, sh, budget, curve), cpus_given=sh.cores + evaluator,
-                    gpus_given=res.gpus or sh.gpus, assumed=assumed, measured=measured, batch_curve=curve.source())
+    out = make_plan(
+        job,
+        sh,
+        predict_shape(job, p, sh, budget, curve),
+        cpus_given=sh.cores + evaluator,
+        gpus_given=res.gpus or sh.gpus,
+        assumed=assumed,
+        measured=measured,
+        batch_curve=curve.source(),
+    )
     threads = {r: getattr(res, r).threads for r in ("actor", "buffer", "learner")}
     if any(threads.values()):  # keep explicit thread counts from the spec
         out = replace(out, **{r: replace(getattr(out, r), threads=n) for r, n in threads.items() if n})
@@ -305,8 +365,9 @@ def plan_for_job(job: TianJiJob, profile: Optional[Profile] = None) -> Plan:
 def _check_explicit(sh: Shape, res, p: Profile, used: float) -> None:
     if res.cpus is not None:
         if sh.g * sh.nl > res.cpus:
-            raise PlanError(f"more learners ({sh.g * sh.nl} = {sh.g} groups x {sh.nl}) than cores "
-                            f"(resources.cpus = {res.cpus:g})")
+            raise PlanError(
+                f"more learners ({sh.g * sh.nl} = {sh.g} groups x {sh.nl}) than cores (resources.cpus = {res.cpus:g})"
+            )
         if used > res.cpus + _EPS:
             raise PlanError(f"the topology requests {used:g} cores but resources.cpus is {res.cpus:g}")
     if res.gpus and sh.gpus > res.gpus:
@@ -315,8 +376,9 @@ def _check_explicit(sh: Shape, res, p: Profile, used: float) -> None:
         raise PlanError("resources.learner.gpu > 0 but the profile has no GPU figure (learner_sps_per_gpu)")
     big = max(sh.ca, sh.cb, sh.cl)
     if res.cpus_per_node is not None and big > res.cpus_per_node + _EPS:
-        raise PlanError(f"a process of {big:g} cores does not fit a node of {res.cpus_per_node:g} "
-                        "(resources.cpusPerNode)")
+        raise PlanError(
+            f"a process of {big:g} cores does not fit a node of {res.cpus_per_node:g} (resources.cpusPerNode)"
+        )
 
 
 def resolve(job: TianJiJob, profile: Optional[Profile] = None) -> tuple[TianJiJob, Plan]:

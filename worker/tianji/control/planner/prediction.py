@@ -36,6 +36,7 @@ W = g·n_l learners of the batch (batchcurve.py, measured), effective progress E
 efficiency ∝ 1/time to target, and time_to_target_s = F(B)·r/E where the job's own batch curve
 gives its frames to target F(B) (else None: plans compare by E only).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -97,8 +98,10 @@ def _path_terms(job: TianJiJob, p: Profile, sh: Shape, links: Links, per_learner
     if links.sync == links.group:  # one link carries both
         t_net = max(learner_bytes + avg_bytes, buffer_bytes) / links.group.bytes_per_s + links.group.latency_s
     else:
-        t_net = max(max(learner_bytes, buffer_bytes) / links.group.bytes_per_s + links.group.latency_s,
-                    avg_bytes / links.sync.bytes_per_s + links.sync.latency_s if avg_bytes else 0.0)
+        t_net = max(
+            max(learner_bytes, buffer_bytes) / links.group.bytes_per_s + links.group.latency_s,
+            avg_bytes / links.sync.bytes_per_s + links.sync.latency_s if avg_bytes else 0.0,
+        )
     t_msg = p.message_seconds * (B / r + B) / F * sh.nl / sh.nb / min(sh.cb, 1.0)
     # Parameter broadcast on the CPUs: the learner serialises once and copies once per
     # subscribed actor; every actor receives every publish (PUB), whether it uses it or not.
@@ -106,9 +109,19 @@ def _path_terms(job: TianJiJob, p: Profile, sh: Shape, links: Links, per_learner
     t_l = B / per_learner
     t_ar = costmodel.gradient_steps(job) * a_one
     t_pub = (1 + sh.na / sh.nl) * copy
-    return {"t_l": t_l, "t_ar": t_ar, "t_pub": t_pub, "t_learn": t_l + t_ar + t_pub, "t_c": max(t_msg, t_net),
-            "t_net": t_net, "copy": copy, "ranks": ranks, "batch_ranks": batch_ranks,
-            "ar_extrapolated": ar_extra and ranks > 1, "ar_link": ar_link.name}
+    return {
+        "t_l": t_l,
+        "t_ar": t_ar,
+        "t_pub": t_pub,
+        "t_learn": t_l + t_ar + t_pub,
+        "t_c": max(t_msg, t_net),
+        "t_net": t_net,
+        "copy": copy,
+        "ranks": ranks,
+        "batch_ranks": batch_ranks,
+        "ar_extrapolated": ar_extra and ranks > 1,
+        "ar_link": ar_link.name,
+    }
 
 
 def _time_and_kind(job: TianJiJob, sh: Shape, tr_a: float, tm: dict, turns: int) -> tuple[float, float, float, str]:
@@ -139,11 +152,11 @@ def _time_and_kind(job: TianJiJob, sh: Shape, tr_a: float, tm: dict, turns: int)
 
 def _policy_lag(job: TianJiJob, p: Profile, sh: Shape, t: float, produced: float, kind: str) -> float:
     """Expected policy lag, in learner versions, with U = 1/T updates per second:
-        U·F/(TR_A/(g·n_a))      a fragment carries the version at its start
-      + (publish_every − 1)/2   actors refresh parameters every few versions
-      + credit_window if training-bound (full window queued) else 1/2
-      + DQN only: U·N/(2·I), the mean age of a uniform draw from a full FIFO
-        replay of N = replay_capacity with I = inserts/s per buffer."""
+      U·F/(TR_A/(g·n_a))      a fragment carries the version at its start
+    + (publish_every − 1)/2   actors refresh parameters every few versions
+    + credit_window if training-bound (full window queued) else 1/2
+    + DQN only: U·N/(2·I), the mean age of a uniform draw from a full FIFO
+      replay of N = replay_capacity with I = inserts/s per buffer."""
     s = job.spec
     u = 1.0 / t
     lag = u * p.fragment_samples / (produced / (sh.g * sh.na)) + (s.staleness.publish_every - 1) / 2
@@ -156,17 +169,32 @@ def _policy_lag(job: TianJiJob, p: Profile, sh: Shape, t: float, produced: float
 def _extrapolated(job: TianJiJob, p: Profile, sh: Shape, beyond_curve: bool, tm: dict, curve: CurveUse) -> tuple:
     t_max = costmodel.thread_curve(p.learner_thread_scaling)[-1][0]
     w = tm["batch_ranks"]
-    return tuple(x for x, flag in (
-        (f"learner of {sh.cl:g} cores beyond the measured 1..{t_max} threads (held flat)", beyond_curve),
-        (f"all-reduce at {tm['ranks']} ranks over {tm['ar_link']} (ring model)", tm["ar_extrapolated"]),
-        ("GPU learner throughput assumed (built-in speed-up, not measured)", bool(sh.gl) and p.gpu_assumed),
-        (f"frames to target at effective batch {w * job.spec.algorithm.batch_size:,} beyond the largest measured "
-         "(McCandlish fit)", curve.beyond(w)))
-        if flag)
+    return tuple(
+        x
+        for x, flag in (
+            (f"learner of {sh.cl:g} cores beyond the measured 1..{t_max} threads (held flat)", beyond_curve),
+            (f"all-reduce at {tm['ranks']} ranks over {tm['ar_link']} (ring model)", tm["ar_extrapolated"]),
+            ("GPU learner throughput assumed (built-in speed-up, not measured)", bool(sh.gl) and p.gpu_assumed),
+            (
+                f"frames to target at effective batch {w * job.spec.algorithm.batch_size:,} "
+                "beyond the largest measured (McCandlish fit)",
+                curve.beyond(w),
+            ),
+        )
+        if flag
+    )
 
 
-def predict(job: TianJiJob, p: Profile, sh: Shape, links: Links, actor_share: Optional[float] = None,
-            learner_rate_sps: Optional[float] = None, turns: int = 0, curve: Optional[CurveUse] = None) -> dict:
+def predict(
+    job: TianJiJob,
+    p: Profile,
+    sh: Shape,
+    links: Links,
+    actor_share: Optional[float] = None,
+    learner_rate_sps: Optional[float] = None,
+    turns: int = 0,
+    curve: Optional[CurveUse] = None,
+) -> dict:
     """Throughput, staleness, bottleneck and time to target of one topology (module docstring).
 
     `actor_share`, `learner_rate_sps`: what one actor's CPU share and one learner actually get on
@@ -197,13 +225,28 @@ def predict(job: TianJiJob, p: Profile, sh: Shape, links: Links, actor_share: Op
     rho, lag_cost = curve.ratio(tm["batch_ranks"]), costmodel.lag_factor(job, lag)
     eff = 1.0 / (rho * lag_cost)
     f_b = curve.absolute_frames(job)
-    return {"produced_fps": produced, "consumed_sps": consumed, "replay_ratio": consumed / produced,
-            "expected_policy_lag": lag, "bottleneck": kind, "tr_a": tr_a, "tr_l": tr_l,
-            "sample_seconds": t_a, "train_seconds": tm["t_l"], "comm_seconds": tm["t_c"],
-            "allreduce_seconds": tm["t_ar"], "publish_seconds": tm["t_pub"], "net_seconds": tm["t_net"],
-            "efficiency": eff, "effective_sps": consumed * eff, "batch_ranks": tm["batch_ranks"],
-            "frames_ratio": rho, "lag_cost": lag_cost,
-            "time_to_target_s": f_b * r / (consumed * eff) if f_b and consumed > 0 else None,
-            "group_link": links.group.name, "sync_link": links.sync.name,
-            "learner_threads_measured": costmodel.thread_curve(p.learner_thread_scaling)[-1][0],
-            "extrapolated": _extrapolated(job, p, sh, beyond_curve, tm, curve)}
+    return {
+        "produced_fps": produced,
+        "consumed_sps": consumed,
+        "replay_ratio": consumed / produced,
+        "expected_policy_lag": lag,
+        "bottleneck": kind,
+        "tr_a": tr_a,
+        "tr_l": tr_l,
+        "sample_seconds": t_a,
+        "train_seconds": tm["t_l"],
+        "comm_seconds": tm["t_c"],
+        "allreduce_seconds": tm["t_ar"],
+        "publish_seconds": tm["t_pub"],
+        "net_seconds": tm["t_net"],
+        "efficiency": eff,
+        "effective_sps": consumed * eff,
+        "batch_ranks": tm["batch_ranks"],
+        "frames_ratio": rho,
+        "lag_cost": lag_cost,
+        "time_to_target_s": f_b * r / (consumed * eff) if f_b and consumed > 0 else None,
+        "group_link": links.group.name,
+        "sync_link": links.sync.name,
+        "learner_threads_measured": costmodel.thread_curve(p.learner_thread_scaling)[-1][0],
+        "extrapolated": _extrapolated(job, p, sh, beyond_curve, tm, curve),
+    }

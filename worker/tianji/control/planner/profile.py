@@ -3,6 +3,7 @@ estimates (`default_profile`). First link of the planner's one-way flow:
 profile -> cost terms (costmodel.py) -> prediction (prediction.py) -> search (search.py)
 -> objective (objective.py) -> plan (plan.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,9 +13,19 @@ from typing import Any, Optional
 from tianji.control.planner import costmodel, measured
 from tianji.control.spec import TianJiJob
 
-OPTIONAL_PROFILE_KEYS = ("learner_thread_scaling", "param_bytes", "allreduce_seconds", "ipc_bytes_per_second",
-                         "gpu_assumed", "link_bytes_per_second", "link_latency_s", "gpu_device", "gpu_source",
-                         "cpu_assumed", "source")
+OPTIONAL_PROFILE_KEYS = (
+    "learner_thread_scaling",
+    "param_bytes",
+    "allreduce_seconds",
+    "ipc_bytes_per_second",
+    "gpu_assumed",
+    "link_bytes_per_second",
+    "link_latency_s",
+    "gpu_device",
+    "gpu_source",
+    "cpu_assumed",
+    "source",
+)
 _TEXT_KEYS = ("gpu_device", "gpu_source", "source")
 
 
@@ -50,7 +61,8 @@ class Profile:
             if d is None:
                 continue
             if not isinstance(d, dict) or not all(
-                    int(k) >= 1 and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for k, v in d.items()):
+                int(k) >= 1 and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for k, v in d.items()
+            ):
                 raise ValueError(f"profile.{name} must map counts >= 1 to finite numbers >= 0, got {d!r}")
             object.__setattr__(self, name, {int(k): float(v) for k, v in d.items()})
         for name in ("param_bytes", "ipc_bytes_per_second", "link_bytes_per_second"):
@@ -76,8 +88,9 @@ class Profile:
         for name in _TEXT_KEYS:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, str) and v.strip() and len(v) <= 300):
-                raise ValueError(f"profile.{name} must be a non-empty string of at most 300 characters or null, "
-                                 f"got {v!r}")
+                raise ValueError(
+                    f"profile.{name} must be a non-empty string of at most 300 characters or null, got {v!r}"
+                )
 
     @classmethod
     def from_json(cls, d: dict) -> Profile:
@@ -87,8 +100,9 @@ class Profile:
             raise ValueError(f"profile: expected a JSON object, got {type(d).__name__}")
         if isinstance(d.get("profile"), dict):
             d = d["profile"]
-        camel = {"".join(w.capitalize() if i else w for i, w in enumerate(k.split("_"))): k
-                 for k in cls.__dataclass_fields__}
+        camel = {
+            "".join(w.capitalize() if i else w for i, w in enumerate(k.split("_"))): k for k in cls.__dataclass_fields__
+        }
         d = {camel.get(k, k): v for k, v in d.items()}
         optional = {"learner_sps_per_gpu", *OPTIONAL_PROFILE_KEYS}
         missing = [k for k in cls.__dataclass_fields__ if k not in d and k not in optional]
@@ -100,7 +114,9 @@ class Profile:
         try:
             extra: dict[str, Any] = {
                 k: (d[k] if isinstance(d[k], (dict, bool)) or k in _TEXT_KEYS else float(d[k]))
-                for k in OPTIONAL_PROFILE_KEYS if d.get(k) is not None}
+                for k in OPTIONAL_PROFILE_KEYS
+                if d.get(k) is not None
+            }
             return cls(
                 actor_fps_per_core=float(d["actor_fps_per_core"]),
                 learner_sps_per_core=float(d["learner_sps_per_core"]),
@@ -151,8 +167,9 @@ def _builtin_gpu_speedup(job: TianJiJob) -> float:
     return 20.0 if _is_atari(job) else 3.0
 
 
-def with_gpu_figure(job: TianJiJob, p: Profile, model: Optional[str] = None,
-                    figures: Optional[tuple] = None) -> Profile:
+def with_gpu_figure(
+    job: TianJiJob, p: Profile, model: Optional[str] = None, figures: Optional[tuple] = None
+) -> Profile:
     """`p` with the best GPU figure there is for `job`: its own when measured (on a GPU named like
     `model`, when given); else one measured for the job in the device results
     (measured.find_gpu_figure; `figures` default: docs/device); else the built-in speed-up over
@@ -162,10 +179,16 @@ def with_gpu_figure(job: TianJiJob, p: Profile, model: Optional[str] = None,
         return p
     fig = measured.find_gpu_figure(job, model, figures)
     if fig is not None:
-        return replace(p, learner_sps_per_gpu=fig.samples_per_s, gpu_assumed=False, gpu_device=fig.device,
-                       gpu_source=fig.cite())
-    return replace(p, learner_sps_per_gpu=p.learner_sps_per_core * _builtin_gpu_speedup(job), gpu_assumed=True,
-                   gpu_device=model, gpu_source=None)
+        return replace(
+            p, learner_sps_per_gpu=fig.samples_per_s, gpu_assumed=False, gpu_device=fig.device, gpu_source=fig.cite()
+        )
+    return replace(
+        p,
+        learner_sps_per_gpu=p.learner_sps_per_core * _builtin_gpu_speedup(job),
+        gpu_assumed=True,
+        gpu_device=model,
+        gpu_source=None,
+    )
 
 
 def default_profile(job: TianJiJob, gpu_figures: Optional[tuple] = None) -> Profile:

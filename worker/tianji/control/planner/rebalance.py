@@ -1,6 +1,7 @@
 """Live rebalancing (paper §3.3, the operator's autoscaler and paced actors): actor counts and
 actor pacing from observed rates, by the planner's balance rule TR_A = TR_L / r.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,6 +11,7 @@ from typing import Optional
 from tianji.control.planner.prediction import COMMUNICATION_BOUND, SAMPLE_BOUND, TRAINING_BOUND
 
 _EPS = 1e-9
+
 
 @dataclass(frozen=True)
 class GroupThroughput:

@@ -7,6 +7,7 @@ what the learners consume, TR_A ≥ TR_L / r (or as many as fit and pack onto th
 learner per group: a plan keeps every learner it pays for (a GPU above all) fed.
 objective.py then chooses among them.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,8 +73,9 @@ def group_candidates(gmax: int) -> list[int]:
     return out
 
 
-def predict_shape(job: TianJiJob, p: Profile, sh: Shape, budget: Optional[Budget],
-                  curve: Optional[CurveUse] = None) -> dict:
+def predict_shape(
+    job: TianJiJob, p: Profile, sh: Shape, budget: Optional[Budget], curve: Optional[CurveUse] = None
+) -> dict:
     """predict() on the links of this shape's placement (budget None: node sizes unknown)."""
     cpus, gpus = (list(budget.node_cpus), list(budget.node_gpus)) if budget else (None, None)
     return predict(job, p, sh, links_for(job, p, cpus, gpus, *sh), curve=curve)
@@ -94,8 +96,7 @@ def fed(job: TianJiJob, p: Profile, sh: Shape, budget: Budget, na_fit: int, curv
             break
         per_actor = pred["tr_a"] / (sh.g * sh.na)
         want = min(na_fit, sh.na + max(1, math.ceil(short / (sh.g * per_actor))))
-        na = max_packable(want, sh.nb, sh.g, sh.ca, sh.cb, sh.cl, sh.gl, list(budget.node_cpus),
-                          list(budget.node_gpus))
+        na = max_packable(want, sh.nb, sh.g, sh.ca, sh.cb, sh.cl, sh.gl, list(budget.node_cpus), list(budget.node_gpus))
         if na is None or na <= sh.na:
             break
         sh = sh._replace(na=na)
@@ -107,7 +108,7 @@ def _sizes(gl: int, cn: float, t_max: int):
     """(c_l, c_a, c_b) process sizes that fit a node of cn cores. CPU learners stop at the thread
     curve's last measured point t_max: beyond it s_L is held flat (costmodel.learner_sps), so a
     bigger learner costs more for the same rate and can never be chosen."""
-    for cl in ((GPU_LEARNER_CORES,) if gl else LEARNER_CORES):
+    for cl in (GPU_LEARNER_CORES,) if gl else LEARNER_CORES:
         if cl > cn + _EPS or (not gl and cl > max(1, t_max) + _EPS):
             continue
         for ca in ACTOR_CORES:
@@ -116,8 +117,9 @@ def _sizes(gl: int, cn: float, t_max: int):
                     yield cl, ca, cb
 
 
-def candidates(job: TianJiJob, p: Profile, budget: Budget, gpu_modes: list[int],
-               curve: Optional[CurveUse] = None) -> list[Candidate]:
+def candidates(
+    job: TianJiJob, p: Profile, budget: Budget, gpu_modes: list[int], curve: Optional[CurveUse] = None
+) -> list[Candidate]:
     """Every topology considered (module docstring), with its prediction."""
     r = job.spec.replay_ratio
     m, nc, ng = budget.cpus, list(budget.node_cpus), list(budget.node_gpus)

@@ -3,6 +3,7 @@ their requests: co-located actors and learners take turns (costmodel.host_turns)
 phase gets a max-min fair share of the cores. `tianji plan` prints it beside the plan;
 bench/scaling.py and bench/planner_validation.py check it against real runs.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
@@ -23,8 +24,9 @@ def _threads(cpu: float) -> int:
     return max(1, int(cpu + _EPS))
 
 
-def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: float = 0.0,
-                    learner_threads: Optional[int] = None) -> dict:
+def predict_on_host(
+    job: TianJiJob, profile: Profile, cores: float, background: float = 0.0, learner_threads: Optional[int] = None
+) -> dict:
     """The model for the job's own topology on one machine of `cores`. Co-located actors and
     learners take turns, and so do synchronised groups (costmodel.host_turns): per batch the
     actors' phase and the learner's phase add up, over the g groups, T = max(g·(T_A + T_learn),
@@ -58,12 +60,21 @@ def predict_on_host(job: TianJiJob, profile: Profile, cores: float, background: 
         sa, sb, sl = costmodel.host_turns(cores, k * na, k * nb, k * nl, float(threads), d_b, bg)
         cb = costmodel.host_turns(cores, k * na, k * nb, k * nl, float(threads), 1.0, bg)[1]  # were it busy
         shape = Shape(g, na, nb, nl, 1.0, max(cb, _EPS), float(threads), 0)
-        pred = predict(job, profile, shape, links, actor_share=sa,
-                       learner_rate_sps=full * min(1.0, sl / threads), turns=turns)
+        pred = predict(
+            job, profile, shape, links, actor_share=sa, learner_rate_sps=full * min(1.0, sl / threads), turns=turns
+        )
         msgs = (pred["produced_fps"] + pred["consumed_sps"]) / profile.fragment_samples / (g * nb)
         d_b = min(1.0, max(0.05, msgs * profile.message_seconds))
-    pred.update({"actor_share": sa, "buffer_share": sb, "learner_share": sl, "host_cores": cores,
-                 "background": bg, "group_sync": t.group_sync.mode})
+    pred.update(
+        {
+            "actor_share": sa,
+            "buffer_share": sb,
+            "learner_share": sl,
+            "host_cores": cores,
+            "background": bg,
+            "group_sync": t.group_sync.mode,
+        }
+    )
     return pred
 
 
@@ -75,8 +86,14 @@ def plan_on_host(job: TianJiJob, p: Plan, profile: Profile, cores: float, backgr
     return predict_on_host(planned_job(job, p), profile, cores, background, learner_threads=p.learner.threads)
 
 
-def predict_with_shares(job: TianJiJob, profile: Profile, actor_share: float, buffer_share: float,
-                        learner_share: float, learner_threads: int = 1) -> dict:
+def predict_with_shares(
+    job: TianJiJob,
+    profile: Profile,
+    actor_share: float,
+    buffer_share: float,
+    learner_share: float,
+    learner_threads: int = 1,
+) -> dict:
     """The model given the CPU each process was measured to get (cores, per process of the role):
     separates the cost model from the scheduler's split on a host with unknown other load.
     (A paced actor that keeps pace uses share·f_a = headroom·capacity/r: then T_A < T_L and
@@ -84,5 +101,11 @@ def predict_with_shares(job: TianJiJob, profile: Profile, actor_share: float, bu
     t = job.spec.topology
     full = costmodel.learner_sps(profile.learner_sps_per_core, profile.learner_thread_scaling, learner_threads)[0]
     shape = Shape(t.groups, t.actors, t.buffers, t.learners, 1.0, max(buffer_share, _EPS), float(learner_threads), 0)
-    return predict(job, profile, shape, one_host_links(job, profile), actor_share=actor_share,
-                   learner_rate_sps=full * min(1.0, learner_share / learner_threads))
+    return predict(
+        job,
+        profile,
+        shape,
+        one_host_links(job, profile),
+        actor_share=actor_share,
+        learner_rate_sps=full * min(1.0, learner_share / learner_threads),
+    )

@@ -1,5 +1,6 @@
 """The spec's base: SpecError, the Kubernetes grammar (names, quantities, immutable fields)
 and the strict pydantic base model every part of a TianJiJob derives from."""
+
 from __future__ import annotations
 
 import re
@@ -13,7 +14,6 @@ from pydantic.alias_generators import to_camel
 
 API_VERSION: Final = "tianji.dev/v1alpha1"
 KIND: Final = "TianJiJob"
-
 
 
 class SpecError(ValueError):
@@ -52,8 +52,10 @@ def quantity_value(q: str) -> Decimal:
     m = re.fullmatch(QUANTITY_PATTERN, q)
     if not m:
         hint = " (K is no suffix: k is 1000, Ki 1024)" if q.endswith("K") else ""
-        raise ValueError(f"{q!r} is not a Kubernetes quantity{hint}: "
-                         "e.g. 512Mi, 2Gi or 1.5G; suffixes Ki Mi Gi Ti Pi Ei or k M G T P E")
+        raise ValueError(
+            f"{q!r} is not a Kubernetes quantity{hint}: "
+            "e.g. 512Mi, 2Gi or 1.5G; suffixes Ki Mi Gi Ti Pi Ei or k M G T P E"
+        )
     number, suffix = Decimal(m.group(1)), m.group(3) or ""
     if suffix in _BINARY:
         return number * _BINARY[suffix]
@@ -67,8 +69,7 @@ def quantity_value(q: str) -> Decimal:
 def immutable(field: str) -> dict:
     """A CEL transition rule for the CRD (Kubernetes >= 1.25): the apiserver refuses the change.
     The operator refuses every other immutable change itself (ImmutableFieldChanged)."""
-    return {"rule": "self == oldSelf",
-            "message": f"{field} is immutable: delete and re-create the job to change it"}
+    return {"rule": "self == oldSelf", "message": f"{field} is immutable: delete and re-create the job to change it"}
 
 
 _JSON_TYPE = {bool: "a boolean", int: "an integer", float: "a number"}
@@ -93,7 +94,10 @@ def _scalar_type(annotation: Any) -> Optional[type]:
 class _Model(BaseModel):
     # allow_inf_nan=False: `meanReturn: .nan` (or any NaN/inf) is an error, not a stop rule that never fires.
     model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_assignment=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_assignment=True,
         allow_inf_nan=False,
     )
 

@@ -27,6 +27,7 @@ Kubernetes *structural* OpenAPI v3 schema:
   `default`, so API-server defaulting reproduces pydantic's defaults exactly
   (a test checks this).
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,40 +48,82 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 # Printer columns read these status fields (written by the operator, see docs/operator.md).
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Actors", "type": "string", "jsonPath": ".status.actors",
-     "description": "actor pods ready/desired over all groups"},
-    {"name": "Frames", "type": "integer", "jsonPath": ".status.envFrames",
-     "description": "env frames (summary.json env_frames)"},
+    {
+        "name": "Actors",
+        "type": "string",
+        "jsonPath": ".status.actors",
+        "description": "actor pods ready/desired over all groups",
+    },
+    {
+        "name": "Frames",
+        "type": "integer",
+        "jsonPath": ".status.envFrames",
+        "description": "env frames (summary.json env_frames)",
+    },
     {"name": "Frames/s", "type": "number", "jsonPath": ".status.rates.producedFps"},
     {"name": "Episodes", "type": "integer", "jsonPath": ".status.episodes"},
-    {"name": "Mean return", "type": "number", "jsonPath": ".status.meanReturn",
-     "description": "mean of the last 100 finished episodes (summary.json mean_return)"},
+    {
+        "name": "Mean return",
+        "type": "number",
+        "jsonPath": ".status.meanReturn",
+        "description": "mean of the last 100 finished episodes (summary.json mean_return)",
+    },
     {"name": "Policy version", "type": "integer", "jsonPath": ".status.policyVersion"},
-    {"name": "Start", "type": "date", "jsonPath": ".status.startTime",
-     "description": "when every learner and buffer first ran"},
+    {
+        "name": "Start",
+        "type": "date",
+        "jsonPath": ".status.startTime",
+        "description": "when every learner and buffer first ran",
+    },
     {"name": "End", "type": "date", "jsonPath": ".status.completionTime"},
-    {"name": "Ended by", "type": "string", "jsonPath": ".status.endReason",
-     "description": "TargetReached, FrameBudget, TimeBudget, or the reason the job failed"},
+    {
+        "name": "Ended by",
+        "type": "string",
+        "jsonPath": ".status.endReason",
+        "description": "TargetReached, FrameBudget, TimeBudget, or the reason the job failed",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     # -o wide
     {"name": "Groups", "type": "integer", "jsonPath": ".status.plan.groups", "priority": 1},
-    {"name": "Learners", "type": "integer", "jsonPath": ".status.plan.learners", "priority": 1,
-     "description": "learners per group"},
-    {"name": "Episode length", "type": "number", "jsonPath": ".status.meanEpisodeLength", "priority": 1,
-     "description": "mean length of the last 100 finished episodes, in env steps (summary.json mean_episode_length)"},
-    {"name": "Policy lag", "type": "number", "jsonPath": ".status.policyLag.mean", "priority": 1,
-     "description": "mean lag of consumed samples, in learner versions"},
-    {"name": "Eval return", "type": "number", "jsonPath": ".status.evalReturn", "priority": 1,
-     "description": "mean return of the last periodic evaluation (spec.evaluation; summary.json evaluation.last)"},
+    {
+        "name": "Learners",
+        "type": "integer",
+        "jsonPath": ".status.plan.learners",
+        "priority": 1,
+        "description": "learners per group",
+    },
+    {
+        "name": "Episode length",
+        "type": "number",
+        "jsonPath": ".status.meanEpisodeLength",
+        "priority": 1,
+        "description": "mean length of the last 100 finished episodes, in env steps (summary.json mean_episode_length)",
+    },
+    {
+        "name": "Policy lag",
+        "type": "number",
+        "jsonPath": ".status.policyLag.mean",
+        "priority": 1,
+        "description": "mean lag of consumed samples, in learner versions",
+    },
+    {
+        "name": "Eval return",
+        "type": "number",
+        "jsonPath": ".status.evalReturn",
+        "priority": 1,
+        "description": "mean return of the last periodic evaluation (spec.evaluation; summary.json evaluation.last)",
+    },
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
-    {"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Failed\")].reason",
-     "priority": 1},
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Failed")].reason', "priority": 1},
 ]
 
 # HPA/KEDA scale actors per group through /scale: spec.topology.actors (an explicit topology;
 # with `topology: auto` the apiserver cannot read replicas), status written by the operator.
-SCALE = {"specReplicasPath": ".spec.topology.actors", "statusReplicasPath": ".status.actorReplicas",
-         "labelSelectorPath": ".status.actorSelector"}
+SCALE = {
+    "specReplicasPath": ".spec.topology.actors",
+    "statusReplicasPath": ".status.actorReplicas",
+    "labelSelectorPath": ".status.actorSelector",
+}
 
 _DROP = {"title", "additionalProperties", "discriminator"}
 
@@ -141,8 +184,11 @@ def _convert(node: dict, defs: dict, path: str, defaults: bool = True) -> dict:
         out["type"] = "object"
         out["properties"] = {k: _convert(v, defs, f"{path}.{k}", defaults) for k, v in node["properties"].items()}
     if "items" in node:
-        out["items"] = (dict(node["items"]) if node["items"].get("x-kubernetes-preserve-unknown-fields")
-                        else _convert(node["items"], defs, f"{path}[]", defaults))
+        out["items"] = (
+            dict(node["items"])
+            if node["items"].get("x-kubernetes-preserve-unknown-fields")
+            else _convert(node["items"], defs, f"{path}[]", defaults)
+        )
     if "type" not in out:
         raise CRDGenerationError(f"{path}: no type in {node}")
     return _ordered(out)
@@ -172,19 +218,44 @@ def _merge_union(node: dict, defs: dict, path: str) -> dict:
             else:
                 props[name] = prop
     desc = node.get("description") or (
-        f"one of: {', '.join(tags)} (selected by `{disc}`); fields of another variant are rejected by the operator")
+        f"one of: {', '.join(tags)} (selected by `{disc}`); fields of another variant are rejected by the operator"
+    )
     return {
         "type": "object",
         "description": desc,
         "required": [disc],
-        "properties": {disc: {"type": "string", "enum": tags, "description": "algorithm variant",
-                              "x-kubernetes-validations": [immutable(f"algorithm.{disc}")]}, **props},
+        "properties": {
+            disc: {
+                "type": "string",
+                "enum": tags,
+                "description": "algorithm variant",
+                "x-kubernetes-validations": [immutable(f"algorithm.{disc}")],
+            },
+            **props,
+        },
     }
 
 
-_ORDER = ["type", "description", "nullable", "enum", "format", "pattern", "minimum", "exclusiveMinimum",
-          "maximum", "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "default",
-          "required", "items", "properties"]
+_ORDER = [
+    "type",
+    "description",
+    "nullable",
+    "enum",
+    "format",
+    "pattern",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "default",
+    "required",
+    "items",
+    "properties",
+]
 
 
 def _ordered(d: dict) -> dict:
@@ -249,10 +320,12 @@ def spec_schema() -> dict:
             out_props[name] = _topology_schema(_convert(node, defs, f"spec.{name}"))
         else:
             out_props[name] = _convert(node, defs, f"spec.{name}")
-    schema = {"type": "object",
-              "description": "What to train and with what: algorithm, environment, model, topology, "
-                             "staleness control, stop conditions, resources, network, autoscaling.",
-              "properties": out_props}
+    schema = {
+        "type": "object",
+        "description": "What to train and with what: algorithm, environment, model, topology, "
+        "staleness control, stop conditions, resources, network, autoscaling.",
+        "properties": out_props,
+    }
     defaults = JobSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
     _add_object_defaults(schema, defaults)
     # The union's default is just its discriminator: pydantic fills the variant's fields, and a
@@ -285,9 +358,11 @@ def status_schema() -> dict:
         "type": "object",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string",
-                     "description": "Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed "
-                                    "or TargetReached"},
+            "type": {
+                "type": "string",
+                "description": "Planned, Durable, Ready, Progressing, Rescaled, Suspended, Succeeded, Failed "
+                "or TargetReached",
+            },
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string"},
             "message": {"type": "string"},
@@ -300,14 +375,24 @@ def status_schema() -> dict:
     return {
         "type": "object",
         "description": "Written by the operator (see docs/operator.md). The training numbers are "
-                       "tianji.control.contracts.accounting's view, the same as a local run's summary.json.",
+        "tianji.control.contracts.accounting's view, the same as a local run's summary.json.",
         "properties": {
             "phase": {"type": "string", "enum": ["Pending", "Running", "Suspended", "Succeeded", "Failed"]},
             "observedGeneration": {"type": "integer"},
             "conditions": {"type": "array", "items": cond},
             "actors": {"type": "string", "description": "actor pods ready/desired over all groups"},
-            "groups": {"type": "array", "items": {"type": "object", "properties": {
-                "group": {"type": "integer"}, "actors": counts, "buffers": counts, "learners": counts}}},
+            "groups": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "group": {"type": "integer"},
+                        "actors": counts,
+                        "buffers": counts,
+                        "learners": counts,
+                    },
+                },
+            },
             "plan": {**opaque, "description": "the planner's output (topology, requests, predictions)"},
             "envFrames": {**count, "description": "env frames stepped by all actors (summary.json env_frames)"},
             "episodes": {**count, "description": "episodes finished"},
@@ -315,51 +400,95 @@ def status_schema() -> dict:
             "meanEpisodeLength": {**num, "description": "mean length (env steps) of the last 100 finished episodes"},
             "evalReturn": {**num, "description": "mean return of the last periodic evaluation (spec.evaluation)"},
             "policyVersion": {**count, "description": "newest learner version"},
-            "policyLag": {"type": "object", "description": "lag of consumed samples, in learner versions",
-                          "properties": {"min": num, "mean": num, "max": num}},
+            "policyLag": {
+                "type": "object",
+                "description": "lag of consumed samples, in learner versions",
+                "properties": {"min": num, "mean": num, "max": num},
+            },
             "throughput": {**rates, "description": "whole-run averages: totals / seconds since startTime"},
             "rates": {**rates, "description": "over the last few seconds"},
             "bytesSent": count,
             "droppedSamples": {"type": "object", "additionalProperties": count, "description": "by reason"},
             "rejectedMessages": count,
             "droppedFraction": {**num, "description": "samples dropped (any reason) / env frames"},
-            "replayRatio": {**num, "description": "samples sent to learners / samples stored by buffers "
-                                                  "(off-policy: since learningStarts)"},
-            "reportTime": {"type": "string", "format": "date-time",
-                           "description": "when the numbers above were last counted"},
+            "replayRatio": {
+                **num,
+                "description": "samples sent to learners / samples stored by buffers "
+                "(off-policy: since learningStarts)",
+            },
+            "reportTime": {
+                "type": "string",
+                "format": "date-time",
+                "description": "when the numbers above were last counted",
+            },
             "accounting": {**opaque, "description": "the counting state (restored after an operator restart)"},
             "autoscale": {**opaque, "description": "lastRescaleTime, lastDecision, lastEvaluation"},
             "actorReplicas": {**count, "description": "actors per group (the scale subresource's replicas)"},
             "actorSelector": {"type": "string", "description": "label selector of the actor pods (scale subresource)"},
-            "hostPorts": {"type": "object", "description": "hostNetwork: the node ports this job holds "
-                          "(allocated from the operator's range, or pinned by the spec); kept for the job's life",
-                          "properties": {"basePort": {"type": "integer"}, "metricsPort": {"type": "integer"},
-                                         "slots": {"type": "integer", "description": "groups x buffers"},
-                                         "dataPorts": {"type": "string"}, "metricsPorts": {"type": "string"},
-                                         "pinned": {"type": "boolean"}}},
-            "restarts": {**count, "description": "container restarts of the job's pods (runPolicy.backoffLimit); "
-                                                 "kept across operator restarts"},
-            "restartsByRole": {"type": "object", "description": "by role: container restarts and pods re-created "
-                               "(deleted, evicted or stopped while the job ran)",
-                               "additionalProperties": {"type": "object", "properties": {
-                                   "containers": count, "pods": count}}},
-            "podsSeen": {"type": "object", "description": "what restarts counted of each pod (uid, restarts, the "
-                         "uid it replaced), so that the next tick, or the next operator, adds only what is new",
-                         "additionalProperties": {"type": "object", "properties": {
-                             "uid": {"type": "string"}, "restarts": count,
-                             "before": {"type": "array", "items": {"type": "string"}}}}},
-            "model": {"type": "array", "description": "each learner's newest checkpoint as it named it; after the "
-                      "end, the one it wrote as it stopped (final: true): the job's trained model",
-                      "items": {"type": "object", "properties": {
-                          "learner": {"type": "string"}, "checkpoint": {"type": "string"},
-                          "policyVersion": count, "final": {"type": "boolean"}}}},
-            "activeSince": {"type": "string", "format": "date-time",
-                            "description": "creation or last resume: runPolicy.activeDeadlineSeconds counts from here"},
+            "hostPorts": {
+                "type": "object",
+                "description": "hostNetwork: the node ports this job holds "
+                "(allocated from the operator's range, or pinned by the spec); kept for the job's life",
+                "properties": {
+                    "basePort": {"type": "integer"},
+                    "metricsPort": {"type": "integer"},
+                    "slots": {"type": "integer", "description": "groups x buffers"},
+                    "dataPorts": {"type": "string"},
+                    "metricsPorts": {"type": "string"},
+                    "pinned": {"type": "boolean"},
+                },
+            },
+            "restarts": {
+                **count,
+                "description": "container restarts of the job's pods (runPolicy.backoffLimit); "
+                "kept across operator restarts",
+            },
+            "restartsByRole": {
+                "type": "object",
+                "description": "by role: container restarts and pods re-created "
+                "(deleted, evicted or stopped while the job ran)",
+                "additionalProperties": {"type": "object", "properties": {"containers": count, "pods": count}},
+            },
+            "podsSeen": {
+                "type": "object",
+                "description": "what restarts counted of each pod (uid, restarts, the "
+                "uid it replaced), so that the next tick, or the next operator, adds only what is new",
+                "additionalProperties": {
+                    "type": "object",
+                    "properties": {
+                        "uid": {"type": "string"},
+                        "restarts": count,
+                        "before": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+            },
+            "model": {
+                "type": "array",
+                "description": "each learner's newest checkpoint as it named it; after the "
+                "end, the one it wrote as it stopped (final: true): the job's trained model",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "learner": {"type": "string"},
+                        "checkpoint": {"type": "string"},
+                        "policyVersion": count,
+                        "final": {"type": "boolean"},
+                    },
+                },
+            },
+            "activeSince": {
+                "type": "string",
+                "format": "date-time",
+                "description": "creation or last resume: runPolicy.activeDeadlineSeconds counts from here",
+            },
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
-            "endReason": {"type": "string", "description": "how the job ended: TargetReached (stop.meanReturn met), "
-                          "FrameBudget or TimeBudget (stop.envFrames or stop.seconds spent first; condition "
-                          "TargetReached False says by how much), or the reason it failed"},
+            "endReason": {
+                "type": "string",
+                "description": "how the job ended: TargetReached (stop.meanReturn met), "
+                "FrameBudget or TimeBudget (stop.envFrames or stop.seconds spent first; condition "
+                "TargetReached False says by how much), or the reason it failed",
+            },
         },
     }
 
@@ -371,8 +500,10 @@ def crd_dict() -> dict:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object", "properties": {"name": {
-                "type": "string", "maxLength": 40, "pattern": f"^{JOB_NAME_PATTERN}$"}}},
+            "metadata": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 40, "pattern": f"^{JOB_NAME_PATTERN}$"}},
+            },
             "spec": spec_schema(),
             "status": status_schema(),
         },
@@ -384,16 +515,24 @@ def crd_dict() -> dict:
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": SINGULAR,
-                      "shortNames": SHORT_NAMES, "categories": CATEGORIES},
-            "versions": [{
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}, "scale": SCALE},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": schema},
-            }],
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": SHORT_NAMES,
+                "categories": CATEGORIES,
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}, "scale": SCALE},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
         },
     }
 

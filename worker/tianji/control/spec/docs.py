@@ -7,6 +7,7 @@ defaults differ). The reference sits between two markers in docs/manifest.md, un
 hand-written introduction; `python -m tianji.control.spec.docs` rewrites it, `--check` only
 says whether it is current (a test runs that).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,10 +47,12 @@ def _models_in(annotation: Any) -> tuple[list[type[BaseModel]], str]:
 
 
 def _bounds(node: dict) -> str:
-    lo = next((f"≥ {node[k]}" if k == "minimum" else f"> {node[k]}" for k in ("minimum", "exclusiveMinimum")
-               if k in node), "")
-    hi = next((f"≤ {node[k]}" if k == "maximum" else f"< {node[k]}" for k in ("maximum", "exclusiveMaximum")
-               if k in node), "")
+    lo = next(
+        (f"≥ {node[k]}" if k == "minimum" else f"> {node[k]}" for k in ("minimum", "exclusiveMinimum") if k in node), ""
+    )
+    hi = next(
+        (f"≤ {node[k]}" if k == "maximum" else f"< {node[k]}" for k in ("maximum", "exclusiveMaximum") if k in node), ""
+    )
     return ", ".join(x for x in (lo, hi) if x)
 
 
@@ -66,8 +69,10 @@ def type_text(node: dict, defs: dict) -> str:
         return " \\| ".join(f"`{v}`" for v in node["enum"])
     kind = node.get("type")
     if kind == "array":
-        sizes = [f"{node['minItems']}+" if "minItems" in node else "", f"at most {node['maxItems']}"
-                 if "maxItems" in node else ""]
+        sizes = [
+            f"{node['minItems']}+" if "minItems" in node else "",
+            f"at most {node['maxItems']}" if "maxItems" in node else "",
+        ]
         size = ", ".join(x for x in sizes if x)
         return f"list of {type_text(node.get('items', {}), defs)}" + (f" ({size} items)" if size else "")
     if kind == "object" or "properties" in node:
@@ -79,8 +84,9 @@ def type_text(node: dict, defs: dict) -> str:
         bounds = _bounds(node)
         return f"{kind}{' ' + bounds if bounds else ''}"
     if kind == "string":
-        return "string" + (f" (pattern `{node['pattern']}`)" if "pattern" in node and len(node["pattern"]) <= 40
-                           else "")
+        return "string" + (
+            f" (pattern `{node['pattern']}`)" if "pattern" in node and len(node["pattern"]) <= 40 else ""
+        )
     if kind == "boolean":
         return "boolean"
     return "any (plain data)"
@@ -124,8 +130,9 @@ def rows(model: type[BaseModel], prefix: str, instance: Optional[BaseModel]) -> 
         if key in dumped:
             default = _default_text(dumped[key], False)
         else:  # a section without a default instance (it has required fields): the field's own default
-            default = _default_text(None if f.is_required() else f.get_default(call_default_factory=True),
-                                    f.is_required())
+            default = _default_text(
+                None if f.is_required() else f.get_default(call_default_factory=True), f.is_required()
+            )
         if isinstance(value, BaseModel):
             default = "see below"
         yield path, type_text(props[key], defs), default, _description(f, sub)

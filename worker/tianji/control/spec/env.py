@@ -1,4 +1,5 @@
 """What a TianJiJob trains on and with: the env (id, kwargs, wrappers, spaces) and the model."""
+
 from __future__ import annotations
 
 import re
@@ -56,18 +57,21 @@ PlainData = Annotated[dict[str, Any], _FREE_FORM, AfterValidator(check_json_like
 
 def entry_point_of(example: str) -> AfterValidator:
     """A `module.path:Name` field's check, its error showing `example`."""
+
     def check(v: Optional[str]) -> Optional[str]:
         if v is not None and not re.fullmatch(ENTRY_POINT_PATTERN, v):
             raise ValueError(f"{v!r}: expected module.path:Class, e.g. {example}")
         return v
+
     return AfterValidator(check)
 
 
 class ObservationSpace(_Model):
     """One observation: a fixed-shape array of uint8 or floats."""
 
-    shape: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(..., min_length=1, max_length=8,
-                                                                description="one observation's shape")
+    shape: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
+        ..., min_length=1, max_length=8, description="one observation's shape"
+    )
     dtype: Literal["uint8", "float32", "float64"] = Field("float32", description="its element type")
 
 
@@ -76,7 +80,8 @@ class ActionSpace(_Model):
 
     n: Optional[int] = Field(None, ge=1, le=1 << 20, description="Discrete(n) actions")
     shape: Optional[list[Annotated[int, Field(ge=1, le=1 << 12)]]] = Field(
-        None, min_length=1, max_length=1, description="Box actions: [dimensions]")
+        None, min_length=1, max_length=1, description="Box actions: [dimensions]"
+    )
     low: Optional[list[float]] = Field(None, max_length=1 << 12, description="Box: lower bound per dimension")
     high: Optional[list[float]] = Field(None, max_length=1 << 12, description="Box: upper bound per dimension")
 
@@ -107,34 +112,52 @@ class EnvWrapper(_Model):
     """A Gymnasium wrapper around each env: `Class(env, **kwargs)`, e.g. gymnasium.wrappers:FlattenObservation."""
 
     entry_point: Annotated[str, entry_point_of("gymnasium.wrappers:FlattenObservation")] = Field(
-        ..., max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
-        description="module.path:Class of a gymnasium.Wrapper (or a function env -> env)")
+        ...,
+        max_length=300,
+        json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
+        description="module.path:Class of a gymnasium.Wrapper (or a function env -> env)",
+    )
     kwargs: PlainData = Field(default_factory=dict, description="its keyword arguments besides the env (plain data)")
 
 
 class EnvConfig(_Model):
-    id: str = Field("CartPole-v1", min_length=1, max_length=300,
-                    description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5 (registered by env.imports), "
-                                "or an entry point module:Class",
-                    json_schema_extra={"x-kubernetes-validations": [immutable("env.id")]})
+    id: str = Field(
+        "CartPole-v1",
+        min_length=1,
+        max_length=300,
+        description="Gymnasium id, e.g. CartPole-v1 or ALE/Pong-v5 (registered by env.imports), "
+        "or an entry point module:Class",
+        json_schema_extra={"x-kubernetes-validations": [immutable("env.id")]},
+    )
     imports: list[ModulePath] = Field(
-        default_factory=list, max_length=64,
+        default_factory=list,
+        max_length=64,
         description="modules imported before the env is made (they register Gymnasium ids), in actors, "
-                    "the evaluator and the profiler only")
-    kwargs: PlainData = Field(default_factory=dict,
-                              description="keyword arguments of the env's constructor (plain data)")
+        "the evaluator and the profiler only",
+    )
+    kwargs: PlainData = Field(
+        default_factory=dict, description="keyword arguments of the env's constructor (plain data)"
+    )
     wrappers: list[EnvWrapper] = Field(
-        default_factory=list, max_length=16,
+        default_factory=list,
+        max_length=16,
         description="Gymnasium wrappers applied to each env in order (the first wraps the env itself), e.g. "
-                    "{entryPoint: gymnasium.wrappers:FlattenObservation} for a Dict observation; imported where "
-                    "envs are built, like env.imports")
+        "{entryPoint: gymnasium.wrappers:FlattenObservation} for a Dict observation; imported where "
+        "envs are built, like env.imports",
+    )
     spaces: Optional[EnvSpaces] = Field(
-        None, description="the env's observation and action spaces (tianji run fills them in); buffers and "
-                          "learners read them here instead of building an env")
+        None,
+        description="the env's observation and action spaces (tianji run fills them in); buffers and "
+        "learners read them here instead of building an env",
+    )
     num_envs: int = Field(8, ge=1, le=4096, description="vectorised envs per actor")
     fragment_length: int = Field(32, ge=1, le=10_000, description="steps per env in one fragment")
-    seed: int = Field(1, ge=0, le=2**31 - 1 - 10**7,
-                      description="base seed; actors, buffers and learners derive theirs from it (below 2**31)")
+    seed: int = Field(
+        1,
+        ge=0,
+        le=2**31 - 1 - 10**7,
+        description="base seed; actors, buffers and learners derive theirs from it (below 2**31)",
+    )
     frame_stack: int = Field(4, ge=1, le=16, description="Atari only")
     episodic_life: bool = Field(False, description="Atari only")
     clip_rewards: bool = Field(True, description="Atari only: learn from sign(reward)")
@@ -148,20 +171,28 @@ class EnvConfig(_Model):
 
 
 class ModelConfig(_Model):
-    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(default_factory=lambda: [64, 64],
-                                                                description="hidden layer sizes of the MLP")
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [64, 64], description="hidden layer sizes of the MLP"
+    )
     activation: Literal["tanh", "relu"] = Field("tanh", description="the MLP's activation")
     encoder: Literal["auto", "mlp", "nature_cnn"] = Field(
-        "auto", description="auto: the Nature CNN for image observations (3-D uint8), else the MLP")
+        "auto", description="auto: the Nature CNN for image observations (3-D uint8), else the MLP"
+    )
     actor_precision: Literal["float32", "bfloat16"] = Field(
-        "float32", description="actors' inference precision. bfloat16 (opt-in) runs the policy from a bf16 copy "
-                               "of the parameters (faster where the CPU has bf16 dot products); the stored "
-                               "behaviour log-probs are those of that bf16 policy, so the learner sees slightly "
-                               "off-policy data")
+        "float32",
+        description="actors' inference precision. bfloat16 (opt-in) runs the policy from a bf16 copy "
+        "of the parameters (faster where the CPU has bf16 dot products); the stored "
+        "behaviour log-probs are those of that bf16 policy, so the learner sees slightly "
+        "off-policy data",
+    )
     entry_point: Annotated[Optional[str], entry_point_of("mypkg.models:Net")] = Field(
-        None, max_length=300, json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
+        None,
+        max_length=300,
+        json_schema_extra={"pattern": ENTRY_POINT_PATTERN},
         description="a user's torch module, module.path:Class, built as Class(observation_space, action_space, "
-                    "config) (docs/custom-envs.md); its module must be listed in env.imports or model.imports")
-    imports: list[ModulePath] = Field(default_factory=list, max_length=64,
-                                      description="modules that may provide model.entryPoint")
+        "config) (docs/custom-envs.md); its module must be listed in env.imports or model.imports",
+    )
+    imports: list[ModulePath] = Field(
+        default_factory=list, max_length=64, description="modules that may provide model.entryPoint"
+    )
     config: PlainData = Field(default_factory=dict, description="plain-data configuration passed to model.entryPoint")

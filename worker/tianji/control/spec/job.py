@@ -1,4 +1,5 @@
 """The TianJiJob itself: its spec (with the cross-field rules), metadata and the whole object."""
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,7 @@ def deprecated_fields(spec: Any) -> list[str]:
     """Deprecation notes for the moved fields a raw spec dict uses."""
     if not isinstance(spec, dict):
         return []
-    return [f"spec.{old} is deprecated: use spec.{new[0]}.{new[1]}" for old, new in MOVED_FIELDS.items()
-            if old in spec]
+    return [f"spec.{old} is deprecated: use spec.{new[0]}.{new[1]}" for old, new in MOVED_FIELDS.items() if old in spec]
 
 
 class WandbConfig(_Model):
@@ -48,57 +48,70 @@ class JobSpec(_Model):
                 if key not in v:
                     continue
                 value = v.pop(key)
-                sec_key = section if section in v else re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(),
-                                                              section)
+                sec_key = section if section in v else re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), section)
                 sec = v.get(sec_key)
                 if isinstance(sec, BaseModel):
                     sec = sec.model_dump(by_alias=True, exclude_unset=True)
                 sec = dict(sec or {})
                 have = sec.get(new, sec.get(re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), new)))
                 if have is not None and have != value:
-                    raise ValueError(f"{old} ({value!r}) and {section}.{new} ({have!r}) disagree: "
-                                     f"{old} is deprecated, set {section}.{new} only")
+                    raise ValueError(
+                        f"{old} ({value!r}) and {section}.{new} ({have!r}) disagree: "
+                        f"{old} is deprecated, set {section}.{new} only"
+                    )
                 sec.setdefault(new, value)
                 v[sec_key] = sec
         return v
 
     algorithm: Algorithm = Field(default_factory=PPOConfig)
     env: EnvConfig = Field(default_factory=EnvConfig, description="the Gymnasium env each actor steps, and how")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy network: built-in, or your "
-                                                                        "own torch module")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="the policy network: built-in, or your own torch module"
+    )
     topology: Topology = Field(default_factory=Topology)
     actor: ActorConfig = Field(default_factory=ActorConfig, description="how actors run their policy")
-    staleness: Staleness = Field(default_factory=Staleness, description="how stale a consumed sample may be, "
-                                                                      "and how production follows consumption")
+    staleness: Staleness = Field(
+        default_factory=Staleness,
+        description="how stale a consumed sample may be, and how production follows consumption",
+    )
     dependencies: Literal["relaxed", "strict"] = Field(
-        "relaxed", description="relaxed (default): actors, buffers and learners never wait for one another (the "
+        "relaxed",
+        description="relaxed (default): actors, buffers and learners never wait for one another (the "
         "paper's design). strict: the classic synchronous loop on the same processes and wire, the paper's "
         "baseline (bench/ablation.py): each actor sends one rollout (batchSize / actors per buffer samples) and "
         "waits for the policy trained on it; the learner trains on exactly the last rollout of every actor "
-        "(policy lag 0). PPO only")
+        "(policy lag 0). PPO only",
+    )
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    resources: Resources = Field(default_factory=Resources, description="the planner's budget and each role's "
-                                                                      "requests")
+    resources: Resources = Field(default_factory=Resources, description="the planner's budget and each role's requests")
     plan: PlanConfig = Field(default_factory=PlanConfig, description="the planner's budget rule (topology: auto)")
     network: Network = Field(default_factory=Network, description="ports, transport security, links")
-    autoscale: Autoscale = Field(default_factory=Autoscale, description="Kubernetes: actors rescaled while the "
-                                                                        "job runs")
-    image: str = Field("tianji-worker:0.1.0", min_length=1,
-                       json_schema_extra={"pattern": IMAGE_PATTERN, "x-kubernetes-validations": [immutable("image")]},
-                       description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0")
+    autoscale: Autoscale = Field(
+        default_factory=Autoscale, description="Kubernetes: actors rescaled while the job runs"
+    )
+    image: str = Field(
+        "tianji-worker:0.1.0",
+        min_length=1,
+        json_schema_extra={"pattern": IMAGE_PATTERN, "x-kubernetes-validations": [immutable("image")]},
+        description="worker image reference, e.g. registry.example.com/tianji-worker:0.1.0",
+    )
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     pods: Pods = Field(default_factory=Pods)
-    wandb: Optional[WandbConfig] = Field(None, description="optional Weights & Biases logging, local runs "
-                                         "(`tianji run`; needs the `tianji[wandb]` extra); the operator ignores it")
+    wandb: Optional[WandbConfig] = Field(
+        None,
+        description="optional Weights & Biases logging, local runs "
+        "(`tianji run`; needs the `tianji[wandb]` extra); the operator ignores it",
+    )
 
     @field_validator("image")
     @classmethod
     def _image_reference(cls, v: str) -> str:
         if not re.fullmatch(IMAGE_PATTERN, v):
-            raise ValueError(f"{v!r} is not an image reference: [registry[:port]/]name[:tag][@digest], "
-                             "name in lowercase")
+            raise ValueError(
+                f"{v!r} is not an image reference: [registry[:port]/]name[:tag][@digest], name in lowercase"
+            )
         return v
 
     @model_validator(mode="after")
@@ -131,9 +144,13 @@ class JobSpec(_Model):
         a = self.algorithm
         if not isinstance(a, DQNConfig):
             raise TypeError(f"{a.name} keeps no replay buffer: only an off-policy algorithm has a replay limiter")
-        return SampleToInsertRatio.for_replay(self.replay_ratio, a.learning_starts, a.batch_size * a.steps_per_batch,
-                                              self.env.num_envs * self.env.fragment_length,
-                                              self.staleness.replay_error_buffer)
+        return SampleToInsertRatio.for_replay(
+            self.replay_ratio,
+            a.learning_starts,
+            a.batch_size * a.steps_per_batch,
+            self.env.num_envs * self.env.fragment_length,
+            self.staleness.replay_error_buffer,
+        )
 
     @model_validator(mode="after")
     def _strict_fits(self) -> JobSpec:
@@ -143,31 +160,39 @@ class JobSpec(_Model):
             return self
         t, st = self.topology, self.staleness
         if self.algorithm.name != "ppo":
-            raise ValueError("dependencies: strict is implemented for ppo (a DQN learner trains on replay, "
-                             "whose rounds the sample-to-insert limiter sets, not the actors)")
+            raise ValueError(
+                "dependencies: strict is implemented for ppo (a DQN learner trains on replay, "
+                "whose rounds the sample-to-insert limiter sets, not the actors)"
+            )
         if t.auto or self.autoscale.effective_mode != "off":
-            raise ValueError("dependencies: strict runs the topology it is given: not with topology: auto or "
-                             "autoscale")
+            raise ValueError("dependencies: strict runs the topology it is given: not with topology: auto or autoscale")
         if st.publish_every != 1:  # (maxPolicyLag is moot: strict drops any sample with lag > 0)
-            raise ValueError("dependencies: strict: actors wait for every new version, so "
-                             "staleness.publishEvery must be 1")
+            raise ValueError(
+                "dependencies: strict: actors wait for every new version, so staleness.publishEvery must be 1"
+            )
         if t.buffers != t.learners or t.actors % t.buffers:
-            raise ValueError(f"dependencies: strict needs buffers == learners and actors a multiple of buffers "
-                             f"(got actors {t.actors}, buffers {t.buffers}, learners {t.learners})")
+            raise ValueError(
+                f"dependencies: strict needs buffers == learners and actors a multiple of buffers "
+                f"(got actors {t.actors}, buffers {t.buffers}, learners {t.learners})"
+            )
         if t.groups > 1 and t.group_sync.mode != "allreduce":
             raise ValueError("dependencies: strict with several groups needs topology.groupSync.mode: allreduce")
         frags = self.algorithm.batch_size // (self.env.num_envs * self.env.fragment_length)
         if frags % (t.actors // t.buffers):
-            raise ValueError(f"dependencies: strict: a batch of {frags} fragment(s) cannot be split evenly over "
-                             f"the {t.actors // t.buffers} actor(s) of a buffer; make algorithm.batchSize a "
-                             "multiple of actors per buffer x env.numEnvs x env.fragmentLength")
+            raise ValueError(
+                f"dependencies: strict: a batch of {frags} fragment(s) cannot be split evenly over "
+                f"the {t.actors // t.buffers} actor(s) of a buffer; make algorithm.batchSize a "
+                "multiple of actors per buffer x env.numEnvs x env.fragmentLength"
+            )
         return self
 
     @model_validator(mode="after")
     def _inference_fits(self) -> JobSpec:
         if self.actor.inference == "onnx" and self.model.actor_precision != "float32":
-            raise ValueError(f"actor.inference: onnx runs the policy in float32; model.actorPrecision "
-                             f"{self.model.actor_precision} needs actor.inference torch (or auto)")
+            raise ValueError(
+                f"actor.inference: onnx runs the policy in float32; model.actorPrecision "
+                f"{self.model.actor_precision} needs actor.inference torch (or auto)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -177,8 +202,9 @@ class JobSpec(_Model):
         if ep is not None:
             module = ep.split(":", 1)[0]
             if not import_allowed(module, (*self.env.imports, *self.model.imports)):
-                raise ValueError(f"model.entryPoint: module {module!r} is not in a package listed in "
-                                 "env.imports or model.imports")
+                raise ValueError(
+                    f"model.entryPoint: module {module!r} is not in a package listed in env.imports or model.imports"
+                )
         return self
 
     @model_validator(mode="after")
@@ -191,12 +217,16 @@ class JobSpec(_Model):
         data, metrics = host_port_ranges(net.base_port, net.metrics_port, t.groups, t.buffers)
         for what, r in (("data", data), ("metrics", metrics)):
             if r.stop - 1 > 65535:
-                raise ValueError(f"network: with hostNetwork, {t.groups} group(s) x {t.buffers} buffer(s) take "
-                                 f"{what} ports {r.start}-{r.stop - 1}, beyond 65535: lower "
-                                 f"network.{'basePort' if what == 'data' else 'metricsPort'}")
+                raise ValueError(
+                    f"network: with hostNetwork, {t.groups} group(s) x {t.buffers} buffer(s) take "
+                    f"{what} ports {r.start}-{r.stop - 1}, beyond 65535: lower "
+                    f"network.{'basePort' if what == 'data' else 'metricsPort'}"
+                )
         if data.start < metrics.stop and metrics.start < data.stop:
-            raise ValueError(f"network: with hostNetwork, data ports {data.start}-{data.stop - 1} and metrics "
-                             f"ports {metrics.start}-{metrics.stop - 1} overlap: move network.metricsPort")
+            raise ValueError(
+                f"network: with hostNetwork, data ports {data.start}-{data.stop - 1} and metrics "
+                f"ports {metrics.start}-{metrics.stop - 1} overlap: move network.metricsPort"
+            )
         return self
 
     # Derived defaults that depend on the algorithm.
@@ -228,13 +258,16 @@ JOB_NAME_PATTERN = r"[a-z]([-a-z0-9]*[a-z0-9])?"
 
 
 class Metadata(_Model):
-    name: str = Field(..., min_length=1, max_length=40,
-                      description="a DNS-1035 label: names the processes, pods and the run dir")
+    name: str = Field(
+        ..., min_length=1, max_length=40, description="a DNS-1035 label: names the processes, pods and the run dir"
+    )
     namespace: Optional[str] = Field(None, max_length=63, description="Kubernetes namespace")
     labels: Optional[dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]]] = Field(
-        None, description="Kubernetes labels")
+        None, description="Kubernetes labels"
+    )
     annotations: Optional[dict[Annotated[str, Field(max_length=317)], str]] = Field(
-        None, description="Kubernetes annotations (256 KiB in all)")
+        None, description="Kubernetes annotations (256 KiB in all)"
+    )
 
     @model_validator(mode="after")
     def _annotations_size(self) -> Metadata:
@@ -253,11 +286,11 @@ class Metadata(_Model):
 
 
 class TianJiJob(_Model):
-    api_version: Literal["tianji.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion",
-                                                         description="the API group and version")
+    api_version: Literal["tianji.dev/v1alpha1"] = Field(
+        API_VERSION, alias="apiVersion", description="the API group and version"
+    )
     kind: Literal["TianJiJob"] = Field(KIND, description="required in a manifest file")
-    metadata: Metadata = Field(..., description="the job's name (and, on Kubernetes, namespace, labels, "
-                                                "annotations)")
+    metadata: Metadata = Field(..., description="the job's name (and, on Kubernetes, namespace, labels, annotations)")
     spec: JobSpec = Field(default_factory=JobSpec, description="what to train and how")
 
     @property

@@ -1,5 +1,6 @@
 """Reading a TianJiJob: from a file or a parsed document, `--set` overrides, and validation
 errors as one line per field (`job.yaml: spec.algorithm.lr: ...`)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -109,8 +110,10 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> T
         raise SpecError(str(e)) from None
     if isinstance(doc, dict):
         if "kind" not in doc:  # what kubectl refuses too; parse_job alone accepts an object without it
-            raise SpecError(f"{path}: kind: missing: a TianJiJob manifest starts with `apiVersion: {API_VERSION}` "
-                            f"and `kind: {KIND}`")
+            raise SpecError(
+                f"{path}: kind: missing: a TianJiJob manifest starts with `apiVersion: {API_VERSION}` "
+                f"and `kind: {KIND}`"
+            )
         for o in overrides:
             apply_override(doc, o)
     return parse_job(doc, str(path))

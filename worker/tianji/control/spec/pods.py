@@ -1,4 +1,5 @@
 """Kubernetes-only parts of a TianJiJob: pod overlays and the run policy."""
+
 from __future__ import annotations
 
 import re
@@ -21,16 +22,17 @@ class Toleration(_Model):
     operator: Literal["Exists", "Equal"] = Field("Equal", description="Equal: key and value match; Exists: the key")
     value: Optional[str] = Field(None, description="the taint's value (Equal)")
     effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
-        None, description="the taint effect tolerated (unset: all)")
+        None, description="the taint effect tolerated (unset: all)"
+    )
     toleration_seconds: Optional[int] = Field(None, description="NoExecute: how long the pod stays once tainted")
 
 
 class EnvVar(_Model):
-    name: str = Field(..., min_length=1, json_schema_extra={"pattern": _ENV_NAME},
-                      description="the variable's name (not TIANJI_*)")
+    name: str = Field(
+        ..., min_length=1, json_schema_extra={"pattern": _ENV_NAME}, description="the variable's name (not TIANJI_*)"
+    )
     value: Optional[str] = Field(None, description="its value")
-    value_from: Optional[dict[str, Any]] = Field(None, json_schema_extra=_FREE,
-                                                 description="a Kubernetes EnvVarSource")
+    value_from: Optional[dict[str, Any]] = Field(None, json_schema_extra=_FREE, description="a Kubernetes EnvVarSource")
 
     @field_validator("name")
     @classmethod
@@ -60,9 +62,11 @@ class PodOverlay(_Model):
     service_account_name: Optional[str] = Field(None, description="the pods' ServiceAccount")
     env: Optional[list[EnvVar]] = Field(None, description="extra environment variables of the worker container")
     volumes: Optional[list[dict[str, Any]]] = Field(
-        None, json_schema_extra={"items": {"type": "object", **_FREE}}, description="Kubernetes Volumes")
-    volume_mounts: Optional[list[VolumeMount]] = Field(None, description="mounts of `volumes` into the worker "
-                                                                           "container")
+        None, json_schema_extra={"items": {"type": "object", **_FREE}}, description="Kubernetes Volumes"
+    )
+    volume_mounts: Optional[list[VolumeMount]] = Field(
+        None, description="mounts of `volumes` into the worker container"
+    )
 
     @field_validator("volumes")
     @classmethod
@@ -90,32 +94,43 @@ class Pods(_Model):
     all: PodOverlay = Field(default_factory=PodOverlay)
     actor: PodOverlay = Field(default_factory=PodOverlay, description="actor pods only (the same fields as all)")
     buffer: PodOverlay = Field(default_factory=PodOverlay, description="buffer pods only (the same fields as all)")
-    learner: PodOverlay = Field(default_factory=PodOverlay, description="learner pods only (the same fields as "
-                                                                        "all)")
-    evaluator: PodOverlay = Field(default_factory=PodOverlay, description="the evaluator pod only (the same "
-                                                                          "fields as all)")
+    learner: PodOverlay = Field(default_factory=PodOverlay, description="learner pods only (the same fields as all)")
+    evaluator: PodOverlay = Field(
+        default_factory=PodOverlay, description="the evaluator pod only (the same fields as all)"
+    )
 
 
 class RunPolicy(_Model):
     """How the job runs on Kubernetes: retries, time limits, clean-up, queueing (Kubeflow's RunPolicy)."""
 
     backoff_limit: int = Field(
-        6, ge=0, le=1000,
+        6,
+        ge=0,
+        le=1000,
         description="container restarts (all pods of the job together) before the job fails with "
-                    "reason BackoffLimitExceeded")
+        "reason BackoffLimitExceeded",
+    )
     active_deadline_seconds: Optional[int] = Field(
-        None, ge=1, description="the job fails (DeadlineExceeded) when it has been active this long, counted "
-                                "from its creation or its last resume")
+        None,
+        ge=1,
+        description="the job fails (DeadlineExceeded) when it has been active this long, counted "
+        "from its creation or its last resume",
+    )
     ttl_seconds_after_finished: Optional[int] = Field(
-        None, ge=0, description="delete the TianJiJob (and with it its children) this long after it ended")
+        None, ge=0, description="delete the TianJiJob (and with it its children) this long after it ended"
+    )
     clean_pod_policy: Literal["Running", "All", "None"] = Field(
-        "Running", description="at the end: Running deletes learner/buffer pods still running and scales "
-                               "actors to 0; All deletes finished ones too; None keeps them")
+        "Running",
+        description="at the end: Running deletes learner/buffer pods still running and scales "
+        "actors to 0; All deletes finished ones too; None keeps them",
+    )
     suspend: bool = Field(
-        False, description="true deletes the pods; false again resumes (Kubernetes Job / Kueue semantics). "
-                           "Kept: the counts (in status) and the learners' checkpoints when they are on a claim "
-                           "(the default, see status condition Durable); with an emptyDir "
-                           "(checkpoint.ephemeral, or no default StorageClass) the learners start over")
+        False,
+        description="true deletes the pods; false again resumes (Kubernetes Job / Kueue semantics). "
+        "Kept: the counts (in status) and the learners' checkpoints when they are on a claim "
+        "(the default, see status condition Durable); with an emptyDir "
+        "(checkpoint.ephemeral, or no default StorageClass) the learners start over",
+    )
 
 
 # Fields that moved: old name -> (new section, new name). Accepted on read (older manifests,

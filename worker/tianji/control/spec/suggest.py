@@ -1,10 +1,11 @@
-""""Did you mean" for a job spec: an unknown field or a wrong choice, in the user's words.
+""" "Did you mean" for a job spec: an unknown field or a wrong choice, in the user's words.
 
 Pydantic reports an unknown field as "Extra inputs are not permitted" and a wrong algorithm
 name as "Input tag 'PPO' found using 'name' does not match any of the expected tags". This
 module rewrites those errors: it finds the model at the error's location, and offers the
 closest field name or choice (difflib), case differences first.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -72,8 +73,10 @@ def unknown_field(root: type[BaseModel], loc: tuple) -> str:
     models, others = models_at(root, loc[:-1])
     for other in others:  # e.g. replayCapacity under algorithm name: ppo
         if _field(other, key) is not None:
-            return (f"unknown field for {_tag(models[0])}: {key} is a field of {_tag(other)} "
-                    f"(algorithm.name: {_tag(other)})")
+            return (
+                f"unknown field for {_tag(models[0])}: {key} is a field of {_tag(other)} "
+                f"(algorithm.name: {_tag(other)})"
+            )
     names = sorted({n for m in models for n in _names(m)})
     best = closest(key, names)
     if best is not None:

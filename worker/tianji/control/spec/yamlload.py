@@ -12,6 +12,7 @@ the same to `tianji run`): what is refused is an alias inside its own anchor (a 
 document) and aliases that together expand to more than MAX_ALIAS_NODES nodes, the way
 go-yaml refuses "excessive aliasing".
 """
+
 from __future__ import annotations
 
 import math
@@ -73,8 +74,9 @@ class _StrictLoader(yaml.SafeLoader):
             if self.check_event(yaml.AliasEvent):
                 self._count_alias(self.peek_event())
             if len(self._parts) > MAX_DEPTH:
-                raise ManifestYAMLError(_join(self._parts), f"nested deeper than {MAX_DEPTH} levels",
-                                        self.peek_event().start_mark)
+                raise ManifestYAMLError(
+                    _join(self._parts), f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark
+                )
             anchor = getattr(self.peek_event(), "anchor", None)
             if anchor is not None:
                 self._open.add(anchor)
@@ -93,15 +95,19 @@ class _StrictLoader(yaml.SafeLoader):
         """Refuses an alias to an anchor still being composed, or one that takes the document's
         aliases past MAX_ALIAS_NODES."""
         if ev.anchor in self._open:
-            raise ManifestYAMLError(_join(self._parts), f"*{ev.anchor} refers to its own anchor (a recursive "
-                                    "document)", ev.start_mark)
+            raise ManifestYAMLError(
+                _join(self._parts), f"*{ev.anchor} refers to its own anchor (a recursive document)", ev.start_mark
+            )
         node = self.anchors.get(ev.anchor)
         if node is None:
             return  # PyYAML's own "found undefined alias"
         self._expanded += self._size(node)
         if self._expanded > MAX_ALIAS_NODES:
-            raise ManifestYAMLError(_join(self._parts), f"aliases expand to more than {MAX_ALIAS_NODES} values "
-                                    f"(at *{ev.anchor}; an alias bomb?)", ev.start_mark)
+            raise ManifestYAMLError(
+                _join(self._parts),
+                f"aliases expand to more than {MAX_ALIAS_NODES} values (at *{ev.anchor}; an alias bomb?)",
+                ev.start_mark,
+            )
 
     def _size(self, node) -> int:
         """Nodes in a composed node, aliases counted as what they stand for (memoised: a composed
@@ -127,28 +133,34 @@ class _StrictLoader(yaml.SafeLoader):
             try:
                 dup = key in seen
             except TypeError:
-                raise ManifestYAMLError(self._path(node), "a mapping key must be a scalar",
-                                        key_node.start_mark) from None
+                raise ManifestYAMLError(
+                    self._path(node), "a mapping key must be a scalar", key_node.start_mark
+                ) from None
             if dup:
                 base = self._path(node)
                 field = str(key) if base == "(root)" else f"{base}.{key}"
-                raise ManifestYAMLError(field, f"duplicate key {key!r} (a mapping's keys are unique; the "
-                                        "second would silently win)", key_node.start_mark)
+                raise ManifestYAMLError(
+                    field,
+                    f"duplicate key {key!r} (a mapping's keys are unique; the second would silently win)",
+                    key_node.start_mark,
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
     def construct_yaml_float(self, node):
         v = super().construct_yaml_float(node)
         if not math.isfinite(v):
-            raise ManifestYAMLError(self._path(node), f"non-finite number {node.value!r} (a number must be "
-                                    "finite)", node.start_mark)
+            raise ManifestYAMLError(
+                self._path(node), f"non-finite number {node.value!r} (a number must be finite)", node.start_mark
+            )
         return v
 
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
 # YAML 1.2 (and kubectl) read `3e-4` as a number; PyYAML's 1.1 rules need a dot and make it a string.
-_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 # The stubs bind a constructor to a whole Loader; PyYAML registers SafeConstructor's own method the same way.
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)  # type: ignore[type-var]
 
@@ -192,8 +204,9 @@ def read_manifest(path: Path) -> Any:
             raw = f.read(MAX_MANIFEST_BYTES + 1)  # a pipe or device has no size: read one byte past the limit
         if len(raw) > MAX_MANIFEST_BYTES:
             what = f"{size / 2**20:.1f} MiB, " if size > MAX_MANIFEST_BYTES else ""
-            raise UnreadableManifest(f"{path}: {what}larger than {MAX_MANIFEST_BYTES // 1024} KiB; "
-                                     "is it a job manifest?")
+            raise UnreadableManifest(
+                f"{path}: {what}larger than {MAX_MANIFEST_BYTES // 1024} KiB; is it a job manifest?"
+            )
         text = raw.decode("utf-8")
     except FileNotFoundError:
         raise UnreadableManifest(f"{path}: no such file") from None
