@@ -1,4 +1,4 @@
-"""User envs that misbehave, for tests/test_custom_env.py. Workers import this module through
+"""User envs that misbehave, for tests/engine/test_custom_env.py. Workers import this module through
 `env.imports` / an entry-point id (tests put tests/ and examples/custom-env on PYTHONPATH)."""
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import sys
 
 import gymnasium as gym
 import numpy as np
-
 from reach_goal.envs import ReachGoalEnv
 
 # Which processes imported this module: only those that build envs may (the test reads the file).

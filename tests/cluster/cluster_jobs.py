@@ -8,11 +8,10 @@ from typing import Any, Optional
 
 import yaml
 
-from helpers import merge_spec
-
 from clusterkit import get, wait_for
-from tianji.control.accounting import Accounting
-from tianji.control.report import parse_report
+from helpers import merge_spec
+from tianji.control.contracts.accounting import Accounting
+from tianji.control.contracts.rolereport import parse_report
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cartpole-ppo.yaml"

@@ -84,7 +84,8 @@ import json
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any, Optional
 
 import aiohttp.web
 import attrs
@@ -93,7 +94,7 @@ import kmock
 import multidict
 from kmock._internal import apps, enums, parsing, rendering
 
-from tianji.control.crd import apply_defaults
+from tianji.control.spec.crd import apply_defaults
 
 from . import apierrors, core_validation, pod_security, structural
 
@@ -158,9 +159,9 @@ def _json_patch(target: dict, patch: Any) -> Any:
     try:
         return jsonpatch.apply_patch(target, patch)
     except jsonpatch.JsonPatchTestFailed as e:
-        raise kmock.KubernetesError(status=422, reason="Invalid", message=f"test failed: {e}", details={})
+        raise kmock.KubernetesError(status=422, reason="Invalid", message=f"test failed: {e}", details={}) from e
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-        raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e), details={})
+        raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e), details={}) from e
 
 
 def _strategic_patch(target: Any, patch: Any) -> Any:

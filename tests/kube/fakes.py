@@ -7,7 +7,6 @@ from typing import Any, Optional
 
 import aiohttp.web
 
-
 # metric in a query -> (FakePrometheus.values key, "one" value or "vec"tor by group)
 QUERIED = {"tianji_policy_lag_sum": ("policy_lag", "one"), "tianji_episode_return_mean": ("mean_return", "one"),
            "tianji_policy_version": ("policy_version", "one"), "tianji_env_frames_total": ("produced", "vec"),
@@ -53,7 +52,7 @@ class FakePrometheus:
         return aiohttp.web.json_response(
             {"status": "success", "data": {"resultType": "vector", "result": self._answer(q)}})
 
-    async def __aenter__(self) -> "FakePrometheus":
+    async def __aenter__(self) -> FakePrometheus:
         app = aiohttp.web.Application()
         app.router.add_get("/api/v1/query", self._handle)
         self._runner = aiohttp.web.AppRunner(app, access_log=None)
@@ -93,7 +92,7 @@ class FakePodMetrics:
             return aiohttp.web.Response(status=404)
         return aiohttp.web.Response(text=json.dumps(self.reports[ip]), content_type="application/json")
 
-    async def __aenter__(self) -> "FakePodMetrics":
+    async def __aenter__(self) -> FakePodMetrics:
         for ip in self.ips:
             app = aiohttp.web.Application()
             app.router.add_get("/metrics", self._metrics)
@@ -115,7 +114,7 @@ def worker_report(job: str, role: str, group: int, index: int, *, seq: int = 1, 
                   episodes: list[float] = (), episodes_total: int | None = None, final: bool = False,
                   version: int = 0, **counts: float) -> dict:
     """A role's report as a worker builds it (RoleMetrics + build_report), with these counts."""
-    from tianji.control.report import build_report
+    from tianji.control.contracts.rolereport import build_report
     from tianji.observability.metrics import RoleMetrics
 
     m = RoleMetrics(job, role, group, index)

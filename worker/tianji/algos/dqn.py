@@ -23,7 +23,6 @@ from tianji.algos import BatchStager, apply_gradients, autocast, resolve_precisi
 from tianji.control.spec import DQNConfig
 
 
-
 def epsilon(cfg: DQNConfig, global_frames: float) -> float:
     """Linear decay from epsilonStart to epsilonEnd over explorationFrames (global estimate)."""
     frac = min(1.0, global_frames / cfg.exploration_frames)
@@ -45,9 +44,9 @@ class DQNLearner:
         self.model, self.cfg = model, cfg
         self.device = next(model.parameters()).device
         self.target = copy.deepcopy(model).requires_grad_(False)
+        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.stage = BatchStager(self.device)
-        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         self.steps = 0
         self.sync_grads = None  # set by a data-parallel learner: averages gradients across learners
 
@@ -56,6 +55,7 @@ class DQNLearner:
         with torch.no_grad():
             for t, o in zip(self.target.parameters(), self.model.parameters()):
                 t.lerp_(o, tau) if tau < 1 else t.copy_(o)
+
     def loss(self, obs: torch.Tensor, act: torch.Tensor, ret: torch.Tensor, disc: torch.Tensor,
              nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Huber loss of one minibatch and its Q(o, a). The forward passes run under the learner's
@@ -70,7 +70,6 @@ class DQNLearner:
             q_all = self.model(obs)
         q = q_all.float().gather(1, act[:, None]).squeeze(1)
         return F.smooth_l1_loss(q, y), q
-
 
     def update(self, b: dict[str, np.ndarray], tick=None) -> dict[str, float]:
         """stepsPerBatch gradient steps; `tick()` after each (the learner's heartbeat, as PPO's)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tianji.control.accounting import Accounting
-from tianji.control.report import LAG_BOUNDS, LEARNER_STATS
+from tianji.control.contracts.accounting import Accounting
+from tianji.control.contracts.rolereport import LAG_BOUNDS, LEARNER_STATS
 
 HIST_KEYS = [*(str(b) for b in LAG_BOUNDS), "inf"]
 

@@ -1,7 +1,7 @@
-"""Prometheus metrics of one role process (the table is tianji.control.report's, prefix `tianji_`).
+"""Prometheus metrics of one role process (the table is tianji.control.contracts.rolereport's, prefix `tianji_`).
 
 Each process owns a registry labelled job/role/group/index, and plain mirrors of
-the same numbers (`snapshot()`) that go into its report (tianji.control.report).
+the same numbers (`snapshot()`) that go into its report (tianji.control.contracts.rolereport).
 `serve()` answers on one port: /metrics (Prometheus text) and /report (the report,
 JSON; what the operator counts), so Prometheus and the operator read one process
 the same way the local launcher does.
@@ -9,15 +9,23 @@ the same way the local launcher does.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
+from typing import Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 
-from tianji.control.fabric import FABRIC_PATH, fabric_reply
-from tianji.control.report import (COUNTERS, GAUGES, HISTOGRAMS, LAG_BOUNDS, LAG_SAMPLES_HISTOGRAM, LEARNER_STATS,
-                                   REASON_LABELED)
+from tianji.control.contracts.fabric import FABRIC_PATH, fabric_reply
+from tianji.control.contracts.rolereport import (
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    LAG_BOUNDS,
+    LAG_SAMPLES_HISTOGRAM,
+    LEARNER_STATS,
+    REASON_LABELED,
+)
 
 PREFIX = "tianji_"
 LABELS = ("job", "role", "group", "index")
@@ -51,7 +59,7 @@ class _LagSamples:
     """Collector: the per-sample lag histogram from RoleMetrics' bucket counts (a Prometheus
     Histogram takes one observe() per value: too slow for every sample of a batch)."""
 
-    def __init__(self, owner: "RoleMetrics"):
+    def __init__(self, owner: RoleMetrics):
         self.owner = owner
 
     def collect(self):
@@ -73,7 +81,8 @@ class RoleMetrics:
             for n, d in COUNTERS.items()
         }
         self._g = {n: Gauge(PREFIX + n, d, lab, registry=self.registry) for n, d in GAUGES.items()}
-        self._h = {n: Histogram(PREFIX + n, d, lab, buckets=b, registry=self.registry) for n, (d, b) in HISTOGRAMS.items()}
+        self._h = {n: Histogram(PREFIX + n, d, lab, buckets=b, registry=self.registry)
+                   for n, (d, b) in HISTOGRAMS.items()}
         # Plain mirrors: cheap to read for reports, no registry walk on the hot path.
         self.counts: dict[str, float] = {n: 0.0 for n in COUNTERS}
         self.reasons: dict[str, dict[str, float]] = {n: {} for n in REASON_LABELED}
@@ -134,7 +143,7 @@ def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0"
                    report: Optional[Callable[[], bytes]] = None, fabric: Optional[str] = None) -> ThreadingHTTPServer:
     """/metrics and /report (JSON bytes from `report()`, which must be safe to call from
     the server's thread) on addr:port, in a daemon thread; with `fabric` (an address) also
-    /fabric, where peers learn where this process's data sockets are (tianji.control.fabric)."""
+    /fabric, where peers learn where this process's data sockets are (tianji.control.contracts.fabric)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)

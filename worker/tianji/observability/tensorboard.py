@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from tianji.control.report import LAG_BOUNDS
+from tianji.control.contracts.rolereport import LAG_BOUNDS
 
 RATE_TAGS = {"produced_fps": "throughput/actors_produced_fps", "received_fps": "throughput/buffers_received_sps",
              "consumed_sps": "throughput/learners_consumed_sps", "train_steps_per_s": "throughput/train_steps_per_s"}
