@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness import cpu_name
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 JOBS = {"ppo": ROOT / "examples" / "pong-ppo.yaml", "dqn": ROOT / "examples" / "pong-dqn.yaml"}
@@ -62,17 +64,6 @@ TINY = {
 
 
 # ----------------------------------------------------------------- the machine
-def cpu_name() -> str:
-    """The CPU model (this script stands alone: the device copy runs it without the bench package)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
-
-
 def gpu_facts() -> dict:
     """GPU count and name from torch, driver from nvidia-smi (absent: None)."""
     out: dict = {"gpus": 0, "gpu": None, "driver": None, "cuda": None, "bf16": None}

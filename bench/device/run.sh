@@ -30,4 +30,4 @@ export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"
 # are short, but starting Python processes there is slow).
 LIMIT=500
 [ "$DRY" = 1 ] && LIMIT=1500
-exec timeout -k 10 "$LIMIT" "$PYTHON" bench/device/run.py "$@"
+exec timeout -k 10 "$LIMIT" "$PYTHON" -m bench.device.run "$@"

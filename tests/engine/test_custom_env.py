@@ -266,7 +266,7 @@ def test_an_env_that_raises_in_step_is_a_restarted_worker_fault(tmp_path, user_p
     run, s = train(running_tianji, job)
     assert marker.exists() and s["restarts"]["actor"] >= 1, s
     assert s["reached_target"], s  # the restarted actor carried on
-    notice = "actor-0-0 exited (1): RuntimeError: bad_envs: simulated fault in step; restart 1"
+    notice = "actor-0-0 exited (exit code 1): RuntimeError: bad_envs: simulated fault in step; restart 1"
     assert notice in run.output(), run.output()
     actor_log = (run.run_dir / "logs" / "actor-0-0.log").read_text()
     assert "Traceback (most recent call last)" in actor_log and "in step" in actor_log

@@ -90,3 +90,38 @@ def test_eval_counts_episodes_per_env_and_acts_at_epsilon(dqn_checkpoint, capsys
     a = build_parser().parse_args(["eval", str(dqn_checkpoint), "--epsilon", "1.5"])
     assert a.fn(a) == 2
     assert "not in [0, 1]" in capsys.readouterr().err
+
+
+class _Endless:
+    """A vector env of 2 whose episodes never end; reward 1 a step on env 0, 0 on env 1."""
+
+    num_envs = 2
+
+    def reset(self, seed=None):
+        return np.zeros((2, 3), np.float32), {}
+
+    def step(self, actions):
+        no = np.zeros(2, bool)
+        return np.zeros((2, 3), np.float32), np.array([1.0, 0.0]), no, no, {}
+
+
+class _Greedy(torch.nn.Module):
+    def forward(self, x):
+        return torch.zeros(x.shape[0], 2)
+
+
+def test_a_step_cap_ends_an_episode_that_never_ends_with_what_it_earned():
+    """A policy in an env without a time limit can loop forever; with `step_cap` each capped
+    stretch counts as one episode with its return so far, so the quota fills."""
+    from types import SimpleNamespace
+
+    from tianji.runtime.evaluation import play_episodes
+
+    info = SimpleNamespace(continuous=False)
+    q = play_episodes(_Greedy(), _Endless(), info, "dqn", 4, 0.0, seed=0, step_cap=25)
+    assert q.done and [len(r) for r in q.returns] == [2, 2]
+    assert q.all_returns().tolist() == [25.0, 25.0, 0.0, 0.0] and set(q.all_lengths().tolist()) == {25}
+    stop_after = iter(range(50))
+    unfinished = play_episodes(_Greedy(), _Endless(), info, "dqn", 4, 0.0, seed=0,
+                               should_stop=lambda: next(stop_after) >= 49)
+    assert not unfinished.done  # without a cap, only the stop signal ends it

@@ -38,6 +38,9 @@ from tianji.control.contracts.rolereport import WINDOW
 CHECKPOINT_WAIT_S = 120.0  # a learner in a long update (Pong on a busy box) takes a while to save
 EVAL_TIMEOUT_S = 1800.0
 RETRY_S = 10.0
+# An evaluated episode is cut at this many times the actors' mean episode length (at least
+# MIN_STEP_CAP steps): a greedy policy can loop forever where the env has no time limit.
+STEP_CAP_FACTOR, MIN_STEP_CAP = 20, 1000
 SEED = 2 ** 31 + 7_777_777  # apart from actors' (env.seed + < 1.1e7) and the evaluator's (2^31 + blocks of envs)
 CKPT = re.compile(r"^ckpt-(\d{12})\.pt$")
 LEARNER = ("learner", 0, 0)
@@ -103,16 +106,17 @@ class TargetCheck:
                 except ValueError as e:
                     self._give_up(now, str(e))
                     return
-                self._start(path, now)
+                self._start(path, now, acc.mean_episode_length())
                 return
         if now - self.since > CHECKPOINT_WAIT_S:
             self._give_up(now, f"no checkpoint at version >= {self.version} within {CHECKPOINT_WAIT_S:g} s")
 
-    def _start(self, path: Path, now: float) -> None:
+    def _start(self, path: Path, now: float, mean_length: Optional[float]) -> None:
         self.checkpoint, self.stage, self.since = path, "evaluating", now
         source = f"/dev/fd/{self.copy}" if self.copy is not None else str(path)
+        cap = max(MIN_STEP_CAP, int(STEP_CAP_FACTOR * (mean_length or 0)))
         cmd = [sys.executable, "-m", "tianji.local.targetcheck", source, "--episodes", str(self.episodes),
-               "--seed", str(SEED)]
+               "--seed", str(SEED), "--step-cap", str(cap)]
         if self.epsilon is not None:
             cmd += ["--epsilon", str(self.epsilon)]
         if self.log is None:
@@ -232,6 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--episodes", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--epsilon", type=float, default=None)
+    p.add_argument("--step-cap", type=int, default=None, help="cut an episode after this many steps")
     a = p.parse_args(argv)
     from tianji.runtime import security
 
@@ -239,7 +244,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         security.untraced()
     from tianji.runtime.evaluation import evaluate
 
-    print(json.dumps(evaluate(Path(a.checkpoint), a.episodes, a.seed, a.epsilon)))
+    print(json.dumps(evaluate(Path(a.checkpoint), a.episodes, a.seed, a.epsilon, step_cap=a.step_cap)))
     return 0
 
 

@@ -71,12 +71,15 @@ def eval_actions(scores, epsilon: float, rng: np.random.Generator):
 
 
 def play_episodes(model, env, info, algo: str, episodes: int, epsilon: float, seed: int,
-                  should_stop=None) -> EpisodeQuota:
+                  should_stop=None, step_cap: Optional[int] = None) -> EpisodeQuota:
     """`episodes` episodes (a fixed count per env, EpisodeQuota) of `model`'s evaluation policy:
     argmax (PPO: the logits' mode; DQN: ε-greedy Q) or, continuous, the Gaussian's mean clipped
     to the Box (no ε: there is no argmax to replace). The envs are reset with `seed` first.
     Used by `tianji eval` and the evaluator role; `should_stop()` true ends it early (a stop
-    signal), the quota then not done."""
+    signal), the quota then not done. `step_cap`: an episode still running after that many steps
+    counts as one episode with the return it has so far, and the next `step_cap` steps of it as
+    another: a policy that never ends an episode (a greedy one that loops, in an env without a
+    time limit) then finishes its quota with what it earned instead of running forever."""
     import torch
 
     rng = np.random.default_rng(seed)
@@ -96,6 +99,8 @@ def play_episodes(model, env, info, algo: str, episodes: int, epsilon: float, se
             steps += ~resetting
             resetting = np.asarray(term | trunc)
             ended = inf.get("episode_end", term | trunc) if isinstance(inf, dict) else term | trunc
+            if step_cap is not None:
+                ended = np.asarray(ended) | (steps >= step_cap)
             for i in np.nonzero(ended)[0]:
                 quota.add(int(i), ret[i], steps[i])
                 ret[i], steps[i] = 0.0, 0
@@ -103,7 +108,7 @@ def play_episodes(model, env, info, algo: str, episodes: int, epsilon: float, se
 
 
 def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float] = None,
-             num_envs: int = 8) -> dict:
+             num_envs: int = 8, step_cap: Optional[int] = None) -> dict:
     import torch
 
     from tianji.algos.models import build_model
@@ -123,7 +128,7 @@ def evaluate(ckpt_path: Path, episodes: int, seed: int, epsilon: Optional[float]
     model = build_model(job.spec.algorithm, job.spec.model, info, job.spec.env.seed, job.spec.env.imports)
     model.load_state_dict(state["model"])
     model.eval()
-    quota = play_episodes(model, env, info, algo, episodes, eps, seed)
+    quota = play_episodes(model, env, info, algo, episodes, eps, seed, step_cap=step_cap)
     env.close()
     rets = quota.all_returns()
     return {"checkpoint": str(ckpt_path), "job": job.name, "env": job.spec.env.id,
