@@ -19,7 +19,7 @@ from tianji.control.spec import load_job
 from tianji_operator.timers import autoscaler as asc
 
 HERE = Path(__file__).parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 
 
 COUNTER = {"actor": ("frames", "env_frames_total"), "buffer": ("received", "samples_received_total"),
