@@ -199,3 +199,12 @@ def merge_spec(into: dict, patch: dict) -> dict:
         else:
             into[k] = v
     return into
+
+
+class DeadProc:
+    """A worker process (Popen stand-in) that has exited with code 1."""
+
+    pid = 4242
+
+    def poll(self):
+        return 1

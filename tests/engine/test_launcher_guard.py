@@ -2,29 +2,14 @@
 import time
 from types import SimpleNamespace
 
-import pytest
 import zmq
 
-from helpers import EXAMPLES
+from helpers import EXAMPLES, DeadProc
 from tianji.control.contracts.rolereport import build_report, parse_report
 from tianji.control.spec import load_job
 from tianji.local import launcher as L
 from tianji.local import supervisor
 from tianji.runtime.wire import encode
-
-
-class DeadProc:
-    pid = 4242
-
-    def poll(self):
-        return 1
-
-
-@pytest.fixture
-def launcher(tmp_path):
-    job = load_job(EXAMPLES / "cartpole-ppo.yaml")
-    lt = L.Launcher(job, tmp_path / "run", progress=False)
-    yield lt
 
 
 def fail_once(lt, c, now, ran_for):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 import zmq
 
-from helpers import EXAMPLES, ROOT, run_tianji
+from helpers import EXAMPLES, ROOT, DeadProc, run_tianji
 from tianji.control.contracts.rolereport import build_report
 from tianji.control.spec import SpecError, load_job
 from tianji.local import launcher as L
@@ -150,18 +150,6 @@ def test_a_good_user_model_passes_the_check(tmp_path, user_pkg):
 
 
 # ----------------------------------------------------------------- a run that did none of its work
-class DeadProc:
-    pid = 4242
-
-    def poll(self):
-        return 1
-
-
-@pytest.fixture
-def launcher(tmp_path):
-    return L.Launcher(load_job(PPO), tmp_path / "run", progress=False)
-
-
 def crash(lt: L.Launcher, c: supervisor.Child, now: float, log: Path, error: str) -> None:
     """One incarnation of `c` that logged `error` and exited 1."""
     with open(log, "a") as f:
