@@ -277,6 +277,11 @@ class Actor(ParamFollower, Role):
         if self.rollout.algo == "dqn":
             self.metrics.set("epsilon", self.rollout.epsilon())
         self.pacer.add(frames)
+        if self.quota is not None:
+            # Produced is spent, delivered or not: a fragment dropped (its buffer gone or full, or
+            # non-finite) must not reopen the quota, or actors free-run at the token bucket's rate
+            # while a buffer is re-created (3.4x the frames, every one dropped).
+            self.quota.add()
         if self._env_output_finite(arrays):
             self._send_fragment(arrays, version, frames)
 
@@ -303,8 +308,6 @@ class Actor(ParamFollower, Role):
         if self.send(self.push, "fragment", arrays, meta={"frames": frames}, policy_version=version):
             self.metrics.inc("samples_sent_total", samples)
             self.sent_frames += frames
-            if self.quota is not None:
-                self.quota.add()
         else:
             self.metrics.inc("samples_dropped_total", samples, reason="hwm")
 
