@@ -153,3 +153,62 @@ def test_the_lr_anneals_over_frames_trained_on_not_frames_received(tmp_path, mon
     finally:
         again.teardown()
         again.ctx.destroy(linger=0)
+
+
+def test_a_fragment_its_buffer_refused_spends_the_version_quota(tmp_path, monkeypatch):
+    """A buffer pod re-created: every push is refused (the queue to the gone peer is full). What an
+    actor produces is spent against its version's share all the same, so while no new version
+    comes it rests instead of free-running at the token bucket's rate (3.4x the frames, all dropped,
+    in a cluster test)."""
+    from tianji.runtime.roles.actor import Actor
+
+    job = load_job(EXAMPLES / "cartpole-ppo.yaml")
+    own_keyring(tmp_path, monkeypatch, "actor-0-0")
+    actor = Actor(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
+    ctx, _ = _report_to_test(actor, tmp_path)
+    try:
+        actor.setup()
+        actor.pacer.set_rate(None)  # no token bucket: only the quota holds the actor back
+        frag = actor.rollout.n * actor.rollout.T
+        for _ in range(64):  # fill the queue to the buffer that is not there
+            actor._fragment()
+        assert actor.metrics.reasons["samples_dropped_total"].get("hwm", 0) > 0
+        actor.learner_paced, actor.capacity = True, 1.0  # a slow learner: its next version is minutes away
+        actor.quota.new_version(time.monotonic())
+        before = actor.metrics.counts["env_frames_total"]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:
+            actor.step()
+        produced = actor.metrics.counts["env_frames_total"] - before
+        assert produced == actor.quota.share * frag, (produced, actor.quota.share, frag)
+    finally:
+        actor.teardown()
+        actor.ctx.destroy(linger=0)
+        ctx.destroy(linger=0)
+
+
+def test_a_learner_checkpoints_every_interval_versions_as_well_as_by_time(tmp_path, monkeypatch):
+    """A force-deleted learner resumes from its last checkpoint: with checkpoints by versions as well
+    as by time it loses at most intervalVersions of training, however fast versions come."""
+    from tianji.runtime import checkpoint
+
+    job = load_job(EXAMPLES / "cartpole-ppo.yaml", ["spec.algorithm.epochs=1", "spec.checkpoint.intervalVersions=3",
+                                                    "spec.checkpoint.intervalSeconds=3600"])
+    own_keyring(tmp_path, monkeypatch, "learner-0-0")
+    learner = Learner(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
+    try:
+        learner.setup()
+        saved = []
+        for _ in range(7):
+            batch = {**ppo_batch(), "versions": np.full(8, learner.version, np.int64)}  # fresh: never stale
+            learner._batch(Message("batch", "buffer-0-0", arrays=batch, meta={"buffer": 0, "fragments": 2}))
+            if learner._checkpoint_due(time.monotonic()):
+                learner.save_checkpoint()
+                saved.append(learner.version)
+        assert saved == [3, 6], saved
+        newest = checkpoint.list_checkpoints(learner.ckpt_dir)[-1]
+        assert "6" in newest.name, newest
+    finally:
+        learner.ckpt_dir = None  # no checkpoint on teardown: the test looks at the interval's only
+        learner.teardown()
+        learner.ctx.destroy(linger=0)

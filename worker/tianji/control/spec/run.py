@@ -136,12 +136,18 @@ def stop_problem(stop: StopConfig, max_seconds: Optional[float] = None) -> Optio
 
 class CheckpointConfig(_Model):
     """Learner checkpoints (model, optimizer, policy version, counters), written every
-    intervalSeconds and as a learner stops. On Kubernetes they outlive the pod when they are on
-    a claim: persistentVolumeClaim, size, or by default one claim per learner pod from the
-    cluster's default StorageClass; with `ephemeral` (or no default class: status condition
-    Durable says so) they are in an emptyDir and a replaced learner starts over."""
+    intervalSeconds or intervalVersions policy versions, whichever comes first, and as a learner
+    stops (a force-deleted or node-lost learner loses at most one interval). On Kubernetes they
+    outlive the pod when they are on a claim: persistentVolumeClaim, size, or by default one
+    claim per learner pod from the cluster's default StorageClass; with `ephemeral` (or no
+    default class: status condition Durable says so) they are in an emptyDir and a replaced learner starts over."""
 
     interval_seconds: float = Field(60.0, gt=0, description="seconds between a learner's checkpoints")
+    interval_versions: Optional[int] = Field(
+        100,
+        ge=1,
+        description="policy versions between a learner's checkpoints (null: by time only)",
+    )
     keep: int = Field(3, ge=1, le=100, description="checkpoints kept per learner (the newest)")
     # Kubernetes only: where learners keep checkpoints. Default: one claim per learner pod from the
     # cluster's default StorageClass (status condition Durable); an emptyDir only when asked

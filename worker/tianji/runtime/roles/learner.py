@@ -110,6 +110,7 @@ class Learner(Role):
         self.window = {"received": 0, "dropped": 0, "idle": 0.0, "lag_sum": 0.0, "lag_n": 0, "t": time.monotonic()}
         self.ckpt_dir = checkpoint.checkpoint_dir(self.run_dir, self.group, self.index) if self.run_dir else None
         self.last_ckpt_t = time.monotonic()
+        self.last_ckpt_version = 0
         self.last_ckpt = None
         self.last_ckpt_sha256 = None
         # SIGUSR1: checkpoint now (`tianji run` evaluates the saved policy before calling a target
@@ -187,6 +188,7 @@ class Learner(Role):
         self.train_steps = int(st["counters"]["train_steps"])
         torch.set_rng_state(st["torch_rng"])
         self.last_ckpt = path.name
+        self.last_ckpt_version = self.version
         self.last_ckpt_sha256 = _sha256(path)
         log.info("%s: resumed from %s at policy_version %d", self.sender, path, self.version)
 
@@ -205,9 +207,10 @@ class Learner(Role):
             path = checkpoint.save(self.ckpt_dir, self.version, state, self.spec.checkpoint.keep)
         except OSError as e:  # a full disk: keep training, keep the previous checkpoints, try again later
             log.error("%s: checkpoint at version %d failed (%s); will retry", self.sender, self.version, e)
-            self.last_ckpt_t = time.monotonic()
+            self.last_ckpt_t, self.last_ckpt_version = time.monotonic(), self.version
             return
         self.last_ckpt = path.name
+        self.last_ckpt_version = self.version
         self.last_ckpt_sha256 = _sha256(path)  # reported: the launcher evaluates only these bytes
         self.last_ckpt_t = time.monotonic()
 
@@ -396,10 +399,16 @@ class Learner(Role):
                 if idle and now - t > CREDIT_REFRESH_S:
                     self._credit(b, self.spec.credit_window)
             self.publish()  # late subscribers (slow joiners, restarted actors) catch up within a second
-        if self.ckpt_requested or now - self.last_ckpt_t > self.spec.checkpoint.interval_seconds:
+        if self.ckpt_requested or self._checkpoint_due(now):
             self.ckpt_requested = False
             self.save_checkpoint()
             self.maybe_report(force=True)  # the launcher waits for this checkpoint's name (SIGUSR1)
+
+    def _checkpoint_due(self, now: float) -> bool:
+        """spec.checkpoint: intervalSeconds since the last one, or intervalVersions trained since."""
+        c = self.spec.checkpoint
+        by_versions = c.interval_versions is not None and self.version - self.last_ckpt_version >= c.interval_versions
+        return by_versions or now - self.last_ckpt_t > c.interval_seconds
 
     def _adapt_pacing(self, now: float) -> None:
         """Close a control period: feed its drop and idle fractions and the mean lag it consumed at to
