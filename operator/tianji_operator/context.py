@@ -52,6 +52,15 @@ class JobMemory:
     warned: set[str] = field(default_factory=set)  # Events already posted (e.g. unschedulable pods)
     ended: bool = False  # the job ended: only processes counted before the end may still add to it
     node_lost: str = ""  # pods force-deleted off a lost node, until the job is Ready again (timers/nodelost.py)
+    # Every uid the pod watch delivered under each pod name, in order (timers/restarts.watch_pod):
+    # a pod re-created between two ticks, or before the first, is counted all the same.
+    watched: dict[str, dict[str, dict]] = field(default_factory=dict)
+    watch_since: str = ""  # pods created before this are not counted from the watch (a suspend's, a resume's)
+
+    def forget_pods(self, now_iso: str) -> None:
+        """The operator deletes or re-creates the pods itself (suspend, resume): no disruption."""
+        self.watched.clear()
+        self.watch_since = now_iso
 
     def accounting(self, status: dict) -> Accounting:
         if self.acc is None:

@@ -114,6 +114,7 @@ async def _read(op: Operator, body: Any, handler: str, logger: kopf.Logger) -> O
     fresh = await op.kube.get("TianJiJob", ns, name)
     if fresh is None:
         return None
+    op.memory(ns, name)  # from here the pod watch records the job's pods (timers/restarts.watch_pod)
     status, now = dict(fresh.get("status") or {}), op.now()
     cm = await op.kube.get("ConfigMap", ns, b.configmap_name(name))
     return Run(op, body, handler, logger, name, ns, meta.get("generation"), status, now, cm)
@@ -366,6 +367,7 @@ def _phase(run: Run, planned: Planned, cur: dict) -> tuple[dict, list[dict]]:
     conds: list[dict] = []
     if planned.suspended != (phase == st.SUSPENDED):
         fields["podsSeen"] = {}  # pods the operator deletes or re-creates itself are no disruption
+        run.op.memory(run.ns, run.name).forget_pods(st.iso(run.now))
     if planned.suspended:
         why = statevolume.suspend_message(planned.resolved, planned.plan)
         fields["phase"] = st.SUSPENDED

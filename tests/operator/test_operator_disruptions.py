@@ -343,6 +343,30 @@ async def test_an_actor_pod_made_again_is_in_status_and_events(env):
                               and "Pod/cartpole-actor-0-1" in e["message"]], what="a Recreated event")
 
 
+async def test_every_actor_pod_made_again_between_two_ticks_is_counted(kube):
+    """A StatefulSet replaces a pod in about a second; the monitor ticks every 10 s by default.
+    Two re-creations between two ticks are two (the pod watch saw each uid)."""
+    clock = FakeClock(time.time())
+    async with RunningOperator(kube, clock=clock, monitor_interval=2.0) as op, \
+            FakePodMetrics(list(IPS.values())) as pods:
+        serve(pods, 1, [], learner_report(1, 1))
+        await job_with_report_pods(kube, pods, IPS, {})
+        await eventually(lambda: "cartpole-actor-0-1" in status(kube).get("podsSeen", {}), what="the actor recorded")
+        await ticks(op, 1)
+        first = op.metrics.value("tianji_operator_timer_runs_total", timer="monitor")
+        for _ in range(2):
+            code, _ = await kube.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/cartpole-actor-0-1")
+            assert code == 200
+            await kube.put_object("v1/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": "cartpole-actor-0-1", "namespace": NAMESPACE,
+                "labels": {"tianji.dev/job": "cartpole", "tianji.dev/role": "actor", "tianji.dev/group": "0"}}})
+        assert op.metrics.value("tianji_operator_timer_runs_total", timer="monitor") == first, "a tick between"
+        await eventually(lambda: status(kube).get("restartsByRole", {}).get("actor", {}).get("pods") == 2,
+                         what="both re-creations counted")
+        await ticks(op, 1)
+        assert status(kube)["restartsByRole"]["actor"]["pods"] == 2
+
+
 # ----------------------------------------------------------------- 4. learner state and what status says
 async def test_learners_keep_their_state_on_a_claim_of_the_default_class(kube):
     await kube.put_object("storage.k8s.io/v1/storageclasses", DEFAULT_CLASS)

@@ -8,18 +8,25 @@ the watch's index shows them, each charged once.
   the replaced object showing up again after its successor (the watch delivers each object's
   events on their own) counts nothing;
 * a pod gone for a tick but still expected is remembered; one scaled away is forgotten, so its
-  scale-up is no re-creation."""
+  scale-up is no re-creation;
+* what the pod watch delivered between ticks (`watch_pod`) is counted too: a pod re-created
+  before the first tick, or several times between two, with the restarts its objects reached;
+  pods created before the job (a deleted namesake's) are not its own."""
 from __future__ import annotations
 
 from tianji_operator.children.builders import LABEL_ROLE
-from tianji_operator.timers.restarts import Ledger
+from tianji_operator.timers.restarts import Ledger, watch_pod
 
 ACTOR = "j-actor-0-0"
 LEARNER = "j-learner-0-0"
 
 
-def pod(name: str, uid: str, restarts: int = 0, role: str = "actor", deleting: bool = False) -> dict:
-    meta = {"name": name, "uid": uid, "labels": {LABEL_ROLE: role}}
+JOB_CREATED = "2026-11-27T00:00:00Z"
+
+
+def pod(name: str, uid: str, restarts: int = 0, role: str = "actor", deleting: bool = False,
+        created: str = "2026-11-27T00:00:05Z") -> dict:
+    meta = {"name": name, "uid": uid, "labels": {LABEL_ROLE: role}, "creationTimestamp": created}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-27T00:00:00Z"
     return {"metadata": meta, "status": {"containerStatuses": [
@@ -27,10 +34,12 @@ def pod(name: str, uid: str, restarts: int = 0, role: str = "actor", deleting: b
          "lastState": {"terminated": {"reason": "Error", "exitCode": 1}} if restarts else {}}]}}
 
 
-def tick(status: dict, pods: list[dict], expected: set[str] = frozenset({ACTOR, LEARNER})) -> tuple[dict, Ledger]:
-    """One monitor tick: the ledger from status, the pods observed, the fields written back."""
+def tick(status: dict, pods: list[dict], expected: set[str] = frozenset({ACTOR, LEARNER}),
+         watched: dict | None = None) -> tuple[dict, Ledger]:
+    """One monitor tick: the ledger from status, the pods observed (and what the watch
+    delivered before, when given), the fields written back."""
     ledger = Ledger(status)
-    ledger.observe(pods, set(expected))
+    ledger.observe(pods, set(expected), watched, JOB_CREATED)
     return {**status, **ledger.fields()}, ledger
 
 
@@ -91,3 +100,46 @@ def test_backoff_limit_sees_the_early_restarts_across_operators():
     status, _ = tick(dict(status), [pod(LEARNER, "l2", restarts=0, role="learner")])
     status, ledger = tick(dict(status), [pod(LEARNER, "l2", restarts=2, role="learner")])
     assert ledger.total == 3 and status["restartsByRole"]["learner"] == {"containers": 3, "pods": 1}
+
+
+def watch(*pods: dict, into: dict | None = None) -> dict:
+    """What the pod watch records of these objects, in the order delivered."""
+    into = {} if into is None else into
+    for p in pods:
+        watch_pod(into, p)
+    return into
+
+
+def test_a_pod_recreated_before_the_first_tick_is_counted():
+    watched = watch(pod(ACTOR, "a1", restarts=1), pod(ACTOR, "a1", deleting=True, restarts=1), pod(ACTOR, "a2"))
+    status, ledger = tick({}, [pod(ACTOR, "a2")], watched=watched)
+    assert ledger.recreated == [ACTOR]
+    assert status["restartsByRole"]["actor"] == {"containers": 1, "pods": 1}
+    status, ledger = tick(status, [pod(ACTOR, "a1", deleting=True), pod(ACTOR, "a2")], watched=watched)
+    assert not ledger.recreated and status["restartsByRole"]["actor"] == {"containers": 1, "pods": 1}
+
+
+def test_every_recreation_between_two_ticks_is_counted_with_its_restarts():
+    watched = watch(pod(LEARNER, "l1", role="learner"))
+    status, _ = tick({}, [pod(LEARNER, "l1", role="learner")], watched=watched)
+    # l1 restarts twice more after the tick, then is replaced by l2 (restarted once), then by l3
+    watch(pod(LEARNER, "l1", restarts=2, role="learner"), pod(LEARNER, "l2", restarts=1, role="learner"),
+          pod(LEARNER, "l3", role="learner"), into=watched)
+    status, ledger = tick(status, [pod(LEARNER, "l3", role="learner")], watched=watched)
+    assert status["restartsByRole"]["learner"] == {"containers": 3, "pods": 2}
+    assert ledger.total == 3
+    status, ledger = tick(status, [pod(LEARNER, "l2", role="learner", deleting=True),
+                                   pod(LEARNER, "l3", role="learner")], watched=watched)
+    assert not ledger.recreated and status["restartsByRole"]["learner"] == {"containers": 3, "pods": 2}
+
+
+def test_a_deleted_namesake_jobs_pods_are_not_this_jobs():
+    old = pod(ACTOR, "old", restarts=4, created="2026-11-26T23:59:00Z")
+    watched = watch(old, pod(ACTOR, "a1"))
+    status, ledger = tick({}, [pod(ACTOR, "a1")], watched=watched)
+    assert not ledger.recreated and status["restarts"] == 0
+
+
+def test_the_watch_record_keeps_a_few_uids_per_name():
+    watched = watch(*(pod(ACTOR, f"a{i}") for i in range(20)))
+    assert list(watched[ACTOR]) == [f"a{i}" for i in range(12, 20)]

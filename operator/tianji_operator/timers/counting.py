@@ -20,6 +20,7 @@ from .. import status as st
 from ..children import builders as b
 from ..context import JobMemory, Operator
 from .podreports import scrape_reports, terminated_reports
+from .restarts import watch_pod
 
 
 # ----------------------------------------------------------------- accounting
@@ -143,7 +144,10 @@ def on_pod_event(op: Operator, event: Mapping[str, Any], logger: kopf.Logger) ->
     if not job:
         return
     mem = op.jobs.get((meta.get("namespace") or "", job))
-    if mem is None or mem.acc is None:
+    if mem is None:
+        return  # not a job this operator reconciled (yet)
+    watch_pod(mem.watched, pod)
+    if mem.acc is None:
         return  # not counting this job yet: the monitor reads termination messages itself
     for rep in terminated_reports(pod, job):
         mem.take(rep)

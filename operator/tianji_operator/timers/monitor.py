@@ -139,7 +139,7 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods
     sets = await actor_sets(op, ns, name, topo.groups)
     expected = expected_pods(name, topo, sets, resolved.spec.evaluation.enabled)
     ledger = Ledger(status)
-    ledger.observe(pods, expected)
+    ledger.observe(pods, expected, mem.watched, _watch_since(body, mem))
     actors_back = [p for p in ledger.recreated if p.startswith(f"{name}-actor-")]
     if actors_back:  # learner/buffer pods: the operator's own re-creation posts the event
         kopf.warn(
@@ -154,6 +154,12 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods
     await _heal(op, body, resolved, pods, sets, status, logger)
     await reconcile_manual_scaling(op, body, resolved, sets, logger)
     await _write_running(op, body, resolved, pods, sets, acc, expected, now, waiting)
+
+
+def _watch_since(body: Any, mem: Any) -> str:
+    """Pods the watch saw that were created before this are not the job's to count: a deleted
+    namesake job's, or those a suspend or resume replaced."""
+    return max(str(body["metadata"].get("creationTimestamp") or ""), mem.watch_since)
 
 
 def _role_pods(pods: list[dict], *roles: str) -> list[dict]:
@@ -392,7 +398,7 @@ async def _write_running(
         if cur.get("phase") == st.SUSPENDED:
             return None  # suspended meanwhile
         ledger = Ledger(cur)  # from the status this write is computed from: nothing counted twice
-        ledger.observe(pods, expected)
+        ledger.observe(pods, expected, mem.watched, _watch_since(body, mem))
         fields: dict[str, Any] = {
             "groups": groups,
             "actors": actors,

@@ -20,6 +20,14 @@ object (being deleted) after the new one under the same name: a uid once replace
 from a tick is forgotten only when the job no longer expects it (actors scaled away), so that
 one gone for a moment (deleted, not made again yet) is still known when its successor comes.
 
+Between two ticks (or before the first) a pod can be deleted and made again, even several
+times: the pod watch records every uid it delivers under each name (`watch_pod`, kept in the
+operator's memory of the job), and a tick charges each uid that came before the current one and
+was never counted, with the container restarts the watch saw it reach. Pods created before the
+job was (a deleted namesake job's) are not its own. After an operator restart the watch's record
+starts empty: a re-creation between the last tick of the old operator and the first of the new
+one is still counted by uid; only intermediate uids in that gap are not.
+
 The ledger is reset (podsSeen {}) when a job is suspended or resumed: pods deleted and made
 again by the operator's own hand are not disruptions.
 """
@@ -27,13 +35,16 @@ again by the operator's own hand are not disruptions.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from tianji.control.contracts.addressing import actor_set_name, pod_name
 
 from ..children import builders as b
 
 ROLES = ("learner", "buffer", "actor", "evaluator")
+WATCHED_PER_NAME = 8  # uids the watch's record keeps per pod name
+BEFORE_KEPT = 4  # replaced uids kept per pod in podsSeen (their late events are no re-creation)
 
 
 def _restart_count(pod: dict) -> int:
@@ -72,9 +83,17 @@ class Ledger:
         self.last = ""
         self.recreated: list[str] = []  # pod names seen under a new uid this tick
 
-    def observe(self, pods: list[dict], expected: set[str]) -> None:
-        """Charge what is new in `pods`; forget pods that are neither there nor expected (actors
-        scaled away), so that a later scale-up is not a re-creation."""
+    def observe(
+        self,
+        pods: list[dict],
+        expected: set[str],
+        watched: Optional[Mapping[str, Mapping[str, dict]]] = None,
+        since: Optional[str] = None,
+    ) -> None:
+        """Charge what is new in `pods`, and the uids the watch saw come and go under their names
+        (`watched`, from `watch_pod`; those created before `since`, the job's creationTimestamp,
+        are not the job's); forget pods that are neither there nor expected (actors scaled
+        away), so that a later scale-up is not a re-creation."""
         last_n = -1
         for p in pods:
             meta = p["metadata"]
@@ -83,24 +102,21 @@ class Ledger:
             if role not in ROLES:
                 continue
             n, prev = _restart_count(p), self.seen.get(name)
-            held = 0
             if prev is not None and uid in (prev.get("before") or ()):
                 continue  # the replaced object's last events, delivered after its successor's
-            if prev is None:
+            gone, gone_restarts = _between((watched or {}).get(name) or {}, uid, prev, since)
+            held = 0
+            if prev is None and not gone:
                 new = 0 if self.legacy else n
-            elif prev.get("uid") != uid:
-                self.by_role[role]["pods"] += 1
+            elif prev is None or prev.get("uid") != uid:
+                replaced = len(gone) + (prev is not None)
+                self.by_role[role]["pods"] += replaced
                 self.recreated.append(name)
-                new = n
+                new = n + gone_restarts
             else:
                 held = int(prev.get("restarts") or 0)
                 new = max(0, n - held)
-            entry = {"uid": uid, "restarts": max(n, held)}
-            if prev is not None and prev.get("uid") != uid:
-                entry["before"] = [prev.get("uid")]  # the one replaced: its late events are no re-creation
-            elif prev is not None and prev.get("before"):
-                entry["before"] = prev["before"]
-            self.seen[name] = entry
+            self.seen[name] = _entry(uid, max(n, held), prev, gone)
             if new:
                 self.total += new
                 self.by_role[role]["containers"] += new
@@ -137,3 +153,47 @@ def expected_pods(name: str, topology: Any, sets: dict[int, Any], evaluator: boo
     if evaluator:
         out.add(pod_name(name, "evaluator", 0, 0))
     return out
+
+
+def _entry(uid: str, restarts: int, prev: Optional[dict], gone: list[str]) -> dict:
+    """podsSeen's record of a pod: its uid, the restarts counted, the uids it replaced."""
+    before = list((prev or {}).get("before") or [])
+    if prev is not None and prev.get("uid") != uid:
+        before.append(prev.get("uid"))
+    before += [u for u in gone if u not in before]
+    entry = {"uid": uid, "restarts": restarts}
+    if before:
+        entry["before"] = before[-BEFORE_KEPT:]
+    return entry
+
+
+def _between(seen: Mapping[str, dict], uid: str, prev: Optional[dict], since: Optional[str]) -> tuple[list[str], int]:
+    """The uids the watch delivered under this name before `uid` that podsSeen does not hold
+    (made and replaced between two ticks), and the container restarts not counted yet: theirs,
+    and those the watch saw the held one (`prev`, replaced since) reach beyond its count."""
+    prev = prev or {}
+    known = {prev.get("uid"), *(prev.get("before") or ())}
+    gone, restarts = [], 0
+    for u, e in seen.items():
+        if u == uid:
+            break
+        if u == prev.get("uid"):
+            restarts += max(0, int(e.get("restarts") or 0) - int(prev.get("restarts") or 0))
+        elif u not in known and (since is None or str(e.get("created") or "") >= since):
+            gone.append(u)
+            restarts += int(e.get("restarts") or 0)
+    return gone, restarts
+
+
+def watch_pod(watched: dict[str, dict[str, dict]], pod: Mapping[str, Any]) -> None:
+    """Record what the pod watch delivered: the uid under its name (in order of first sight),
+    when it was created and the most container restarts seen of it."""
+    meta = pod.get("metadata") or {}
+    name, uid = meta.get("name"), meta.get("uid")
+    if not name or not uid:
+        return
+    seen = watched.setdefault(name, {})
+    e = seen.setdefault(uid, {"created": meta.get("creationTimestamp") or "", "restarts": 0})
+    e["restarts"] = max(int(e["restarts"]), _restart_count(dict(pod)))
+    while len(seen) > WATCHED_PER_NAME:
+        del seen[next(iter(seen))]
