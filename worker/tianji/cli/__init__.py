@@ -1,4 +1,4 @@
-"""`tianji` command line: run, check, worker, plan, profile, eval, plot, dashboard, crd.
+"""`tianji` command line: run, check, worker, plan, profile, eval, confirm, plot, dashboard, crd.
 
 Each sub-command lives in its own module; this file only parses arguments
 and maps SpecError (bad input) to exit code 2 with a one-line message.
@@ -51,6 +51,12 @@ def _eval(a: argparse.Namespace) -> int:
     from tianji.cli.evaluate import eval_command
 
     return eval_command(a)
+
+
+def _confirm(a: argparse.Namespace) -> int:
+    from tianji.cli.confirm import confirm_command
+
+    return confirm_command(a)
 
 
 def _plot(a: argparse.Namespace) -> int:
@@ -183,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DQN: probability of a random action (default 0.05, Mnih et al. 2015); PPO: default 0")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=_eval)
+
+    from tianji.cli.confirm import add_arguments as confirm_arguments
+
+    cf = sub.add_parser("confirm", help="download a learner's checkpoint, check its SHA-256 and evaluate it as "
+                                        "`tianji run` confirms a target (the operator's confirming evaluation pod)")
+    confirm_arguments(cf)
+    cf.set_defaults(fn=_confirm)
 
     pt = sub.add_parser("plot", help="PNG of a run: return vs time and frames, throughput by role")
     pt.add_argument("run_dir")

@@ -192,6 +192,12 @@ def sealed_copy(path: Path, sha256: Optional[str]) -> Optional[int]:
         raise ValueError(f"{path.name} is not the file learner-0-0 wrote (its SHA-256 differs): not evaluated")
     if sha256 is None:
         print(f"tianji: learner-0-0 reported no digest of {path.name}; evaluating the file as it is", file=sys.stderr)
+    return sealed_bytes(data)
+
+
+def sealed_bytes(data: bytes) -> Optional[int]:
+    """A sealed memfd (close-on-exec) holding `data`, read from its start: no one can write, grow or
+    shrink it. None where there is no memfd. `sealed_copy` and `tianji confirm` (cli/confirm.py) use it."""
     if not hasattr(os, "memfd_create"):
         return None
     import fcntl
@@ -227,6 +233,16 @@ def _result(out: bytes, code: int) -> dict:
     return res
 
 
+def isolate() -> None:
+    """Make this process non-inspectable by the user's other processes before it loads anything
+    (runtime/security.forbid_inspection), and refuse to go on under a debugger attached before
+    that (KeyError_): the confirming evaluation's first step, here and in `tianji confirm`."""
+    from tianji.runtime import security
+
+    if security.forbid_inspection():
+        security.untraced()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """The confirming evaluation's own process: not inspectable by the run's other processes
     (runtime/security.forbid_inspection, and no debugger attached before that), then
@@ -238,10 +254,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--epsilon", type=float, default=None)
     p.add_argument("--step-cap", type=int, default=None, help="cut an episode after this many steps")
     a = p.parse_args(argv)
-    from tianji.runtime import security
-
-    if security.forbid_inspection():
-        security.untraced()
+    isolate()
     from tianji.runtime.evaluation import evaluate
 
     print(json.dumps(evaluate(Path(a.checkpoint), a.episodes, a.seed, a.epsilon, step_cap=a.step_cap)))

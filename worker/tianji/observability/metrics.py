@@ -4,7 +4,8 @@ Each process owns a registry labelled job/role/group/index, and plain mirrors of
 the same numbers (`snapshot()`) that go into its report (tianji.control.contracts.rolereport).
 `serve()` answers on one port: /metrics (Prometheus text) and /report (the report,
 JSON; what the operator counts), so Prometheus and the operator read one process
-the same way the local launcher does.
+the same way the local launcher does. A learner's also serves /checkpoint/<name>, its saved
+checkpoints, which the operator's confirming evaluation (`tianji confirm`) downloads.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tianji.control.contracts.rolereport import (
 
 PREFIX = "tianji_"
 LABELS = ("job", "role", "group", "index")
+CHECKPOINT_PATH = "/checkpoint/"  # a learner's checkpoints, for the operator's confirming evaluation
 
 
 def metric_names() -> set[str]:
@@ -135,15 +137,19 @@ class RoleMetrics:
                 "gauges": dict(self.gauges), "lag": {**self.lag, "hist": list(self.lag["hist"])}}
 
     def serve(self, port: int, addr: str = "0.0.0.0", report: Optional[Callable[[], bytes]] = None,
-              fabric: Optional[str] = None) -> ThreadingHTTPServer:
-        return serve_registry(self.registry, port, addr, report, fabric)
+              fabric: Optional[str] = None,
+              checkpoint: Optional[Callable[[str], Optional[bytes]]] = None) -> ThreadingHTTPServer:
+        return serve_registry(self.registry, port, addr, report, fabric, checkpoint)
 
 
 def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
-                   report: Optional[Callable[[], bytes]] = None, fabric: Optional[str] = None) -> ThreadingHTTPServer:
+                   report: Optional[Callable[[], bytes]] = None, fabric: Optional[str] = None,
+                   checkpoint: Optional[Callable[[str], Optional[bytes]]] = None) -> ThreadingHTTPServer:
     """/metrics and /report (JSON bytes from `report()`, which must be safe to call from
     the server's thread) on addr:port, in a daemon thread; with `fabric` (an address) also
-    /fabric, where peers learn where this process's data sockets are (tianji.control.contracts.fabric)."""
+    /fabric, where peers learn where this process's data sockets are (tianji.control.contracts.fabric);
+    with `checkpoint` (a learner's) also /checkpoint/<name>: the bytes `checkpoint(name)` returns
+    (the raw name, not URL-decoded), 404 where it returns None."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -154,6 +160,11 @@ def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0"
                 body, ctype = report(), "application/json"
             elif path == FABRIC_PATH and fabric is not None:
                 body, ctype = fabric_reply(fabric), "application/json"
+            elif path.startswith(CHECKPOINT_PATH) and checkpoint is not None:
+                body, ctype = checkpoint(path[len(CHECKPOINT_PATH):]), "application/octet-stream"
+                if body is None:
+                    self.send_error(404)
+                    return
             else:
                 self.send_error(404)
                 return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,6 +44,25 @@ def save(directory: str | Path, version: int, state: dict[str, Any], keep: int) 
     for old in list_checkpoints(d)[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def read_named(directory: Optional[str | Path], name: str) -> Optional[bytes]:
+    """The bytes of checkpoint `name` in `directory`, or None: a name that is not exactly
+    `ckpt-<12 digits>.pt` (so no path, no `..`), no directory, or no regular file of that name
+    (a symbolic link is not followed). What a learner serves at GET /checkpoint/<name>."""
+    if directory is None or not PATTERN.fullmatch(name):
+        return None
+    try:
+        fd = os.open(Path(directory) / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            return f.read()
+        except OSError:
+            return None
 
 
 def remove_temp_files(directory: str | Path) -> list[Path]:

@@ -90,8 +90,9 @@ def run_worker(a: argparse.Namespace) -> int:
         addrs = dataclasses.replace(addrs, bind_host=fabric, fabric_metrics_port=job.spec.network.metrics_port)
     role = cls(job, a.group, index, addrs, report=a.report, run_dir=a.run_dir or os.environ.get(ENV_STATE_DIR))
     if a.metrics_port:
+        # a learner also serves its checkpoints (the operator's confirming evaluation downloads one)
         role.metrics.serve(a.metrics_port, os.environ.get(ENV_POD_IP) or "0.0.0.0", report=role.report_json,
-                           fabric=fabric)
+                           fabric=fabric, checkpoint=role.checkpoint_bytes if isinstance(role, Learner) else None)
     try:
         return role.run()
     except Exception:
