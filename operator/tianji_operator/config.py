@@ -85,6 +85,12 @@ class OperatorConfig:
             self.worker_defaults = _pod_overlay(self.worker_defaults)
         parse_port_range(self.host_port_range)  # a bad chart value stops the operator at start
 
+    @property
+    def confirm_command(self) -> list[str]:
+        """`tianji confirm` from the same installation as the workers' `tianji worker`."""
+        wc = list(self.worker_command)
+        return wc[:-1] + ["confirm"] if wc and wc[-1] == "worker" else ["tianji", "confirm"]
+
     def load_profile(self):
         """The planner profile, or None for the planner's built-in estimates."""
         if not self.profile_path:

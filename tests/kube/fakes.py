@@ -112,8 +112,10 @@ class FakePodMetrics:
 
 def worker_report(job: str, role: str, group: int, index: int, *, seq: int = 1, incarnation: str = "inc0",
                   episodes: list[float] = (), episodes_total: int | None = None, final: bool = False,
-                  version: int = 0, **counts: float) -> dict:
-    """A role's report as a worker builds it (RoleMetrics + build_report), with these counts."""
+                  version: int = 0, checkpoint: str | None = None, **counts: float) -> dict:
+    """A role's report as a worker builds it (RoleMetrics + build_report), with these counts. A
+    learner past version 0 reports its checkpoint at that version (and a digest), as one that
+    checkpoints every version would; `checkpoint=""` reports none."""
     from tianji.control.contracts.rolereport import build_report
     from tianji.observability.metrics import RoleMetrics
 
@@ -126,4 +128,9 @@ def worker_report(job: str, role: str, group: int, index: int, *, seq: int = 1, 
                         time=1_800_000_000.0 + seq, final=final, snapshot=m.snapshot(),
                         episodes_total=len(eps) if episodes_total is None else episodes_total,
                         recent=[(1_800_000_000.0 + seq + i * 1e-3, r) for i, r in enumerate(eps)],
-                        extra={"version": version} if role == "learner" else {})
+                        extra=_learner_extra(version, checkpoint) if role == "learner" else {})
+
+
+def _learner_extra(version: int, checkpoint: str | None) -> dict:
+    name = f"ckpt-{version:012d}.pt" if checkpoint is None and version > 0 else checkpoint
+    return {"version": version, **({"checkpoint": name, "checkpoint_sha256": "ab" * 32} if name else {})}

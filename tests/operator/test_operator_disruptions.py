@@ -194,6 +194,33 @@ async def test_an_untrained_learner_does_not_back_a_target(env):
     await eventually(lambda: status(kube).get("phase") == "Succeeded", what="phase Succeeded")
 
 
+async def test_a_target_is_reached_only_when_the_saved_policy_meets_it(env):
+    """The actors' returns only trigger the confirming evaluation: a pod of its own plays
+    learner-0-0's checkpoint (fetched from its metrics port, digest from its report). One that
+    evaluates below the target keeps the job running; the next check waits for a newer policy."""
+    kube, clock, op, pods = env
+    kube.confirm_answer = {"mean_return": 281.6, "std_return": 1.0, "mean_length": 281.6, "episodes": 100}
+    serve(pods, 1, [500.0] * 100, learner_report(1, 23))
+    await job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}})
+    clock.advance(1)
+    await eventually(lambda: (status(kube).get("targetCheck") or {}).get("count") == 1, what="a first check")
+    args = kube.confirmed[0]
+    assert args[args.index("--url") + 1] == f"http://{IPS[LEARNER]}:{pods.port}/checkpoint/ckpt-000000000023.pt"
+    assert args[args.index("--sha256") + 1] == "ab" * 32 and args[args.index("--episodes") + 1] == "100"
+    assert status(kube)["targetCheck"]["last"]["mean_return"] == 281.6
+    await ticks(op, 3)
+    assert status(kube)["phase"] == "Running" and len(kube.confirmed) == 1  # not again on the same policy
+    assert [e for e in kube.live("v1/events") if e.get("reason") == "TargetNotConfirmed"]
+    kube.confirm_answer = {"mean_return": 500.0, "std_return": 0.0, "mean_length": 500.0, "episodes": 100}
+    serve(pods, 2, [500.0] * 100, learner_report(2, 24))
+    clock.advance(11)  # past RETRY_S
+    await eventually(lambda: status(kube).get("phase") == "Succeeded", what="phase Succeeded")
+    st_ = status(kube)
+    assert st_["targetEvaluation"]["checkpoint"] == "ckpt-000000000024.pt"
+    assert st_["targetEvaluation"]["mean_return"] == 500.0 and st_["targetCheck"]["count"] == 2
+    assert "confirmed: ckpt-000000000024.pt" in cond(kube, "TargetReached")["message"]
+
+
 # ----------------------------------------------------------------- 2. after the end
 async def test_pods_running_after_the_end_do_not_change_its_numbers(env):
     """cleanPodPolicy None keeps the pods: what they (or a pod made again) count after the end is

@@ -28,6 +28,7 @@ from tianji.control.contracts.curvekeys import keypair
 from tianji.control.contracts.launch import (
     CONFIG_DIR,
     CURVE_FILE,
+    ENV_TERMINATION_LOG,
     JOB_FILE,
     KEYED_ROLES,
     SCRATCH_DIR,
@@ -54,6 +55,7 @@ CONTAINER = "worker"
 WORKER_UID = 10001
 
 POD_ROLES = ("learner", "buffer", "evaluator")  # roles of single pods (actors: StatefulSets)
+CONFIRM_ROLE = "confirm"  # the confirming evaluation's pod (timers/confirm.py): no worker, no reports
 ROLE_PORTS = {  # container ports per role (offsets from spec.network.basePort)
     "buffer": ("fragments", "credits"),
     "learner": ("batches", "params"),
@@ -64,6 +66,10 @@ ROLE_PORTS = {  # container ports per role (offsets from spec.network.basePort)
 
 def configmap_name(job: str) -> str:
     return f"{job}-job"
+
+
+def confirm_pod_name(job: str) -> str:
+    return f"{job}-confirm"
 
 
 def networkpolicy_name(job: str) -> str:
@@ -488,6 +494,48 @@ def curve_secrets(job: TianJiJob) -> list[dict]:
         }
         for role, (public, secret) in pairs.items()
     ]
+
+
+def confirm_pod(job: TianJiJob, command: list[str], args: list[str], defaults: Optional[PodOverlay] = None) -> dict:
+    """The confirming evaluation's pod (`tianji confirm ARGS`, timers/confirm.py): it fetches
+    learner-0-0's checkpoint, checks its digest and plays it; its answer is its termination
+    message. Runs once (restartPolicy Never), nothing mounted but scratch space, placed and
+    sized as an actor (it runs the env and the policy, as actors do)."""
+    container = {
+        "name": CONTAINER,
+        "image": job.spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "args": args,
+        "env": [
+            {"name": "OMP_NUM_THREADS", "value": "1"},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": "HOME", "value": SCRATCH_DIR},
+            {"name": "TMPDIR", "value": SCRATCH_DIR},
+            {"name": ENV_TERMINATION_LOG, "value": TERMINATION_LOG},
+        ],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "resources": _resources(job, "actor"),
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}],
+        "securityContext": container_security_context(job),
+    }
+    spec: dict = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+    }
+    scheduling(job, "actor", spec, container, defaults)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, confirm_pod_name(job.name), labels(job.name, CONFIRM_ROLE)),
+        "spec": spec,
+    }
 
 
 def role_pod(

@@ -30,6 +30,7 @@ from ..children.lifecycle import (
 )
 from ..context import Operator, actor_sets, adopt, current_spec, manifest_of, read_applied, run_policy_of, update_status
 from ..kube import ApiError
+from .confirm import confirm_pods, confirm_target, describe, passed_fields
 from .counting import count_reports, counted_fields, elapsed_since_start, final_counted_fields, learners_behind
 from .nodelost import release as release_lost_pods
 from .outcome import target_outcome
@@ -102,6 +103,7 @@ async def _expire(op: Operator, body: Any, status: dict, now: float, logger: kop
 async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods: list[dict]) -> None:
     """One tick for one job; `pods`: the job's pods as the watch last saw them (an index)."""
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
+    pods, check_pod = confirm_pods(pods)  # the confirming evaluation's pod is no worker: no reports
     # The live object, not the timer's copy: that may predate the end (or a suspension), and a
     # tick acting on it would heal or scale the children of a job that is over.
     body = await op.kube.get("TianJiJob", ns, name)
@@ -131,6 +133,8 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods
         pods = [p for p in pods if p["metadata"]["name"] not in gone]
         mem.node_lost = "; ".join(lost)
     if status.get("phase") in st.TERMINAL:
+        if check_pod is not None:  # the job ended another way meanwhile: its check is moot
+            await op.kube.delete("Pod", ns, check_pod["metadata"]["name"])
         return await _after_end(op, body, resolved, pods, acc, now)
     rp = run_policy_of(body, resolved)
     if rp.suspend or status.get("phase") == st.SUSPENDED:
@@ -147,7 +151,7 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods
             reason="Recreated",
             message=("Pod/" + ", Pod/".join(actors_back) + " (re-created by its StatefulSet)")[:900],
         )
-    ended, waiting = await _decide_end(op, body, resolved, pods, acc, live, ledger, rp, status, now)
+    ended, waiting = await _decide_end(op, body, resolved, pods, check_pod, acc, live, ledger, rp, status, now)
     if ended:
         return
     await _restart_stopped(op, body, pods, logger)
@@ -175,6 +179,7 @@ async def _decide_end(
     body: Any,
     resolved: Any,
     pods: list[dict],
+    check_pod: Optional[dict],
     acc: Any,
     live: list,
     ledger: Ledger,
@@ -185,7 +190,8 @@ async def _decide_end(
     """End the job if it must: (ended, why the stop rule holds but the job goes on).
 
     Success is the stop rule only (as `tianji run`), backed by the learners' own live reports
-    (counting.learners_behind). A learner or buffer pod that exited 0 or is being deleted is
+    (counting.learners_behind) and, for the target, by the saved policy's confirming evaluation
+    (confirm.py: the actors' returns only trigger it). A learner or buffer pod that exited 0 or is being deleted is
     never "completed" (a worker stops with exit 0 on SIGTERM: a deletion, an eviction, a node
     shutdown) and a deleted pod that fails while it stops is no failure of the job."""
     topo = resolved.spec.topology
@@ -202,8 +208,17 @@ async def _decide_end(
             # stop.seconds is a budget: it ends the job whatever the learners hold
             behind = [] if why == "seconds" else learners_behind(acc, live, topo, trained=why == "target")
             reason = rule.message(why, acc, elapsed)
+            confirmed: dict = {}
+            if not behind and why == "target":
+                check, behind_check = await confirm_target(op, body, resolved, pods, check_pod, acc, live, now)
+                if check is None:
+                    behind = [behind_check]
+                else:
+                    confirmed = passed_fields(body, check)
             if not behind:
                 end, met, how = target_outcome(why, rule, acc, elapsed)
+                if confirmed:
+                    how += describe(confirmed["targetEvaluation"])
                 await finish(
                     op,
                     body,
@@ -214,7 +229,7 @@ async def _decide_end(
                     "StopConditionReached",
                     reason,
                     now,
-                    extra={**ledger.fields(), "endReason": end},
+                    extra={**ledger.fields(), "endReason": end, **confirmed},
                     conditions=(
                         st.condition(
                             "TargetReached",

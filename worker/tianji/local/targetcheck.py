@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,16 +31,19 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
+# Shared with the operator's check (one contract: episodes, seed, step cap, how an answer is read).
+from tianji.control.contracts.confirm import (
+    CHECKPOINT_WAIT_S,
+    CKPT,
+    EVAL_TIMEOUT_S,
+    MIN_STEP_CAP,
+    RETRY_S,
+    SEED,
+    STEP_CAP_FACTOR,
+    parse_result,
+)
 from tianji.control.contracts.rolereport import WINDOW
 
-CHECKPOINT_WAIT_S = 120.0  # a learner in a long update (Pong on a busy box) takes a while to save
-EVAL_TIMEOUT_S = 1800.0
-RETRY_S = 10.0
-# An evaluated episode is cut at this many times the actors' mean episode length (at least
-# MIN_STEP_CAP steps): a greedy policy can loop forever where the env has no time limit.
-STEP_CAP_FACTOR, MIN_STEP_CAP = 20, 1000
-SEED = 2 ** 31 + 7_777_777  # apart from actors' (env.seed + < 1.1e7) and the evaluator's (2^31 + blocks of envs)
-CKPT = re.compile(r"^ckpt-(\d{12})\.pt$")
 LEARNER = ("learner", 0, 0)
 
 
@@ -218,19 +219,11 @@ def sealed_bytes(data: bytes) -> Optional[int]:
 
 def _result(out: bytes, code: int) -> dict:
     """The evaluation's answer, checked (it is JSON, parsed as data: never unpickled)."""
-    if code != 0:
-        raise ValueError(f"exit code {code}")
     try:
-        res = json.loads(out.decode().strip().splitlines()[-1])
-    except (UnicodeDecodeError, IndexError, ValueError) as e:
+        text = out.decode()
+    except UnicodeDecodeError as e:
         raise ValueError(f"no JSON result ({e})") from None
-    for k in ("mean_return", "std_return", "mean_length"):
-        if not isinstance(res.get(k), (int, float)) or not math.isfinite(res[k]):
-            raise ValueError(f"{k} {res.get(k)!r}")
-    for k in ("episodes", "policy_version"):
-        if type(res.get(k)) is not int or res[k] < 0:
-            raise ValueError(f"{k} {res.get(k)!r}")
-    return res
+    return parse_result(text, code)
 
 
 def isolate() -> None:

@@ -353,6 +353,16 @@ def status_schema() -> dict:
     records (the plan, the accounting state, autoscaler decisions) keep unknown fields."""
     num = {"type": "number"}
     count = {"type": "integer", "minimum": 0}
+    evaluation = {  # one confirming evaluation (tianji.control.contracts.confirm)
+        "checkpoint": {"type": "string"},
+        "policy_version": count,
+        "episodes": count,
+        "mean_return": {"type": "number"},
+        "std_return": {"type": "number"},
+        "mean_length": {"type": "number"},
+        "seed": {"type": "integer"},
+        "t": {"type": "number"},
+    }
     opaque = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     cond = {
         "type": "object",
@@ -461,6 +471,29 @@ def status_schema() -> dict:
                         "before": {"type": "array", "items": {"type": "string"}},
                     },
                 },
+            },
+            "targetCheck": {
+                "type": "object",
+                "description": "the confirming evaluation of the saved policy (a target is reached only "
+                "when it meets stop.meanReturn): stage, the learner's version at the trigger, the checkpoint "
+                "under evaluation, how many checks were made and the last answer",
+                "properties": {
+                    "stage": {"type": "string"},
+                    "version": count,
+                    "retryVersion": {"type": "integer"},
+                    "retryAt": {"type": "string", "format": "date-time"},
+                    "since": {"type": "string", "format": "date-time"},
+                    "checkpoint": {"type": "string"},
+                    "checkpointVersion": count,
+                    "sha256": {"type": "string"},
+                    "count": count,
+                    "last": {"type": "object", "properties": {**evaluation, "error": {"type": "string"}}},
+                },
+            },
+            "targetEvaluation": {
+                "type": "object",
+                "description": "the evaluation that confirmed the target (summary.json target_evaluation)",
+                "properties": evaluation,
             },
             "model": {
                 "type": "array",
