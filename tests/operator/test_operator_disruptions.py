@@ -221,6 +221,20 @@ async def test_a_target_is_reached_only_when_the_saved_policy_meets_it(env):
     assert "confirmed: ckpt-000000000024.pt" in cond(kube, "TargetReached")["message"]
 
 
+async def test_a_confirm_pod_no_check_holds_is_replaced(env):
+    """An operator stopped between creating the confirm pod and writing that it did: the next
+    one finds a confirm pod its status does not hold, deletes it and checks afresh."""
+    kube, clock, op, pods = env
+    serve(pods, 1, [500.0] * 100, learner_report(1, 5))
+    await kube.put_object("v1/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "cartpole-confirm", "namespace": NAMESPACE,
+        "labels": {"tianji.dev/job": "cartpole", "tianji.dev/role": "confirm"}}})
+    await job_with_report_pods(kube, pods, IPS, {"stop": {"meanReturn": 475}})
+    clock.advance(1)
+    await eventually(lambda: status(kube).get("phase") == "Succeeded", what="phase Succeeded")
+    assert status(kube)["targetEvaluation"]["checkpoint"] == "ckpt-000000000005.pt"
+
+
 # ----------------------------------------------------------------- 2. after the end
 async def test_pods_running_after_the_end_do_not_change_its_numbers(env):
     """cleanPodPolicy None keeps the pods: what they (or a pod made again) count after the end is

@@ -60,6 +60,9 @@ async def confirm_target(
     tc = dict(status.get("targetCheck") or {})
     if tc.get("stage") == "evaluating":
         return await _evaluating(op, body, resolved, pod, tc, now)
+    if pod is not None:  # one no check holds (its stage was never written: an operator stopped between)
+        await op.kube.delete("Pod", body["metadata"].get("namespace"), pod["metadata"]["name"])
+        return None, "confirming the target: an earlier evaluation's pod is going away"
     if now < (st.parse_iso(tc.get("retryAt")) or 0.0):
         return None, f"confirming the target: the last check did not ({_last(tc)}); the next in a few seconds"
     rep = next((r for r in live if r.key == LEARNER and not r.final), None)
