@@ -2,6 +2,7 @@
 not read as a hung process. On a loaded 2-core box a Pong PPO update (4 epochs of a Nature CNN)
 outlasted the launcher's 30 s heartbeat timeout, so the learner was killed before its first
 version, again and again; once it trained, actors paced to it were killed while resting."""
+import contextlib
 import time
 
 import numpy as np
@@ -100,9 +101,9 @@ def test_a_learner_reports_during_a_long_update(tmp_path, monkeypatch):
         ctx.destroy(linger=0)
 
 
-def test_an_actor_resting_for_pacing_keeps_reporting(tmp_path, monkeypatch):
-    """Paced to a slow learner, an actor's rest after one fragment can be longer than the heartbeat
-    timeout (Pong at load 10: actors were restarted as hung)."""
+@contextlib.contextmanager
+def example_actor(tmp_path, monkeypatch):
+    """actor-0-0 of the example job, set up, its reports to the test's socket: (job, actor, reports)."""
     from tianji.runtime.roles.actor import Actor
 
     job = load_job(EXAMPLES / "cartpole-ppo.yaml")
@@ -111,6 +112,17 @@ def test_an_actor_resting_for_pacing_keeps_reporting(tmp_path, monkeypatch):
     ctx, reports = _report_to_test(actor, tmp_path)
     try:
         actor.setup()
+        yield job, actor, reports
+    finally:
+        actor.teardown()
+        actor.ctx.destroy(linger=0)
+        ctx.destroy(linger=0)
+
+
+def test_an_actor_resting_for_pacing_keeps_reporting(tmp_path, monkeypatch):
+    """Paced to a slow learner, an actor's rest after one fragment can be longer than the heartbeat
+    timeout (Pong at load 10: actors were restarted as hung)."""
+    with example_actor(tmp_path, monkeypatch) as (job, actor, reports):
         actor._last_report = time.monotonic()
         actor.pacer.set_rate(1.0)  # one frame a second: a fragment of 128 frames is owed for 128 s
         actor.pacer.add(128)
@@ -119,10 +131,6 @@ def test_an_actor_resting_for_pacing_keeps_reporting(tmp_path, monkeypatch):
         while reports.poll(200):
             seen.append(parse_report(decode(reports.recv_multipart(), job=job.name).meta, job.name))
         assert len(seen) >= 2, seen
-    finally:
-        actor.teardown()
-        actor.ctx.destroy(linger=0)
-        ctx.destroy(linger=0)
 
 
 def test_the_lr_anneals_over_frames_trained_on_not_frames_received(tmp_path, monkeypatch):
@@ -160,14 +168,7 @@ def test_a_fragment_its_buffer_refused_spends_the_version_quota(tmp_path, monkey
     actor produces is spent against its version's share all the same, so while no new version
     comes it rests instead of free-running at the token bucket's rate (3.4x the frames, all dropped,
     in a cluster test)."""
-    from tianji.runtime.roles.actor import Actor
-
-    job = load_job(EXAMPLES / "cartpole-ppo.yaml")
-    own_keyring(tmp_path, monkeypatch, "actor-0-0")
-    actor = Actor(job, 0, 0, Addresses(job.name, run_dir=tmp_path), report=None, run_dir=str(tmp_path))
-    ctx, _ = _report_to_test(actor, tmp_path)
-    try:
-        actor.setup()
+    with example_actor(tmp_path, monkeypatch) as (_, actor, _):
         actor.pacer.set_rate(None)  # no token bucket: only the quota holds the actor back
         frag = actor.rollout.n * actor.rollout.T
         for _ in range(64):  # fill the queue to the buffer that is not there
@@ -181,10 +182,6 @@ def test_a_fragment_its_buffer_refused_spends_the_version_quota(tmp_path, monkey
             actor.step()
         produced = actor.metrics.counts["env_frames_total"] - before
         assert produced == actor.quota.share * frag, (produced, actor.quota.share, frag)
-    finally:
-        actor.teardown()
-        actor.ctx.destroy(linger=0)
-        ctx.destroy(linger=0)
 
 
 def test_a_learner_checkpoints_every_interval_versions_as_well_as_by_time(tmp_path, monkeypatch):
