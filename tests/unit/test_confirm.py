@@ -16,32 +16,19 @@ from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, Thread
 from types import SimpleNamespace
 
 import pytest
-import torch
 from prometheus_client import CollectorRegistry
 
 from tianji.cli import build_parser
 from tianji.control.contracts.launch import ENV_TERMINATION_LOG
-from tianji.control.spec import dump_job, parse_job
 from tianji.observability.metrics import serve_registry
 from tianji.runtime import checkpoint
 from tianji.runtime.roles.learner import Learner
 
 
 @pytest.fixture
-def ckpt(tmp_path):
-    """A CartPole Q-network that always prefers "left", saved as a learner saves it (test_evaluate's)."""
-    from tianji.algos.models import build_model
-    from tianji.envs import probe_env
-
-    job = parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "cp"},
-                     "spec": {"algorithm": {"name": "dqn"}}})
-    model = build_model("dqn", job.spec.model, probe_env(job.spec.env), job.spec.env.seed)
-    head = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
-    with torch.no_grad():
-        head.weight.zero_()
-        head.bias.copy_(torch.tensor([1.0, 0.0]))
-    return checkpoint.save(tmp_path / "checkpoints" / "0-0", 7, {"model": model.state_dict(), "policy_version": 7,
-                                                                  "manifest": dump_job(job)}, keep=1)
+def ckpt(dqn_checkpoint):
+    """tests/unit/conftest.py's checkpoint, where a learner keeps it (checkpoints/0-0)."""
+    return dqn_checkpoint
 
 
 @pytest.fixture

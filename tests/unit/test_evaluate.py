@@ -8,8 +8,6 @@ import pytest
 import torch
 
 from tianji.cli import build_parser
-from tianji.control.spec import dump_job, parse_job
-from tianji.runtime import checkpoint
 from tianji.runtime.evaluation import DQN_EVAL_EPSILON, EpisodeQuota, eval_actions, evaluate
 
 
@@ -51,23 +49,6 @@ def test_epsilon_replaces_that_share_of_greedy_actions():
     off = (a != 2).mean()  # a random action is 2 a quarter of the time: 0.05 * 3/4 differ
     assert 0.03 < off < 0.045
     assert set(np.unique(a)) == {0, 1, 2, 3}
-
-
-@pytest.fixture
-def dqn_checkpoint(tmp_path):
-    """A CartPole Q-network that always prefers "left", saved as a learner saves it."""
-    from tianji.algos.models import build_model
-    from tianji.envs import probe_env
-
-    job = parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "cp"},
-                     "spec": {"algorithm": {"name": "dqn"}}})
-    model = build_model("dqn", job.spec.model, probe_env(job.spec.env), job.spec.env.seed)
-    head = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
-    with torch.no_grad():  # Q(s, left) = 1 > Q(s, right) = 0 everywhere: greedy always pushes left
-        head.weight.zero_()
-        head.bias.copy_(torch.tensor([1.0, 0.0]))
-    return checkpoint.save(tmp_path / "ckpt", 7, {"model": model.state_dict(), "policy_version": 7,
-                                                   "manifest": dump_job(job)}, keep=1)
 
 
 def test_eval_counts_episodes_per_env_and_acts_at_epsilon(dqn_checkpoint, capsys):
