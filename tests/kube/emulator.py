@@ -323,6 +323,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                                                                   "mean_length": 500.0, "episodes": 100},
                                                  init=False)
     confirmed: list = attrs.field(factory=list, init=False)  # the confirm pods' args, in order
+    confirm_meta: list = attrs.field(factory=list, init=False)  # and their metadata
 
     # ----------------------------------------------------------------- assertions
     @property
@@ -644,6 +645,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if "--url" not in args:
             return  # not the operator's (a test's own object)
         self.confirmed.append(args)
+        self.confirm_meta.append(copy.deepcopy(obj["metadata"]))
         if self.confirm_answer is None:
             return
         url = args[args.index("--url") + 1]

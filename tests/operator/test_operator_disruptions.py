@@ -205,6 +205,7 @@ async def test_a_target_is_reached_only_when_the_saved_policy_meets_it(env):
     clock.advance(1)
     await eventually(lambda: (status(kube).get("targetCheck") or {}).get("count") == 1, what="a first check")
     args = kube.confirmed[0]
+    assert kube.confirm_meta[0]["ownerReferences"][0]["kind"] == "TianJiJob"  # it goes with the job
     assert args[args.index("--url") + 1] == f"http://{IPS[LEARNER]}:{pods.port}/checkpoint/ckpt-000000000023.pt"
     assert args[args.index("--sha256") + 1] == "ab" * 32 and args[args.index("--episodes") + 1] == "100"
     assert status(kube)["targetCheck"]["last"]["mean_return"] == 281.6

@@ -28,7 +28,7 @@ from tianji.control.contracts.addressing import pod_name
 
 from .. import status as st
 from ..children import builders as b
-from ..context import Operator, update_status
+from ..context import Operator, adopt, update_status
 from ..kube import ApiError
 from .podreports import pod_port
 
@@ -78,12 +78,15 @@ async def confirm_target(
         return None, f"confirming the target: waiting for learner-0-0's checkpoint at version >= {need}"
     port = pod_port(learner, "metrics", _metrics_port(resolved))
     url = f"http://{learner['status']['podIP']}:{port}/checkpoint/{name}"
-    obj = b.confirm_pod(
-        resolved,
-        op.config.confirm_command,
-        contract.confirm_args(url, sha, resolved.spec, acc.mean_episode_length()),
-        op.config.worker_defaults,
-    )
+    obj = adopt(
+        b.confirm_pod(
+            resolved,
+            op.config.confirm_command,
+            contract.confirm_args(url, sha, resolved.spec, acc.mean_episode_length()),
+            op.config.worker_defaults,
+        ),
+        body,
+    )  # owned by the job: it goes with it
     try:
         await op.kube.create(obj)
     except ApiError as e:
