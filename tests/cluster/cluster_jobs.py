@@ -86,9 +86,12 @@ def diagnostics(c, ns: str) -> str:
 
 
 def final_reports(c, ns: str, name: str = JOB) -> tuple[list[dict], list[Path]]:
-    """(final reports, termination files without one) of every container the job ran, on every node."""
+    """(final reports, termination files without one) of every worker container the job ran, on
+    every node (not the confirm pod's: its termination message is an evaluation, no report)."""
     reports, missing = [], []
     for f in sorted(c.root.glob(f"nodes/*/pods/{ns}_{name}-*/termination/*")):
+        if f.parent.parent.name.startswith(f"{ns}_{name}-confirm"):
+            continue
         text = f.read_text(errors="replace").strip()
         try:
             rep = json.loads(text) if text else None
