@@ -220,6 +220,7 @@ async def test_a_target_is_reached_only_when_the_saved_policy_meets_it(env):
     assert st_["targetEvaluation"]["checkpoint"] == "ckpt-000000000024.pt"
     assert st_["targetEvaluation"]["mean_return"] == 500.0 and st_["targetCheck"]["count"] == 2
     assert "confirmed: ckpt-000000000024.pt" in cond(kube, "TargetReached")["message"]
+    assert st_["accounting"]["rejected"] == 0  # the confirm pod's answer is no (refused) report
 
 
 async def test_a_confirm_pod_no_check_holds_is_replaced(env):

@@ -141,8 +141,8 @@ def on_pod_event(op: Operator, event: Mapping[str, Any], logger: kopf.Logger) ->
     pod = event.get("object") or {}
     meta = pod.get("metadata") or {}
     job = (meta.get("labels") or {}).get(b.LABEL_JOB)
-    if not job:
-        return
+    if not job or (meta.get("labels") or {}).get(b.LABEL_ROLE) == b.CONFIRM_ROLE:
+        return  # the confirm pod's termination message is an evaluation (timers/confirm.py), no report
     mem = op.jobs.get((meta.get("namespace") or "", job))
     if mem is None:
         return  # not a job this operator reconciled (yet)
