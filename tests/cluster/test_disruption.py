@@ -6,12 +6,20 @@ must never succeed untrained.
 
 The cluster's default StorageClass (localcluster/provisioner.py: volumes every node reaches, as
 network storage) holds each learner's checkpoints on a claim of its own, so a re-created learner
-resumes where it stopped, on whichever node. Both tests wait for the target: the job recovers,
-and never succeeds untrained."""
+resumes where it stopped, on whichever node. Every test waits for the target: the job recovers,
+and never succeeds untrained.
+
+Also: a buffer pod and an actor pod deleted (each re-creation counted once, frames counted once),
+a learner's worker killed with SIGKILL (restarted in place, counted), and a suspend and resume
+(the learner resumes from its claim; nothing counted as a disruption). A job that ends at its
+target does so on the confirming evaluation of its saved policy (`status.targetEvaluation`)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +176,75 @@ def test_a_deleted_buffer_pod_is_counted_once_and_the_job_reaches_its_target(clu
     new = get(cluster, "pod", "-n", namespace, buffer)
     assert new and new["metadata"]["uid"] != old["metadata"]["uid"]
     assert st["restartsByRole"]["buffer"]["pods"] >= 1, st["restartsByRole"]
+
+
+def _worker_pid(ns: str, pod: str) -> int:
+    """The pid of pod `pod`'s worker process (the node agents run pods as this machine's processes)."""
+    want = {f"TIANJI_NAMESPACE={ns}".encode(), f"TIANJI_POD_NAME={pod}".encode()}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = set((proc / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if b"worker" in cmd and b"--role" in cmd and want <= env:
+            return int(proc.name)
+    raise AssertionError(f"no worker process of {ns}/{pod}")
+
+
+def _ends_at_a_confirmed_target(c, ns: str) -> dict:
+    st = wait_phase(c, ns, ("Succeeded", "Failed"), 480)
+    assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(c, ns)
+    assert st["targetEvaluation"]["mean_return"] >= 475, st["targetEvaluation"]  # the saved policy's own
+    return st
+
+
+@pytest.mark.timeout(900)
+def test_a_deleted_actor_pod_is_counted_once_and_the_job_reaches_its_target(cluster, operator, namespace):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(TARGET_ONLY))
+    training(cluster, namespace)
+    actor = f"{JOB}-actor-0-1"
+    old = get(cluster, "pod", "-n", namespace, actor)
+    cluster.kubectl("delete", "pod", actor, "-n", namespace, "--wait=false")
+    gone = old["metadata"]["uid"]
+    wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, actor)) and p["metadata"]["uid"] != gone, 120,
+             "the StatefulSet to make the actor again", on_timeout=lambda: diagnostics(cluster, namespace))
+    st = _ends_at_a_confirmed_target(cluster, namespace)
+    assert st["restartsByRole"]["actor"]["pods"] == 1, st["restartsByRole"]
+
+
+@pytest.mark.timeout(900)
+def test_a_learner_killed_with_sigkill_restarts_in_place_counted(cluster, operator, namespace):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                    input=example({**TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
+    training(cluster, namespace)
+    learner = f"{JOB}-learner-0-0"
+    uid = get(cluster, "pod", "-n", namespace, learner)["metadata"]["uid"]
+    os.kill(_worker_pid(namespace, learner), signal.SIGKILL)
+    wait_for(lambda: status(cluster, namespace).get("restartsByRole", {}).get("learner", {}).get("containers", 0) >= 1,
+             120, "the learner's container restart counted", on_timeout=lambda: diagnostics(cluster, namespace))
+    st = _ends_at_a_confirmed_target(cluster, namespace)
+    assert get(cluster, "pod", "-n", namespace, learner) is None or \
+        get(cluster, "pod", "-n", namespace, learner)["metadata"]["uid"] == uid  # in place, not re-created
+    assert st["restartsByRole"]["learner"] == {"containers": 1, "pods": 0}, st["restartsByRole"]
+
+
+@pytest.mark.timeout(900)
+def test_a_suspended_job_resumes_from_its_checkpoint_and_reaches_its_target(cluster, operator, namespace):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(TARGET_ONLY))
+    training(cluster, namespace)
+    cluster.kubectl("patch", "tjj", JOB, "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"runPolicy": {"suspend": True}}}))
+    wait_phase(cluster, namespace, ("Suspended",), 120)
+    wait_for(lambda: not [p for p in pods(cluster, namespace) if p["metadata"]["labels"].get("tianji.dev/role")
+                          in ("learner", "buffer")], 120, "the learner and buffer pods gone",
+             on_timeout=lambda: diagnostics(cluster, namespace))
+    version = status(cluster, namespace).get("policyVersion", 0)
+    cluster.kubectl("patch", "tjj", JOB, "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"runPolicy": {"suspend": False}}}))
+    st = _ends_at_a_confirmed_target(cluster, namespace)
+    assert st["policyVersion"] >= version, (version, st["policyVersion"])  # resumed, not from scratch
+    by_role = st["restartsByRole"]
+    assert all(v == {"containers": 0, "pods": 0} for v in by_role.values()), by_role  # the operator's own doing
