@@ -76,7 +76,7 @@ def test_a_learner_that_starts_over_starts_the_episode_window_over():
     assert rule.target_reached(acc)
     state = acc.state()
     # a new learner incarnation without a checkpoint: the 100 returns were not its policy's
-    fresh = worker_report("j", "learner", 0, 0, incarnation="new", version=1)
+    fresh = worker_report("j", "learner", 0, 0, incarnation="new", version=1, checkpoint="")
     fresh["started"] += 100.0
     acc.take(parse_report(fresh, "j"))
     assert acc.window == [] and not rule.target_reached(acc) and acc.episodes_total == 100

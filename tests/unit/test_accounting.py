@@ -160,7 +160,7 @@ def test_the_stop_rule():
     assert rule.check(acc, 1.0) is None  # no learner has trained: returns of an untrained policy
     acc.take(parse_report(worker_report("j", "learner", 0, 0, version=0), "j"))
     assert rule.check(acc, 1.0) is None  # still version 0
-    acc.take(parse_report(worker_report("j", "learner", 0, 0, seq=2, version=3), "j"))
+    acc.take(parse_report(worker_report("j", "learner", 0, 0, seq=2, version=3, checkpoint=""), "j"))
     assert rule.check(acc, 1.0) == "target" and "500 >= stop.meanReturn 475" in rule.message("target", acc, 1.0)
     assert "(policy version 3, checkpoint none yet)" in rule.message("target", acc, 1.0)  # the status names them
     assert StopRule(StopConfig(env_frames=150)).check(acc, 0.0) == "frames"
