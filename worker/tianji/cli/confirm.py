@@ -30,8 +30,9 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
+from tianji.control.contracts.confirm import MIN_STEP_CAP, SEED, STEP_CAP_FACTOR, parse_result
 from tianji.control.contracts.launch import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_MAX
-from tianji.local.targetcheck import MIN_STEP_CAP, SEED, STEP_CAP_FACTOR, _result, isolate, sealed_bytes
+from tianji.local.targetcheck import isolate, sealed_bytes
 
 TIMEOUT_S = 60.0
 DEFAULT_MAX_BYTES = 4 << 30
@@ -132,7 +133,7 @@ def confirm(a: argparse.Namespace) -> dict:
         from tianji.runtime.evaluation import evaluate
 
         res = evaluate(Path(f"/dev/fd/{fd}"), a.episodes, a.seed, a.epsilon, step_cap=a.step_cap)
-        _result(json.dumps(res).encode(), 0)  # finite returns, whole counts: as targetcheck checks them
+        parse_result(json.dumps(res))  # finite returns, whole counts: as every answer is checked
     except Exception as e:  # a bad checkpoint, manifest or env: the evaluation failed, whatever the error
         raise ConfirmError(f"the evaluation of {name} failed: {type(e).__name__}: {e}") from None
     finally:
