@@ -32,6 +32,7 @@ from tianji.observability.metrics import RoleMetrics
 from tianji.runtime import security, wire
 from tianji.runtime.liveness import watch_peers
 from tianji.runtime.replayguard import SeqGuard, next_seq
+from tianji.runtime.trace import Trace
 from tianji.runtime.wire import Limits, Message, WireError, decode, encode
 
 log = logging.getLogger("tianji")
@@ -57,6 +58,7 @@ class Role:
             log.warning("%s: spec.network.encryption is curve but no keys are mounted; sockets are NOT "
                         "authenticated (only the NetworkPolicy restricts peers)", self.sender)
         self.metrics = RoleMetrics(job.name, self.name, group, index)
+        self.trace = Trace(self.sender)  # off unless TIANJI_TRACE names a directory (runtime/trace.py)
         self.stopping = False
         self.seq = 0
         self.seqs = SeqGuard()  # the last sequence number accepted from each sender
@@ -274,5 +276,6 @@ class Role:
                     self._report_sock.close(linger=1000)
                 if self.curve is not None:
                     self.curve.close()
+                self.trace.close()
                 self.ctx.destroy(linger=0)
         return self.exit_code

@@ -147,6 +147,7 @@ class Buffer(Role):
         frag = check_fragment(msg, self.spec, self.info)  # rebuilds stacked frames (framestack.py)
         self.accept(msg)  # not a replay
         frag["version"] = msg.policy_version
+        self.trace("frag_in", s=msg.sender, v=msg.policy_version)
         n = fragment_samples(frag)
         self.metrics.inc("samples_received_total", n)
         self.feedback["received"] += n
@@ -229,6 +230,9 @@ class Buffer(Role):
                 return
             self.credits -= 1
             self.consumed += n
+            if self.trace.on:
+                v = np.asarray(batch["versions"])
+                self.trace("batch_out", vmin=int(v.min()), vmax=int(v.max()), n=n)
             self.feedback = dict.fromkeys(self.feedback, 0)
             self.metrics.inc("samples_sent_total", n)
 

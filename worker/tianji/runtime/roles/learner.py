@@ -235,6 +235,7 @@ class Learner(Role):
         if self.capacity:
             meta["capacity_sps"] = self.capacity
         self.send(self.pub, "params", state_arrays(self.model), meta=meta, policy_version=self.version)
+        self.trace("publish", v=self.version)
         self.last_pub_version = self.version
 
     def _keep_good(self) -> bool:
@@ -260,6 +261,9 @@ class Learner(Role):
         check_feedback(msg.meta)
         self.accept(msg)
         self.pending.append(msg)
+        if self.trace.on:
+            v = np.asarray(msg.arrays["versions"])
+            self.trace("batch_in", vmin=int(v.min()), vmax=int(v.max()), pending=len(self.pending))
 
     def _drop_stale(self, arrays: dict) -> tuple[Optional[dict], dict[str, int]]:
         """Drop what this update must not train on: samples tagged with a version ahead of this
@@ -322,6 +326,7 @@ class Learner(Role):
             return
         dt = time.perf_counter() - t0
         self.busy += dt
+        self.trace("update", dt=round(dt, 6), v=self.version, lag=float(np.mean(self.version - versions)))
         # Silence is counted from the end of an update: an update longer than CREDIT_REFRESH_S must not
         # read as a silent buffer (its top-up credits would queue batches here and grow the policy lag).
         self.last_batch_from[buffer] = time.monotonic()
