@@ -181,7 +181,7 @@ def test_a_fragment_its_buffer_refused_spends_the_version_quota(tmp_path, monkey
         while time.monotonic() - t0 < 1.0:
             actor.step()
         produced = actor.metrics.counts["env_frames_total"] - before
-        assert produced == actor.quota.share * frag, (produced, actor.quota.share, frag)
+        assert produced == actor.quota.depth * actor.quota.share * frag, (produced, actor.quota.share, frag)
 
 
 def test_a_learner_checkpoints_every_interval_versions_as_well_as_by_time(tmp_path, monkeypatch):

@@ -98,6 +98,14 @@ def test_a_standing_queue_slows_production_before_anything_is_dropped():
     assert HeadroomController(1.2, lag_target=1.0).update(4096, 0, 0.5, lag=None) > 1.2  # idle, nothing consumed
 
 
+def test_a_waiting_learner_is_fed_faster_however_late_its_samples_are():
+    """Lag with the learner idle half the time is the fragments' duration, not a queue: production
+    speeds up (the idle rule) instead of slowing down for it; drops still slow it down."""
+    c = HeadroomController(1.2, lag_target=1.0)
+    assert c.update(4096, 0, 0.5, lag=2.8) == pytest.approx(1.2 * 1.25)
+    assert HeadroomController(1.2, lag_target=1.0).update(4096, 1024, 0.5, lag=2.8) < 1.2  # 25 % dropped
+
+
 def test_lag_target_is_what_overlapping_makes():
     def spec(**st):
         return parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
@@ -191,3 +199,26 @@ def test_quota_share_and_release_follow_the_spec_and_the_learners_advert():
     assert quota_share(spec(publishEvery=2), 2) == 16
     assert release_after(4096, 2048.0) == 4.0  # twice the 2 s update the advert implies
     assert release_after(4096, 1e9) == RELEASE_MIN_S and release_after(4096, 0.0) == RELEASE_MIN_S
+
+
+def test_a_deeper_quota_keeps_one_batch_producing_while_the_next_trains():
+    """depth 2: the first version lets two shares out (one batch trains while the next is produced);
+    then one share per version, a skipped version brings its share too, never more than two ahead."""
+    from tianji.runtime.pacing import VersionQuota, quota_depth
+
+    q = VersionQuota(share=4, depth=2)
+    q.new_version(now=0.0)
+    q.add(8)
+    assert not q.open(0.1, 8.0)  # two shares ahead: the learner trains on one, the other waits
+    q.new_version(now=1.0)
+    assert q.budget == 4  # one version: one share
+    q.add(1)
+    q.new_version(now=2.0, advanced=3)  # three versions at once (latest-only subscription)
+    assert q.budget == 8  # 3 + 3 shares, capped at the depth
+    q.add(8)
+    assert not q.open(2.5, 8.0) and q.open(10.0, 8.0) and q.released == 1  # late: released as before
+    with pytest.raises(ValueError):
+        VersionQuota(share=4, depth=0)
+    spec = parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
+                      "spec": {"algorithm": {"name": "ppo"}, "staleness": {"creditWindow": 2}}}).spec
+    assert quota_depth(spec) == 3

@@ -17,9 +17,9 @@ produces its share of what the learner can use when it starts
 (pacing.startup_frames) at INITIAL_FPS, then slows to that share (DQN) or one fragment (PPO) per
 STARTUP_TRICKLE_S.
 Relaxed PPO is also clocked by versions (pacing.VersionQuota): per version it holds, an actor
-sends at most its share of the batch the next update trains on, then rests until the next version
-(or, when that is late, sends another share), so what it produces is consumed at lag 1 and nothing
-queues into lag 2 or into stale drops.
+sends its share of a batch and keeps at most creditWindow + 1 shares ahead of the learner, then
+rests until the next version (or, when that is late, sends another share): one batch trains while
+the next is produced, consumed at lag 1, and nothing queues into lag 2 or into stale drops.
 
 `spec.dependencies: strict` (the paper's strictly ordered baseline, for bench/ablation.py) turns
 this into the classic synchronous loop on the same sockets: an actor waits for parameters it has
@@ -47,7 +47,7 @@ from tianji.control.contracts.addressing import buffer_for_actor, learner_for_ac
 from tianji.control.planner.plan import pace_fps
 from tianji.control.spec.lagbound import overlap_lag
 from tianji.runtime import envguard, framestack
-from tianji.runtime.pacing import VersionQuota, quota_share, release_after, startup_frames
+from tianji.runtime.pacing import VersionQuota, quota_depth, quota_share, release_after, startup_frames
 from tianji.runtime.roles.base import Role
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.validate import (
@@ -172,7 +172,7 @@ class Actor(ParamFollower, Role):
         self.learner_paced = False  # a capacity advert has arrived
         self.capacity = 0.0  # the learner's latest advert (samples per busy second)
         # Relaxed PPO, once paced: at most this actor's share of a batch per version (pacing.VersionQuota)
-        self.quota = (VersionQuota(quota_share(s, self.peers))
+        self.quota = (VersionQuota(quota_share(s, self.peers), quota_depth(s))
                       if s.algorithm.name == "ppo" and s.staleness.pace_actors and not self.strict else None)
         self.quota_version: Optional[int] = None
         self.startup_frames = startup_frames(s, self.peers)
@@ -264,8 +264,10 @@ class Actor(ParamFollower, Role):
     def _fragment(self) -> None:
         """Roll out one fragment with the current policy and push it, tagged with the version it acted
         with (ONNX Runtime's session of a newly loaded version may still be building: the one before)."""
+        t0 = time.monotonic()
         arrays, finished = self.rollout.fragment()
         version = self.rollout.acting_version
+        self.trace("fragment", t0=round(t0, 6), v=version, held=self.version)
         frames = self.rollout.n * self.rollout.T
         finished = [(r, n) for r, n in finished if math.isfinite(r)]  # a return summed over a NaN reward is no return
         if finished:
@@ -313,13 +315,15 @@ class Actor(ParamFollower, Role):
 
     def on_params(self, cap: Optional[float], headroom: Optional[float], frames: Optional[int]) -> None:
         self.rollout.params_loaded(self.version)  # the acting copy (bf16, ONNX Runtime) follows the new weights
+        self.trace("params", v=self.version)
         if frames is not None:
             self.rollout.global_frames = frames
         if self.version != self.rolled_out:
             self.fresh_policy = True
         if self.quota is not None and self.learner_paced and self.version != self.quota_version:
+            advanced = self.version - self.quota_version if self.quota_version is not None else 1
             self.quota_version = self.version
-            self.quota.new_version(time.monotonic())
+            self.quota.new_version(time.monotonic(), advanced)
         if self.spec.staleness.pace_actors and cap and not self.strict:
             if not self.learner_paced and self.quota is not None:  # the quota starts with the first advert
                 self.quota_version = self.version
