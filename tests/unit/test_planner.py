@@ -254,7 +254,8 @@ def test_default_profile_by_env_and_algorithm():
 # ----------------------------------------------------------------- plan_for_job
 def test_plan_for_explicit_topology():
     j = job(topology={"groups": 2, "actors": 3, "buffers": 1, "learners": 1},
-            resources={"actor": {"cpu": 0.5}, "buffer": {"cpu": 0.25}, "learner": {"cpu": 2, "threads": 3}})
+            resources={"actor": {"cpu": 0.5}, "buffer": {"cpu": 0.25}, "learner": {"cpu": 2, "threads": 3}},
+            staleness={"maxPolicyLag": 16})  # lag bounds nothing here (test_the_lag_floor_... does)
     p = plan_for_job(j, prof(actor=1000, learner=1000))
     assert p.topology() == {"groups": 2, "actors": 3, "buffers": 1, "learners": 1}
     assert (p.actor.cpu, p.buffer.cpu, p.learner.cpu) == (0.5, 0.25, 2)
@@ -263,6 +264,24 @@ def test_plan_for_explicit_topology():
     # 1.5 actor cores vs 2 learner cores per group at r = 1: the actors are short.
     assert p.bottleneck == SAMPLE_BOUND
     assert p.consumed_sps == pytest.approx(2 * 1500)
+
+
+def test_the_lag_floor_holds_updates_to_what_the_fragments_age_allows():
+    """A learner that could update faster than its actors' fragments age within maxPolicyLag trains
+    no faster: at 500 frames/s per actor a 256-frame fragment takes 0.51 s, and with maxPolicyLag 4
+    (one version of spread, half a version of delivery) a version may come every 0.51 / 2.5 s."""
+    from tianji.control.planner.prediction import LAG_SPREAD
+
+    j = job(topology={"groups": 1, "actors": 4, "buffers": 1, "learners": 1},
+            resources={"actor": {"cpu": 0.5}, "buffer": {"cpu": 0.25}, "learner": {"cpu": 2, "threads": 2}},
+            staleness={"maxPolicyLag": 4})
+    p = plan_for_job(j, prof(actor=1000, learner=1e6))  # a learner far faster than the fragments age
+    d_f = 256 / 500
+    assert p.consumed_sps == pytest.approx(j.spec.algorithm.batch_size * (4 - LAG_SPREAD - 0.5) / d_f)
+    assert p.expected_policy_lag <= 4 and p.bottleneck == SAMPLE_BOUND
+    loose = plan_for_job(job(topology=j.spec.topology.model_dump(), resources=j.spec.resources.model_dump(),
+                             staleness={"maxPolicyLag": 40}), prof(actor=1000, learner=1e6))
+    assert loose.consumed_sps == pytest.approx(4 * 500)  # a looser bound: the actors' production bounds it
 
 
 def test_plan_for_explicit_topology_infeasible():

@@ -51,6 +51,7 @@ SAMPLE_BOUND = "sample-bound"
 TRAINING_BOUND = "training-bound"
 COMMUNICATION_BOUND = "communication-bound"
 _EPS = 1e-9
+LAG_SPREAD = 1.0  # versions the lags of one period spread around their mean (_lag_floor)
 
 
 class Shape(NamedTuple):
@@ -166,6 +167,26 @@ def _policy_lag(job: TianJiJob, p: Profile, sh: Shape, t: float, produced: float
     return lag
 
 
+def _lag_floor(job: TianJiJob, p: Profile, sh: Shape, tr_a: float) -> float:
+    """The shortest update period at which an on-policy learner's samples stay within maxPolicyLag.
+
+    A fragment carries the version it started with, so it is consumed u·d_f versions late at u
+    updates per second, d_f = F / (one actor's frames/s) the time it takes (_policy_lag). A learner
+    faster than (L − LAG_SPREAD − c) / d_f versions per second does not train faster: what it
+    would train on is dropped as stale. LAG_SPREAD: the lags of one period spread about a version
+    around their mean (the phase of a fragment's start within an update, delivery jitter). On one
+    H200 (docs/device/ab-trees-pong-ppo.json) a GPU learner that updates in 0.09 s ran 4.5 updates
+    per second, idle 59 % of the time, at mean lag 2.6-3.0 with maxPolicyLag 4, 0.42-s fragments
+    and a fifth of the production dropped as stale. 0 where nothing bounds it (DQN, no bound)."""
+    s = job.spec
+    max_lag = s.max_policy_lag
+    if s.algorithm.name != "ppo" or max_lag is None or tr_a <= 0:
+        return 0.0
+    d_f = p.fragment_samples / (tr_a / (sh.g * sh.na))
+    room = max_lag - LAG_SPREAD - (s.staleness.publish_every - 1) / 2 - 0.5
+    return d_f / room if room > 0 else 0.0
+
+
 def _extrapolated(job: TianJiJob, p: Profile, sh: Shape, beyond_curve: bool, tm: dict, curve: CurveUse) -> tuple:
     t_max = costmodel.thread_curve(p.learner_thread_scaling)[-1][0]
     w = tm["batch_ranks"]
@@ -212,6 +233,9 @@ def predict(
     tr_l = sh.g * sh.nl * per_learner
     tm = _path_terms(job, p, sh, links, per_learner)
     t, t_a, tr_a, kind = _time_and_kind(job, sh, tr_a, tm, turns)
+    t_lag = 0.0 if turns else _lag_floor(job, p, sh, tr_a)
+    if t_lag > t:  # faster updates would outrun the fragments' age: their samples would go stale
+        t, kind = t_lag, SAMPLE_BOUND
     consumed = sh.g * sh.nl * B / t
     if turns:  # actors produce only in their phase: what the learners take in, nothing more
         produced = consumed / r
