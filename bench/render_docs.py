@@ -376,15 +376,18 @@ def median_ratio(d: dict) -> float:
 
 
 def device_provenance(files: list[dict]) -> list[str]:
-    """One line per command: the files it wrote, its date and the GPU machine (docs/device/)."""
+    """One line per command: the files it wrote and its date; then each GPU machine and its files."""
     by: dict[tuple, list[str]] = {}
+    machines: dict[str, list[str]] = {}
     for d in files:
-        by.setdefault((d["command"], d["date"]), []).append(f"`{Path(d['path']).name}`")
-    m = files[0]["machine"]
-    where = (f"{m['gpu']}, driver {m['driver']}, CUDA {m['cuda']}, torch {m['torch']}, {m['cores']} cores "
-             f"({m['cpu']})")
-    return [f"{', '.join(names)}: `{cmd}` ({date})." for (cmd, date), names in by.items()] + [
-        "", f"Device of these runs: {where}."]
+        name = f"`{Path(d['path']).name}`"
+        by.setdefault((d["command"], d["date"]), []).append(name)
+        m = d["machine"]
+        where = (f"{m['gpu']}, driver {m['driver']}, CUDA {m['cuda']}, torch {m['torch']}, {m['cores']} cores "
+                 f"({m['cpu']})")
+        machines.setdefault(where, []).append(name)
+    return [f"{', '.join(names)}: `{cmd}` ({date})." for (cmd, date), names in by.items()] + [""] + [
+        f"Device of {', '.join(names)}: {where}." for where, names in machines.items()]
 
 
 def _gpu_learner(prof: list[dict]) -> list[str]:
@@ -439,6 +442,35 @@ def _gpu_ab(d: dict) -> list[str]:
                   "dropped", "lag mean / max"], rows)
 
 
+def _gpu_pipeline(d: dict) -> list[str]:
+    rows = []
+    for p in d["points"]:
+        if "steady" not in p:
+            continue
+        t, a = p["trace"].get("learner", {}), p["trace"].get("actors", {})
+        med = lambda x: num((x or {}).get("median"), 2)  # noqa: E731
+        lag, dropped = p["policy_lag"], sorted((p.get("dropped_samples") or {}).items())
+        rows.append([p["actors"], p["arm"], f"**{num(p['steady']['consumed_sps'])}**",
+                     num(p["steady"]["produced_fps"]), f"{num(lag['mean'], 1)} / {num(lag['max'])}",
+                     num(t.get("busy_fraction"), 2), num(t.get("update_s"), 3), med(a.get("fragment_s")),
+                     med(a.get("publish_to_actor_s")), ", ".join(f"{k} {kilo(v)}" for k, v in dropped) or "none"])
+    return table(["actors", "arm", "consumed samples/s", "produced frames/s", "lag mean / max", "learner busy",
+                  "update s", "fragment s", "publish to actor s", "dropped (whole run)"], rows)
+
+
+def _gpu_ab_trees(d: dict) -> list[str]:
+    rows = [[r["round"] + 1, r["arm"], f"**{num(r['consumed_sps'])}**", num(r["produced_fps"]),
+             num(r["policy_lag_mean"], 2), ", ".join(f"{k} {kilo(v)}" for k, v in sorted((r["dropped"] or {}).items()))]
+            for r in d["table"]]
+    mean = lambda arm, k: sum(r[k] for r in d["table"] if r["arm"] == arm) / sum(  # noqa: E731
+        r["arm"] == arm for r in d["table"])
+    header = ["round", "arm", "consumed samples/s", "produced frames/s", "lag mean", "dropped (whole run)"]
+    return table(header, rows) + [
+        "", f"Base: {d['base']}; tree: {d['tree']}. Means over the rounds, tree over base: consumed "
+            f"**{num(mean('tree', 'consumed_sps') / mean('base', 'consumed_sps'), 2)}x**, produced "
+            f"{num(mean('tree', 'produced_fps') / mean('base', 'produced_fps'), 2)}x."]
+
+
 def _learner_host(d: dict, scaling: dict) -> list[str]:
     ms = {k: v["median_ms"] for part in ("buffer", "learner_outside_update", "learner_inside_update")
           for k, v in d[part].items() if isinstance(v, dict)}
@@ -464,11 +496,11 @@ def _learner_host(d: dict, scaling: dict) -> list[str]:
 
 
 def render_gpu(files: list[dict]) -> list[str]:
-    ppo, dqn, fp32, bf16, scaling, planned, sb3, ab, host = files
+    ppo, dqn, fp32, bf16, scaling, planned, sb3, ab, pipeline, trees, host = files
     plan = host["plan"]
     at8 = next(p for p in scaling["points"] if p["actors"] == 8)["steady"]["consumed_sps"]
     ab_best = max(a["steady_consumed_sps"] for a in ab.values() if isinstance(a, dict) and "overrides" in a)
-    return device_provenance([ppo, dqn, fp32, bf16, scaling, planned, sb3, ab]) + [
+    return device_provenance([ppo, dqn, fp32, bf16, scaling, planned, sb3, ab, pipeline, trees]) + [
         "", "**The learner on the GPU** (`tianji profile`: the real update, wall clock, synchronised):", ""
     ] + _gpu_learner([ppo, dqn, fp32, bf16]) + [
         "", f"**Actor scaling**: Pong PPO, one GPU learner (1 core, 1 thread), one buffer, "
@@ -486,7 +518,14 @@ def render_gpu(files: list[dict]) -> list[str]:
             f"{num(1e3 * ppo['message_seconds'], 1)} ms); measured at 8 actors: **{num(at8)}** (scaling), "
             f"**{num(ab_best)}** (A/B). Planned {host['date']}, from the code of that date.",
         "", "**A/B: buffers and learner threads**, 8 actors:", ""
-    ] + _gpu_ab(ab) + ["", "**The learner's host work per batch**, timed on a development machine's CPU "
+    ] + _gpu_ab(ab) + [
+        "", f"**Lock step against pipelined** (step e): Pong PPO, one GPU learner, one buffer, "
+            f"{num(pipeline['points'][0]['max_seconds'])} s per run, each role traced (`bench/pipeline_trace.py`; "
+            f"medians). Code: {pipeline.get('code', 'as committed with the file')}.", ""
+    ] + _gpu_pipeline(pipeline) + [
+        "", f"**The pacing changes against main before them**, {trees['actors']} actors, "
+            f"{num(trees['points'][0]['max_seconds'])} s per run, alternating:", ""
+    ] + _gpu_ab_trees(trees) + ["", "**The learner's host work per batch**, timed on a development machine's CPU "
                            "(not the GPU machine's):", ""] + _learner_host(host, scaling)
 
 
@@ -528,7 +567,8 @@ BLOCKS = {  # block name: (renderer, the files it renders)
                                    _v("profile-ppo"), _v("profile-dqn-rr4"), _v("profile-ppo-ttt")]),
     "gpu": (render_gpu, [_d("profile-pong-ppo.json"), _d("profile-pong-dqn.json"), _d("profile-pong-ppo-fp32.json"),
                          _d("profile-pong-ppo-bf16.json"), _d("scaling-pong-ppo.json"), _d("pong-ppo-planned.json"),
-                         _d("pong-sb3.json"), _d("ab-buffers-threads.json"), _r("learner-host.json")]),
+                         _d("pong-sb3.json"), _d("ab-buffers-threads.json"), _d("pipeline-pong-ppo.json"),
+                         _d("ab-trees-pong-ppo.json"), _r("learner-host.json")]),
 }
 
 

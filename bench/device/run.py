@@ -1,15 +1,19 @@
 """The GPU device check: Pong on one machine with one GPU, in one command (bench/device/run.sh).
 
-    bench/device/run.sh [--out DIR] [--budget SECONDS] [--steps abcd]   # on the GPU machine
+    bench/device/run.sh [--out DIR] [--budget SECONDS] [--steps abecd]  # on the GPU machine
     bench/device/run.sh --dry-run                                      # every step briefly, on the CPU
 
-Steps, in order, each in its own process with its own timeout; a step that fails records its
+Steps, in the order a b e c d, each in its own process with its own timeout; a step that fails records its
 error in its JSON and the next one runs:
 
   (a) `tianji profile` of examples/pong-ppo.yaml and examples/pong-dqn.yaml (the GPU learner's
       samples/s, device name and precision included)            -> profile-pong-ppo.json, profile-pong-dqn.json
   (b) Pong PPO with one GPU learner and 1, 2, 4, 8, 14 actor processes: consumed samples/s and
       produced frames/s after warm-up (the scaling curve)       -> scaling-pong-ppo.json
+  (e) Pong PPO at 4, 8 and 14 actors, lock step (actors one share ahead of the learner) against
+      pipelined (creditWindow + 1 shares ahead, the default), side by side, every role traced
+      (bench/pipeline_trace.py: the learner's busy and starved time, the actors' delays)
+                                                                -> pipeline-pong-ppo.json
   (c) Pong PPO at the plan `tianji plan --cpus CORES --gpus GPUS --profile (a)` makes for this
       machine: mean return and frames over time                 -> pong-ppo-planned.json
   (d) Stable-Baselines3 PPO (CnnPolicy, 16 SubprocVecEnv envs, rl-zoo Atari settings, the same
@@ -44,6 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 JOBS = {"ppo": ROOT / "examples" / "pong-ppo.yaml", "dqn": ROOT / "examples" / "pong-dqn.yaml"}
 ACTOR_COUNTS = (1, 2, 4, 8, 14)
+PIPELINE_ACTORS = (4, 8, 14)  # (e): lock step against pipelined at these actor counts
+PIPELINE_RUN_S = 28.0  # (e): each run
 CD_CAP_S = 150.0  # (c) and (d) each at most this long
 CD_MIN_S = 60.0  # (b) stops adding points before (c) and (d) would get less
 SCALING_RUN_S = 22.0  # (b): each run; its workers start in the first ~8-10 s (CUDA included)
@@ -125,10 +131,10 @@ class Context:
 
 
 # ----------------------------------------------------------------- processes
-def run_cmd(cmd: list[str], timeout: float, log: Path) -> dict:
+def run_cmd(cmd: list[str], timeout: float, log: Path, env_extra: dict | None = None) -> dict:
     """Run `cmd` in its own session (its workers too) with output to `log`; on timeout SIGINT the
     group (a `tianji run` then stops in order and writes its summary), then SIGKILL."""
-    env = dict(os.environ)
+    env = {**os.environ, **(env_extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT / "worker"),
                                                       str(ROOT / "operator")]))
     t0 = time.monotonic()
@@ -234,7 +240,8 @@ def steady_rates(rows: list[dict]) -> dict:
             "rows": len(steady), "from_t": steady[0]["t"], "to_t": steady[-1]["t"]}
 
 
-def tianji_run(ctx: Context, name: str, overrides: list[str], seconds: float, extra: tuple = ()) -> dict:
+def tianji_run(ctx: Context, name: str, overrides: list[str], seconds: float, extra: tuple = (),
+               env_extra: dict | None = None) -> dict:
     """One `tianji run` of Pong PPO for `seconds` (no other stop rule, no evaluator); its summary and rows."""
     run_dir = ctx.work / name
     stop = ["spec.stop.meanReturn=null", "spec.stop.envFrames=null", "spec.evaluation.intervalSeconds=null"]
@@ -242,7 +249,7 @@ def tianji_run(ctx: Context, name: str, overrides: list[str], seconds: float, ex
         stop[1], seconds = f"spec.stop.envFrames={DRY_RUN_FRAMES}", DRY_RUN_MAX_S
     cmd = tianji("run", str(JOBS["ppo"]), "--run-dir", str(run_dir), "--quiet", "--max-seconds", f"{seconds:g}",
                  *extra, *sets([*stop, *ctx.tiny("ppo"), *overrides]))
-    r = run_cmd(cmd, seconds + RUN_OVERHEAD_S + 30.0, ctx.work / f"{name}.log")
+    r = run_cmd(cmd, seconds + RUN_OVERHEAD_S + 30.0, ctx.work / f"{name}.log", env_extra)
     summary = _read_json(run_dir / "summary.json")
     out = {"overrides": overrides, "max_seconds": seconds, "rc": r["rc"], "timed_out": r["timed_out"],
            "wall_seconds": r["wall_seconds"]}
@@ -308,6 +315,44 @@ def step_scaling(ctx: Context) -> dict:
     return {"curve": doc["curve"]}
 
 
+# ----------------------------------------------------------------- (e) pipelined against lock step
+def step_pipeline(ctx: Context) -> dict:
+    """Pong PPO at 4, 8 and 14 actors, each twice side by side: actors one share ahead of the learner
+    (lock step: depth 1) and creditWindow + 1 ahead (the default: one batch trains while the next
+    is produced), every role traced (runtime/trace.py, analysed by bench/pipeline_trace.py)."""
+    from bench.pipeline_trace import analyse
+    from tianji.runtime.pacing import ENV_BENCH_DEPTH
+    from tianji.runtime.trace import ENV_TRACE
+
+    counts = [1] if ctx.dry else list(PIPELINE_ACTORS)
+    seconds = DRY_RUN_S if ctx.dry else PIPELINE_RUN_S
+    points = []
+    for n in counts:
+        for arm, depth in (("lockstep", "1"), ("pipelined", "")):
+            if ctx.left() < seconds + RUN_OVERHEAD_S + 2 * (CD_MIN_S / 2 + RUN_OVERHEAD_S):  # room for (c), (d)
+                points.append({"actors": n, "arm": arm, "skipped": "out of budget"})
+                continue
+            trace = ctx.work / f"trace-{arm}-{n}"
+            cpu = 0.5 if ctx.dry else 1
+            res = tianji_run(ctx, f"pipeline-{arm}-{n}",
+                             [*gpu_sets(ctx), f"spec.topology.actors={n}", "spec.topology.buffers=1",
+                              "spec.topology.learners=1", f"spec.resources.actor.cpu={cpu}",
+                              f"spec.resources.buffer.cpu={cpu}", "spec.resources.learner.cpu=1",
+                              "spec.resources.learner.threads=1"],
+                             seconds, env_extra={ENV_TRACE: str(trace), ENV_BENCH_DEPTH: depth})
+            res.update(actors=n, arm=arm, steady=steady_rates(res.get("rows", [])), trace=analyse(trace))
+            points.append(res)
+    doc = {"step": "e", "job": "examples/pong-ppo.yaml", "learner": "gpu" if ctx.gpus else "cpu",
+           "env": {"lockstep": f"{ENV_BENCH_DEPTH}=1", "pipelined": "(default: creditWindow + 1)"},
+           "table": [{"actors": p["actors"], "arm": p["arm"], **p["steady"],
+                      "policy_lag_mean": (p.get("policy_lag") or {}).get("mean"),
+                      "learner_busy": (p["trace"].get("learner") or {}).get("busy_fraction")}
+                     for p in points if "steady" in p and "error" not in p],
+           "points": points}
+    ctx.write("pipeline-pong-ppo.json", doc)
+    return {"table": doc["table"]}
+
+
 # ----------------------------------------------------------------- (c) planned run
 def cd_seconds(ctx: Context) -> float:
     """(c)'s and (d)'s equal length: half of what is left after their start-up, capped."""
@@ -365,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="output folder (default docs/device; --dry-run: a temp folder)")
     ap.add_argument("--budget", type=float,
                     help="seconds for all steps (default 480; --dry-run: 900, a bound only: its steps are short)")
-    ap.add_argument("--steps", default="abcd", help="which steps to run (default abcd)")
+    ap.add_argument("--steps", default="abecd", help="which steps to run, in the order a b e c d (default all)")
     ap.add_argument("--dry-run", action="store_true", help="every step briefly on the CPU, small batches")
     a = ap.parse_args(argv)
     ctx = Context(a, argv)
@@ -373,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
           f"gpu {ctx.machine.get('gpu')}", file=sys.stderr, flush=True)
     report: dict = {"steps": {}}
     cd = None
-    for key, fn in (("a", step_profiles), ("b", step_scaling), ("c", step_planned), ("d", step_sb3)):
+    for key, fn in (("a", step_profiles), ("b", step_scaling), ("e", step_pipeline), ("c", step_planned),
+                    ("d", step_sb3)):
         if key not in a.steps:
             continue
         t = time.monotonic()

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = {"run.json", "profile-pong-ppo.json", "profile-pong-dqn.json", "scaling-pong-ppo.json",
-         "pong-ppo-planned.json", "pong-sb3.json"}
+         "pong-ppo-planned.json", "pong-sb3.json", "pipeline-pong-ppo.json"}
 
 pytestmark = pytest.mark.slow  # two profiles and two short Pong runs: minutes on 2 busy cores
 
@@ -39,7 +39,7 @@ def test_device_check_dry_run(tmp_path):
         assert d["machine"]["cores"] == os.cpu_count() and d["date"], n
         assert "driver" in d["machine"] and "gpu" in d["machine"], n
     run = docs["run.json"]
-    assert set(run["steps"]) == {"a", "b", "c", "d"}
+    assert set(run["steps"]) == {"a", "b", "c", "d", "e"}
     assert all(s["status"] == "ok" for s in run["steps"].values()), run["steps"]
     for algo in ("ppo", "dqn"):  # (a) the real profiler, its planner keys filled in
         prof = docs[f"profile-pong-{algo}.json"]
@@ -51,6 +51,12 @@ def test_device_check_dry_run(tmp_path):
     assert point["actors"] == 1 and point["env_frames"] > 0 and point["rows"]
     assert point["resolved"]["topology"]["actors"] == 1 and point["resolved"]["resources"]["learner"]["gpu"] == 0
     assert [c["actors"] for c in scaling["curve"]] == [1]
+    pipeline = docs["pipeline-pong-ppo.json"]  # (e) lock step and pipelined, each run traced
+    assert [(p["arm"], p["actors"]) for p in pipeline["points"]] == [("lockstep", 1), ("pipelined", 1)]
+    for point in pipeline["points"]:
+        assert "error" not in point, point.get("log_tail") or point.get("error")
+        assert point["env_frames"] > 0 and point["trace"]["learner"]["updates"] > 0
+        assert point["trace"]["actors"]["fragments"] > 0
     planned = docs["pong-ppo-planned.json"]  # (c) the plan for this machine, then a run of it
     assert "error" not in planned["plan"] and planned["plan"]["actors"] >= 1
     assert planned["profile"] == "profile-pong-ppo.json"
