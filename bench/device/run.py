@@ -3,7 +3,7 @@
     bench/device/run.sh [--out DIR] [--budget SECONDS] [--steps abecd]  # on the GPU machine
     bench/device/run.sh --dry-run                                      # every step briefly, on the CPU
 
-Steps, in the order a b e c d, each in its own process with its own timeout; a step that fails records its
+Steps, in the order a b e c d v, each in its own process with its own timeout; a step that fails records its
 error in its JSON and the next one runs:
 
   (a) `tianji profile` of examples/pong-ppo.yaml and examples/pong-dqn.yaml (the GPU learner's
@@ -14,6 +14,10 @@ error in its JSON and the next one runs:
       pipelined (creditWindow + 1 shares ahead, the default), side by side, every role traced
       (bench/pipeline_trace.py: the learner's busy and starved time, the actors' delays)
                                                                 -> pipeline-pong-ppo.json
+  (v) on its own (--steps v): bench/planner_validation.py on this machine's quiet CPUs: random
+      CartPole topologies predicted and run, then the plan against random ones on time to
+      target                                                    -> planner-validation.json,
+                                                                   planner-time-to-target.json
   (c) Pong PPO at the plan `tianji plan --cpus CORES --gpus GPUS --profile (a)` makes for this
       machine: mean return and frames over time                 -> pong-ppo-planned.json
   (d) Stable-Baselines3 PPO (CnnPolicy, 16 SubprocVecEnv envs, rl-zoo Atari settings, the same
@@ -50,6 +54,8 @@ JOBS = {"ppo": ROOT / "examples" / "pong-ppo.yaml", "dqn": ROOT / "examples" / "
 ACTOR_COUNTS = (1, 2, 4, 8, 14)
 PIPELINE_ACTORS = (4, 8, 14)  # (e): lock step against pipelined at these actor counts
 PIPELINE_RUN_S = 28.0  # (e): each run
+VALIDATION_POINTS, VALIDATION_S = 6, 25.0  # (v): random topologies, seconds each
+TTT_RANDOM, TTT_BUDGET_S = 3, 60.0  # (v): random topologies against the plan, seconds cap to target
 CD_CAP_S = 150.0  # (c) and (d) each at most this long
 CD_MIN_S = 60.0  # (b) stops adding points before (c) and (d) would get less
 SCALING_RUN_S = 22.0  # (b): each run; its workers start in the first ~8-10 s (CUDA included)
@@ -353,6 +359,35 @@ def step_pipeline(ctx: Context) -> dict:
     return {"table": doc["table"]}
 
 
+# ----------------------------------------------------------------- (v) planner validation, quiet
+def step_validation(ctx: Context) -> dict:
+    """bench/planner_validation.py on this machine's CPUs, which nothing else uses: random CartPole
+    topologies predicted and run (median absolute error), then the planner's topology against
+    random ones on seconds to a mean return of 475. Its quiet gate stays on (0.5 load per core)."""
+    def run(name: str, args: list[str], timeout: float) -> dict:
+        cmd = [sys.executable, "-m", "bench.planner_validation", *args, "--out-dir", str(ctx.out)]
+        return run_cmd(cmd, timeout, ctx.work / f"{name}.log")
+
+    if ctx.dry:
+        r = run("validation", ["--n", "1", "--seconds", "20", "--algos", "ppo", "--max-load", "100", "--settle-s", "0"],
+                DRY_RUN_MAX_S)
+        return {"validation": {"rc": r["rc"], **_summary(ctx.out / "planner-validation.json")}}
+    r = run("validation", ["--n", str(VALIDATION_POINTS), "--seconds", f"{VALIDATION_S:g}"], ctx.left() - 5)
+    out = {"validation": {"rc": r["rc"], "log_tail": r["log_tail"], **_summary(ctx.out / "planner-validation.json")}}
+    if ctx.left() > (TTT_RANDOM + 1) * (TTT_BUDGET_S + 20):
+        r = run("time-to-target", ["--time-to-target", "--random", str(TTT_RANDOM), "--budget-s", f"{TTT_BUDGET_S:g}",
+                                   "--algos", "ppo"], ctx.left() - 5)
+        out["time_to_target"] = {"rc": r["rc"], "log_tail": r["log_tail"]}
+    else:
+        out["time_to_target"] = {"skipped": f"{ctx.left():.0f} s left"}
+    return out
+
+
+def _summary(path: Path) -> dict:
+    d = _read_json(path) or {}
+    return {k: d.get(k) for k in ("points_run", "median_abs_error", "max_abs_error", "kind_accuracy")}
+
+
 # ----------------------------------------------------------------- (c) planned run
 def cd_seconds(ctx: Context) -> float:
     """(c)'s and (d)'s equal length: half of what is left after their start-up, capped."""
@@ -410,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="output folder (default docs/device; --dry-run: a temp folder)")
     ap.add_argument("--budget", type=float,
                     help="seconds for all steps (default 480; --dry-run: 900, a bound only: its steps are short)")
-    ap.add_argument("--steps", default="abecd", help="which steps to run, in the order a b e c d (default all)")
+    ap.add_argument("--steps", default="abecd",
+                    help="which steps to run, in the order a b e c d v (default abecd; v is a call of its own)")
     ap.add_argument("--dry-run", action="store_true", help="every step briefly on the CPU, small batches")
     a = ap.parse_args(argv)
     ctx = Context(a, argv)
@@ -419,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"steps": {}}
     cd = None
     for key, fn in (("a", step_profiles), ("b", step_scaling), ("e", step_pipeline), ("c", step_planned),
-                    ("d", step_sb3)):
+                    ("d", step_sb3), ("v", step_validation)):
         if key not in a.steps:
             continue
         t = time.monotonic()
