@@ -73,8 +73,8 @@ def test_device_check_validation_step_dry_run(tmp_path):
     one short point here (its quiet gate lifted: this machine is shared)."""
     out = tmp_path / "device"
     env = {**os.environ, "PYTHON": sys.executable}
-    p = subprocess.run(["bash", str(ROOT / "bench" / "device" / "run.sh"), "--dry-run", "--steps", "v", "--out", str(out)],
-                       cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
+    cmd = ["bash", str(ROOT / "bench" / "device" / "run.sh"), "--dry-run", "--steps", "v", "--out", str(out)]
+    p = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     run = json.loads((out / "run.json").read_text())
     assert run["steps"]["v"]["status"] == "ok", run["steps"]
