@@ -279,9 +279,11 @@ def test_the_lag_floor_holds_updates_to_what_the_fragments_age_allows():
     d_f = 256 / 500
     assert p.consumed_sps == pytest.approx(j.spec.algorithm.batch_size * (4 - LAG_SPREAD - 0.5) / d_f)
     assert p.expected_policy_lag <= 4 and p.bottleneck == SAMPLE_BOUND
+    assert p.lag_floor_seconds == pytest.approx(d_f / (4 - LAG_SPREAD - 0.5))  # tianji plan names it
     loose = plan_for_job(job(topology=j.spec.topology.model_dump(), resources=j.spec.resources.model_dump(),
                              staleness={"maxPolicyLag": 40}), prof(actor=1000, learner=1e6))
     assert loose.consumed_sps == pytest.approx(4 * 500)  # a looser bound: the actors' production bounds it
+    assert loose.lag_floor_seconds == 0
 
 
 def test_plan_for_explicit_topology_infeasible():

@@ -103,7 +103,9 @@ def _summary_rows(p: Plan, source: str, cpus: float, gpus: int, host: dict | Non
         ("expected policy lag", f"{p.expected_policy_lag:.1f} versions"),
         ("critical path (s/update)", f"sample {p.sample_seconds:.4g}  train {p.train_seconds:.4g}  "
                                      f"all-reduce {p.allreduce_seconds:.4g}  comm {p.comm_seconds:.4g}"),
-        ("bottleneck", p.bottleneck),
+        ("bottleneck", p.bottleneck + (f": the fragments' age (maxPolicyLag allows an update every "
+                                       f"{p.lag_floor_seconds:.3g} s; shorter fragments or a looser bound lift it)"
+                                       if p.lag_floor_seconds else "")),
         ("time to target", f"x{p.frames_ratio:.3g} frames for the batch ({p.batch_curve}), x{p.lag_cost:.3g} for "
                            f"lag: effective {_fmt_rate(p.effective_sps)} samples/s"
                            + (f", {_duration(p.time_to_target_s)}" if p.time_to_target_s is not None else "")),

@@ -144,6 +144,7 @@ class Plan:
     assumed: tuple = ()  # figures the plan assumes, each naming why (explain.provenance)
     measured: tuple = ()  # figures it measured, each naming its file
     unused: tuple = ()  # dicts: why each unused core and GPU stays unused (explain.unused)
+    lag_floor_seconds: float = 0.0  # the update period the fragments' age imposes, where it binds (prediction)
 
     def topology(self) -> dict:
         """The counts of spec.topology (camelCase keys alike); planned_job adds groupSync."""
@@ -198,6 +199,7 @@ def make_plan(
         time_to_target_s=pred["time_to_target_s"],
         production_fps=pred["tr_a"],
         learner_capacity_sps=pred["tr_l"],
+        lag_floor_seconds=pred.get("lag_floor_seconds", 0.0),
         **about,
     )
 

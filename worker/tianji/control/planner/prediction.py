@@ -234,7 +234,8 @@ def predict(
     tm = _path_terms(job, p, sh, links, per_learner)
     t, t_a, tr_a, kind = _time_and_kind(job, sh, tr_a, tm, turns)
     t_lag = 0.0 if turns else _lag_floor(job, p, sh, tr_a)
-    if t_lag > t:  # faster updates would outrun the fragments' age: their samples would go stale
+    lag_bound = t_lag > t
+    if lag_bound:  # faster updates would outrun the fragments' age: their samples would go stale
         t, kind = t_lag, SAMPLE_BOUND
     consumed = sh.g * sh.nl * B / t
     if turns:  # actors produce only in their phase: what the learners take in, nothing more
@@ -273,4 +274,5 @@ def predict(
         "sync_link": links.sync.name,
         "learner_threads_measured": costmodel.thread_curve(p.learner_thread_scaling)[-1][0],
         "extrapolated": _extrapolated(job, p, sh, beyond_curve, tm, curve),
+        "lag_floor_seconds": t_lag if lag_bound else 0.0,
     }
