@@ -11,7 +11,7 @@ seconds after the first update on (start-up is not the steady state), into:
 - the actors: how long a publish takes to reach them (`publish_to_actor_s`), how long after a
   version arrives a fragment first acts with it (`arrival_to_acting_s`: an ONNX Runtime session
   being built), the share of fragments that act with an older version than the actor holds, and
-  the time one fragment takes;
+  the time one fragment takes and its frames;
 - the buffer and the learner's queue: how long a batch takes from the buffer to the learner;
 - the lag each update consumed at.
 
@@ -68,7 +68,7 @@ def _learner(events: list[dict], since: float) -> dict:
 
 
 def _actors(trace: dict[str, list[dict]], publishes: dict[int, float], since: float) -> dict:
-    to_actor, to_acting, frag_s = [], [], []
+    to_actor, to_acting, frag_s, frag_n = [], [], [], []
     fragments = behind = 0
     for sender, events in trace.items():
         if not sender.startswith("actor-"):
@@ -83,13 +83,14 @@ def _actors(trace: dict[str, list[dict]], publishes: dict[int, float], since: fl
                 fragments += 1
                 behind += e["v"] < e["held"]
                 frag_s.append(e["t"] - e["t0"])
+                frag_n.append(e.get("n", 0))
         first_acting: dict[int, float] = {}
         for e in events:
             if e["ev"] == "fragment":
                 first_acting.setdefault(e["v"], e["t0"])
         to_acting += [first_acting[v] - t for v, t in arrived.items() if v in first_acting and t >= since]
     return {"publish_to_actor_s": _q(to_actor), "arrival_to_acting_s": _q(to_acting),
-            "fragment_s": _q(frag_s), "fragments": fragments,
+            "fragment_s": _q(frag_s), "fragment_frames": median(frag_n) if frag_n else None, "fragments": fragments,
             "acting_behind_held": round(behind / fragments, 3) if fragments else None}
 
 

@@ -1,12 +1,17 @@
-"""Pong PPO from two source trees, side by side on one machine: a change measured against the code
-before it (the device tool sends one tree, so the other travels as a copy of its worker/ folder).
+"""Pong PPO in two arms, side by side on one machine: this tree against another tree (a change
+measured against the code before it), or against itself with other settings.
 
-    python -m bench.device.ab_trees --base DIR [--actors 8] [--rounds 2] [--seconds 35] [--out DIR]
+    python -m bench.device.ab_trees [--base DIR] [--base-set K=V ...] [--tree-set K=V ...]
+                                    [--actors 8] [--rounds 2] [--seconds 35] [--out DIR] [--dry-run]
 
-DIR holds the base tree's `worker/` (for example `git worktree add /tmp/base REV`, then copy its
-worker/ into an ignored folder of this repo and carry it). Each round runs the base, then this
-tree, with the scaling step's overrides (one GPU learner where there is a GPU, one buffer, one core
-per actor); this tree's runs are traced (bench/pipeline_trace.py). Writes ab-trees-pong-ppo.json.
+`--base DIR`: a folder holding the base tree's `worker/` (the device tool sends one tree, so the
+other travels as a copy: `git worktree add /tmp/base REV`, copy its worker/ into an ignored folder
+of this repo and carry it); without it both arms run this tree. `--base-set` / `--tree-set`: `--set`
+overrides of one arm only (for example spec.env.fragmentLength=32). Each round runs the base arm,
+then the tree arm, with the scaling step's overrides (one GPU learner where there is a GPU, one
+buffer, one core per actor); the tree arm is traced (bench/pipeline_trace.py). Writes --name
+(default ab-trees-pong-ppo.json). `--dry-run`: small batches on the CPU, one short round
+(tests/bench/test_device_dryrun.py).
 """
 from __future__ import annotations
 
@@ -30,29 +35,39 @@ def _rev(tree: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", required=True, help="a folder holding the base tree's worker/")
+    ap.add_argument("--base", help="a folder holding the base tree's worker/ (default: this tree)")
+    ap.add_argument("--base-set", action="append", default=[], metavar="KEY=VALUE", help="the base arm only")
+    ap.add_argument("--tree-set", action="append", default=[], metavar="KEY=VALUE", help="the tree arm only")
     ap.add_argument("--actors", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=35.0)
     ap.add_argument("--out", help="output folder (default docs/device)")
     ap.add_argument("--label", default="", help="what the base is, for the record (e.g. its commit)")
+    ap.add_argument("--dry-run", action="store_true", help="small batches on the CPU, briefly")
+    ap.add_argument("--name", default="ab-trees-pong-ppo.json", help="the output file's name")
     a = ap.parse_args(argv)
     from bench.pipeline_trace import analyse
     from tianji.runtime.trace import ENV_TRACE
 
-    ctx = Context(argparse.Namespace(dry_run=False, out=a.out, budget=None), argv)
+    ctx = Context(argparse.Namespace(dry_run=a.dry_run, out=a.out, budget=None), argv)
     ctx.stamp["command"] = " ".join(["python -m bench.device.ab_trees", *argv])
-    base_path = os.pathsep.join(filter(None, [str(Path(a.base).resolve() / "worker"), os.environ.get("PYTHONPATH")]))
+    base_env = {}
+    if a.base:
+        base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(a.base).resolve() / "worker"),
+                                                               os.environ.get("PYTHONPATH")]))
+    cpu = 0.5 if ctx.dry else 1
     overrides = [*gpu_sets(ctx), f"spec.topology.actors={a.actors}", "spec.topology.buffers=1",
-                 "spec.topology.learners=1", "spec.resources.actor.cpu=1", "spec.resources.buffer.cpu=1",
+                 "spec.topology.learners=1", f"spec.resources.actor.cpu={cpu}", f"spec.resources.buffer.cpu={cpu}",
                  "spec.resources.learner.cpu=1", "spec.resources.learner.threads=1"]
+    arms = {"base": (a.base_set, base_env), "tree": (a.tree_set, {})}
     points = []
     for i in range(a.rounds):
         for arm in ("base", "tree"):
             trace = ctx.work / f"trace-{arm}-{i}"
-            env = {"PYTHONPATH": base_path} if arm == "base" else {ENV_TRACE: str(trace)}
-            res = tianji_run(ctx, f"ab-{arm}-{i}", overrides, a.seconds, env_extra=env)
-            res.update(arm=arm, round=i, steady=steady_rates(res.get("rows", [])))
+            sets, env = arms[arm]
+            env = {**env, ENV_TRACE: str(trace)} if arm == "tree" else env
+            res = tianji_run(ctx, f"ab-{arm}-{i}", [*overrides, *sets], a.seconds, env_extra=env)
+            res.update(arm=arm, round=i, arm_sets=sets, steady=steady_rates(res.get("rows", [])))
             if arm == "tree":
                 res["trace"] = analyse(trace)
             points.append(res)
@@ -60,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     table = [{"arm": p["arm"], "round": p["round"], **p["steady"],
               "policy_lag_mean": (p.get("policy_lag") or {}).get("mean"), "dropped": p.get("dropped_samples")}
              for p in points if "error" not in p]
-    ctx.write("ab-trees-pong-ppo.json", {"base": a.label or str(a.base), "tree": _rev(ROOT), "actors": a.actors,
-                                         "table": table, "points": points})
+    ctx.write(a.name, {"base": a.label or (str(a.base) if a.base else "this tree"),
+                                         "tree": _rev(ROOT), "base_sets": a.base_set, "tree_sets": a.tree_set,
+                                         "actors": a.actors, "table": table, "points": points})
     return 0
 
 

@@ -83,3 +83,22 @@ def test_device_check_validation_step_dry_run(tmp_path):
     assert point["predicted"]["consumed_sps"] > 0 and point["topology"]["algo"] == "ppo"
     # measured, or (a 20-s run on a loaded 2-core machine) said why not: never a silent gap
     assert point.get("measured", {}).get("consumed_sps", 0) > 0 or point["error"] == "no steady window"
+
+
+def test_the_two_arm_ab_runs_each_arm_with_its_own_settings(tmp_path):
+    """bench/device/ab_trees.py without --base: this tree in both arms, a setting of each arm's own."""
+    out = tmp_path / "ab"
+    cmd = [sys.executable, "-m", "bench.device.ab_trees", "--dry-run", "--actors", "1", "--rounds", "1",
+           "--base-set", "spec.env.fragmentLength=16", "--tree-set", "spec.env.fragmentLength=8", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "worker"), str(ROOT)])}
+    p = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads((out / "ab-trees-pong-ppo.json").read_text())
+    assert doc["base"] == "this tree" and doc["tree_sets"] == ["spec.env.fragmentLength=8"]
+    base, tree = doc["points"]
+    assert (base["arm"], tree["arm"]) == ("base", "tree")
+    for point, length in ((base, 16), (tree, 8)):
+        assert "error" not in point, point.get("log_tail") or point.get("error")
+        assert point["env_frames"] > 0 and point["arm_sets"] == [f"spec.env.fragmentLength={length}"]
+    assert "trace" not in base and tree["trace"]["actors"]["fragments"] > 0  # the tree arm is traced...
+    assert tree["trace"]["actors"]["fragment_frames"] == 2 * 8  # ...with its own setting (--dry-run: 2 envs)

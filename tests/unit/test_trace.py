@@ -37,7 +37,7 @@ def test_the_analysis_splits_the_learners_gaps_into_starved_and_host_time(tmp_pa
         learner.append({"t": t + 0.1, "ev": "update", "dt": 0.1, "v": v, "lag": 1.0})
         learner.append({"t": t + 0.1, "ev": "publish", "v": v + 1})
         actor.append({"t": t + 0.12, "ev": "params", "v": v + 1})
-        actor.append({"t": t + 0.40, "ev": "fragment", "t0": t + 0.13, "v": v + 1, "held": v + 1})
+        actor.append({"t": t + 0.40, "ev": "fragment", "t0": t + 0.13, "v": v + 1, "held": v + 1, "n": 512})
         buffer.append({"t": t + 0.38, "ev": "batch_out", "vmin": v, "vmax": v, "n": 1024})
         learner.append({"t": t + 0.40, "ev": "batch_in", "vmin": v, "vmax": v, "pending": 1})
         t += 0.45  # update 0.1 + starved 0.3 + host 0.05
@@ -53,6 +53,7 @@ def test_the_analysis_splits_the_learners_gaps_into_starved_and_host_time(tmp_pa
     assert a["publish_to_actor_s"]["median"] == pytest.approx(0.02, abs=1e-6)
     assert a["arrival_to_acting_s"]["median"] == pytest.approx(0.01, abs=1e-6)
     assert a["fragment_s"]["median"] == pytest.approx(0.27, abs=1e-6) and a["acting_behind_held"] == 0
+    assert a["fragment_frames"] == 512
     assert out["buffer_to_learner_s"]["median"] == pytest.approx(0.02, abs=1e-6)
 
 

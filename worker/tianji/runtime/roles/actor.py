@@ -267,8 +267,8 @@ class Actor(ParamFollower, Role):
         t0 = time.monotonic()
         arrays, finished = self.rollout.fragment()
         version = self.rollout.acting_version
-        self.trace("fragment", t0=round(t0, 6), v=version, held=self.version)
         frames = self.rollout.n * self.rollout.T
+        self.trace("fragment", t0=round(t0, 6), v=version, held=self.version, n=frames)
         finished = [(r, n) for r, n in finished if math.isfinite(r)]  # a return summed over a NaN reward is no return
         if finished:
             self.recent.extend(r for r, _ in finished)
