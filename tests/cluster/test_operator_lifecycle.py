@@ -1,6 +1,7 @@
 """The operator's own life on the real control plane: restarted mid-run by its Deployment
-(no duplicate child, no terminal condition rewritten, no actor of an ended job revived), and
-`helm uninstall` with a job running (no object left, no finalizer stuck)."""
+(no duplicate child, no terminal condition rewritten, no actor of an ended job revived), stopped
+while pods are lost (each re-creation counted when it returns), and `helm uninstall` with a job
+running (no object left, no finalizer stuck)."""
 from __future__ import annotations
 
 import time
@@ -59,6 +60,44 @@ def test_an_operator_restart_keeps_ended_jobs_ended_and_running_ones_single(clus
     assert all(s["spec"]["replicas"] == 0 for s in done_sets), [s["spec"] for s in done_sets]
     st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 600)
     assert st["phase"] == "Succeeded", st
+
+
+def scale_operator(c, replicas: int) -> None:
+    c.kubectl("scale", "deployment", "-n", OPERATOR_NS, "-l", OPERATOR_POD, f"--replicas={replicas}")
+    if replicas:
+        wait_for(lambda: ready(operator_pod(c)), 120, "the operator pod, Ready")
+    else:
+        wait_for(lambda: not (get(c, "pods", "-n", OPERATOR_NS, "-l", OPERATOR_POD) or {}).get("items"), 120,
+                 "the operator pod gone")
+
+
+@pytest.mark.timeout(900)
+def test_pods_lost_while_the_operator_is_down_are_counted_when_it_returns(cluster, operator, namespace):
+    """With no operator running, an actor pod is deleted (its StatefulSet makes it again) and so is
+    the learner pod (nothing makes it again). The operator that comes back counts both
+    re-creations, makes the learner again, and the job still ends at its target."""
+    cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                    input=example({"stop": {"meanReturn": 475, "envFrames": None, "seconds": 900},
+                                   "checkpoint": {"intervalSeconds": 5}}))
+    wait_for(lambda: status(cluster, namespace).get("envFrames", 0) > 20000, 300, "the job training",
+             on_timeout=lambda: diagnostics(cluster, namespace))
+    actor, learner = f"{JOB}-actor-0-1", f"{JOB}-learner-0-0"
+    gone = {n: get(cluster, "pod", "-n", namespace, n)["metadata"]["uid"] for n in (actor, learner)}
+    scale_operator(cluster, 0)
+    try:
+        for name in (actor, learner):
+            cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=false")
+        wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, actor)) and p["metadata"]["uid"] != gone[actor],
+                 120, "the StatefulSet to make the actor again", on_timeout=lambda: diagnostics(cluster, namespace))
+        wait_for(lambda: get(cluster, "pod", "-n", namespace, learner) is None, 120, "the learner pod gone")
+    finally:
+        scale_operator(cluster, 1)
+    wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, learner)) and p["metadata"]["uid"] != gone[learner],
+             120, "the operator to make the learner again", on_timeout=lambda: diagnostics(cluster, namespace))
+    st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 480)
+    assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(cluster, namespace)
+    by_role = st["restartsByRole"]
+    assert by_role["actor"]["pods"] == 1 and by_role["learner"]["pods"] == 1, by_role
 
 
 @pytest.mark.timeout(600)
