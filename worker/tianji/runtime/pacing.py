@@ -106,8 +106,8 @@ class VersionQuota:
     A relaxed PPO learner consumes one batch per update. With one share per version and nothing
     ahead (depth 1) the job runs in lock step: the learner publishes, waits while the actors
     produce the next batch with that version, trains on it, publishes again. Learner and actors
-    then take turns: a GPU learner that updates Pong in 0.12 s per batch consumed 3.4k samples/s,
-    idle while 8 actors stepped. With depth 2 one batch trains while the next is produced: the
+    then take turns: traced on CartPole (2 actors, 2 cores), the learner sat idle 48 % of the time
+    and consumed at lag 0.07. With depth 2 one batch trains while the next is produced: the
     share sent with version v is what the update after the current one trains on (lag 1, what
     `overlap_lag` allows for creditWindow 1), and neither side waits on the other.
     `depth` = creditWindow + 1: the batch training and the ones its credit window queues.

@@ -326,7 +326,8 @@ class Learner(Role):
             return
         dt = time.perf_counter() - t0
         self.busy += dt
-        self.trace("update", dt=round(dt, 6), v=self.version, lag=float(np.mean(self.version - versions)))
+        if self.trace.on:
+            self.trace("update", dt=round(dt, 6), v=self.version, lag=float(np.mean(self.version - versions)))
         # Silence is counted from the end of an update: an update longer than CREDIT_REFRESH_S must not
         # read as a silent buffer (its top-up credits would queue batches here and grow the policy lag).
         self.last_batch_from[buffer] = time.monotonic()
