@@ -10,8 +10,9 @@ resumes where it stopped, on whichever node. Every test waits for the target: th
 and never succeeds untrained.
 
 Also: a buffer pod and an actor pod deleted (each re-creation counted once, frames counted once),
-a learner's worker killed with SIGKILL (restarted in place, counted), and a suspend and resume
-(the learner resumes from its claim; nothing counted as a disruption). A job that ends at its
+a learner's worker killed with SIGKILL (restarted in place, counted), a suspend and resume
+(the learner resumes from its claim; nothing counted as a disruption), and `kubectl scale` while
+the learner pod is gone (the scale holds; the scale-up is no re-creation). A job that ends at its
 target does so on the confirming evaluation of its saved policy (`status.targetEvaluation`)."""
 from __future__ import annotations
 
@@ -248,3 +249,22 @@ def test_a_suspended_job_resumes_from_its_checkpoint_and_reaches_its_target(clus
     assert st["policyVersion"] >= version, (version, st["policyVersion"])  # resumed, not from scratch
     by_role = st["restartsByRole"]
     assert all(v == {"containers": 0, "pods": 0} for v in by_role.values()), by_role  # the operator's own doing
+
+
+@pytest.mark.timeout(900)
+def test_a_scale_while_the_learner_is_re_created_holds_and_the_job_reaches_its_target(cluster, operator, namespace):
+    """`kubectl scale` lands while the learner pod is gone: the new actor count holds, the learner
+    comes back and trains, its re-creation is counted once and the scale-up is no re-creation."""
+    cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                    input=example({**TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
+    training(cluster, namespace)
+    learner = f"{JOB}-learner-0-0"
+    old = get(cluster, "pod", "-n", namespace, learner)
+    cluster.kubectl("delete", "pod", learner, "-n", namespace, "--wait=false")
+    cluster.kubectl("scale", f"tjj/{JOB}", "-n", namespace, "--replicas=3")
+    trains_again(cluster, namespace, old["metadata"]["uid"])
+    wait_for(lambda: get(cluster, "statefulset", "-n", namespace, f"{JOB}-actor-0")["spec"]["replicas"] == 3, 120,
+             "the actors' StatefulSet at 3", on_timeout=lambda: diagnostics(cluster, namespace))
+    st = _ends_at_a_confirmed_target(cluster, namespace)  # (an ended job's actors are scaled to 0)
+    by_role = st["restartsByRole"]
+    assert by_role["learner"]["pods"] == 1 and by_role["actor"]["pods"] == 0, by_role
