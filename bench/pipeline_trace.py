@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from bisect import bisect_right
 from pathlib import Path
 from statistics import mean, median
 from typing import Optional
@@ -49,7 +50,7 @@ def _q(xs: list[float]) -> Optional[dict]:
 
 def _learner(events: list[dict], since: float) -> dict:
     updates = [e for e in events if e["ev"] == "update" and e["t"] - e["dt"] >= since]
-    batches = [e["t"] for e in events if e["ev"] == "batch_in"]
+    batches = [e["t"] for e in events if e["ev"] == "batch_in"]  # in time order (read_trace)
     if len(updates) < 2:
         return {"updates": len(updates)}
     span = updates[-1]["t"] - (updates[0]["t"] - updates[0]["dt"])
@@ -57,7 +58,8 @@ def _learner(events: list[dict], since: float) -> dict:
     for prev, cur in zip(updates, updates[1:]):
         start = cur["t"] - cur["dt"]
         # the batch this update trained on: the last one in before it started, at most
-        arrived = max((b for b in batches if b <= start), default=prev["t"])
+        i = bisect_right(batches, start)
+        arrived = batches[i - 1] if i else prev["t"]
         starved.append(max(0.0, arrived - prev["t"]))
         host.append(max(0.0, start - max(prev["t"], arrived)))
     return {"updates": len(updates), "seconds": round(span, 2), "updates_per_s": round(len(updates) / span, 3),
@@ -74,20 +76,19 @@ def _actors(trace: dict[str, list[dict]], publishes: dict[int, float], since: fl
         if not sender.startswith("actor-"):
             continue
         arrived: dict[int, float] = {}
+        first_acting: dict[int, float] = {}
         for e in events:
             if e["ev"] == "params" and e["v"] not in arrived:
                 arrived[e["v"]] = e["t"]
                 if e["t"] >= since and e["v"] in publishes:
                     to_actor.append(e["t"] - publishes[e["v"]])
-            elif e["ev"] == "fragment" and e["t0"] >= since:
-                fragments += 1
-                behind += e["v"] < e["held"]
-                frag_s.append(e["t"] - e["t0"])
-                frag_n.append(e.get("n", 0))
-        first_acting: dict[int, float] = {}
-        for e in events:
-            if e["ev"] == "fragment":
+            elif e["ev"] == "fragment":
                 first_acting.setdefault(e["v"], e["t0"])
+                if e["t0"] >= since:
+                    fragments += 1
+                    behind += e["v"] < e["held"]
+                    frag_s.append(e["t"] - e["t0"])
+                    frag_n.append(e.get("n", 0))
         to_acting += [first_acting[v] - t for v, t in arrived.items() if v in first_acting and t >= since]
     return {"publish_to_actor_s": _q(to_actor), "arrival_to_acting_s": _q(to_acting),
             "fragment_s": _q(frag_s), "fragment_frames": median(frag_n) if frag_n else None, "fragments": fragments,

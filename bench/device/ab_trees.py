@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.device.run import ROOT, Context, gpu_sets, steady_rates, tianji_run
+from bench.device.run import ROOT, Context, one_learner_sets, steady_rates, tianji_run
 
 
 def _rev(tree: Path) -> str | None:
@@ -55,10 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.base:
         base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(a.base).resolve() / "worker"),
                                                                os.environ.get("PYTHONPATH")]))
-    cpu = 0.5 if ctx.dry else 1
-    overrides = [*gpu_sets(ctx), f"spec.topology.actors={a.actors}", "spec.topology.buffers=1",
-                 "spec.topology.learners=1", f"spec.resources.actor.cpu={cpu}", f"spec.resources.buffer.cpu={cpu}",
-                 "spec.resources.learner.cpu=1", "spec.resources.learner.threads=1"]
+    overrides = one_learner_sets(ctx, a.actors)
     arms = {"base": (a.base_set, base_env), "tree": (a.tree_set, {})}
     points = []
     for i in range(a.rounds):

@@ -287,6 +287,16 @@ def _read_json_yaml(path: Path):
         return None
 
 
+def one_learner_sets(ctx: Context, actors: int) -> list[str]:
+    """`actors` actor processes, one buffer, one learner (the GPU where there is one): one core per
+    actor, one for the buffer, one for the learner's host side, so 14 actors fill 16 (a dry run on
+    2 cores: halves, so that the planner admits the topology)."""
+    cpu = 0.5 if ctx.dry else 1
+    return [*gpu_sets(ctx), f"spec.topology.actors={actors}", "spec.topology.buffers=1", "spec.topology.learners=1",
+            f"spec.resources.actor.cpu={cpu}", f"spec.resources.buffer.cpu={cpu}", "spec.resources.learner.cpu=1",
+            "spec.resources.learner.threads=1"]
+
+
 def gpu_sets(ctx: Context) -> list[str]:
     base = [f"spec.resources.cpus={ctx.cores}", f"spec.resources.gpus={ctx.gpus}"]
     return base + (["spec.resources.learner.gpu=1"] if ctx.gpus else [])
@@ -301,14 +311,7 @@ def step_scaling(ctx: Context) -> dict:
         if ctx.left() < seconds + RUN_OVERHEAD_S + 2 * (CD_MIN_S + RUN_OVERHEAD_S):  # room for (c) and (d)
             points.append({"actors": n, "skipped": "out of budget"})
             continue
-        # One core per actor, one for the buffer, one for the learner's host side: 14 actors fill 16
-        # (a dry run on 2 cores: halves, so that the planner admits the topology).
-        cpu = 0.5 if ctx.dry else 1
-        res = tianji_run(ctx, f"scaling-{n}", [*gpu_sets(ctx), f"spec.topology.actors={n}",
-                                              "spec.topology.buffers=1", "spec.topology.learners=1",
-                                              f"spec.resources.actor.cpu={cpu}", f"spec.resources.buffer.cpu={cpu}",
-                                              "spec.resources.learner.cpu=1", "spec.resources.learner.threads=1"],
-                         seconds)
+        res = tianji_run(ctx, f"scaling-{n}", one_learner_sets(ctx, n), seconds)
         res["actors"] = n
         res["steady"] = steady_rates(res.get("rows", []))
         points.append(res)
@@ -339,13 +342,8 @@ def step_pipeline(ctx: Context) -> dict:
                 points.append({"actors": n, "arm": arm, "skipped": "out of budget"})
                 continue
             trace = ctx.work / f"trace-{arm}-{n}"
-            cpu = 0.5 if ctx.dry else 1
-            res = tianji_run(ctx, f"pipeline-{arm}-{n}",
-                             [*gpu_sets(ctx), f"spec.topology.actors={n}", "spec.topology.buffers=1",
-                              "spec.topology.learners=1", f"spec.resources.actor.cpu={cpu}",
-                              f"spec.resources.buffer.cpu={cpu}", "spec.resources.learner.cpu=1",
-                              "spec.resources.learner.threads=1"],
-                             seconds, env_extra={ENV_TRACE: str(trace), ENV_BENCH_DEPTH: depth})
+            res = tianji_run(ctx, f"pipeline-{arm}-{n}", one_learner_sets(ctx, n), seconds,
+                             env_extra={ENV_TRACE: str(trace), ENV_BENCH_DEPTH: depth})
             res.update(actors=n, arm=arm, steady=steady_rates(res.get("rows", [])), trace=analyse(trace))
             points.append(res)
     doc = {"step": "e", "job": "examples/pong-ppo.yaml", "learner": "gpu" if ctx.gpus else "cpu",
