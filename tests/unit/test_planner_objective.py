@@ -82,7 +82,7 @@ def test_no_smaller_plan_it_considered_predicts_more_progress(name, cpus, gpus, 
     for c in choice.eligible:
         k = objective.resources(c, cpus, gpus) / r
         if k > 1 + 1e-9:
-            assert c.effective < chosen.effective * k ** x * (1 + objective.NEAR_BEST) + 1e-6
+            assert c.effective <= chosen.effective * k ** x * (1 + 1e-9), c.shape
 
 
 def test_the_issue_command_is_no_longer_forty_times_the_cores_for_twice_the_progress():
@@ -224,3 +224,21 @@ def test_the_search_keeps_groups_whole_on_nodes_over_a_slow_measured_link():
     p = plan(j, cpus=16, nodes=4, cpus_per_node=4, profile=link_profile())
     assert p.group_link == "loopback"
     assert isinstance(p, Plan) and p.cpus_used <= 16
+
+
+def test_a_close_call_that_meets_the_rule_takes_the_bigger_plan(capsys):
+    # The user's goal is time to a trained model on the resources given: a bigger plan that buys
+    # what minMarginalGain asks is taken however close the call; one that misses it is not, and
+    # the explanation says the call was within the model's noise. The docs/planner.md example:
+    # GPU learners buy +193 % for 8.56x the resources where the rule asks +192 %.
+    args = ["plan", str(ROOT / "examples" / "cartpole-ppo.yaml"), "--cpus", "128", "--gpus", "8",
+            "--profile", str(PPO_PROFILE), "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpus_used"] > 0
+    cpu_plans = [r for r in out["runners_up"] if r["gpus_used"] == 0]
+    assert cpu_plans and all(r["effective_sps"] < out["effective_sps"] for r in cpu_plans)
+    step = next(u for u in out["unused"] if u["what"].startswith("a group more"))
+    assert step["gain"] < step["asks"] and "cannot resolve" in step["why"]
+    assert main(args + ["--set", "spec.plan.minMarginalGain=1"]) == 0  # the rule still binds
+    assert json.loads(capsys.readouterr().out)["gpus_used"] == 0

@@ -118,7 +118,7 @@ def _steps(job: TianJiJob, p: Profile, c: Candidate, budget: Budget, curve: Curv
 
 
 def improve(job: TianJiJob, p: Profile, c: Candidate, budget: Budget, curve: CurveUse, x: float, max_lag) -> Candidate:
-    """Steps up from `c` while one scores above it by more than objective.NEAR_BEST (module docstring)."""
+    """Steps up from `c` while a step scores above it: the budget rule, to the last digit (objective)."""
     g = budget.gpus
     for _ in range(MAX_STEPS):
         best = c
@@ -129,9 +129,7 @@ def improve(job: TianJiJob, p: Profile, c: Candidate, budget: Budget, curve: Cur
                 and c.pred["expected_policy_lag"] <= max_lag
             ):
                 continue
-            if objective.score(alt, budget.cpus, g, x) > objective.score(best, budget.cpus, g, x) * (
-                1 + objective.NEAR_BEST
-            ):
+            if objective.score(alt, budget.cpus, g, x) > objective.score(best, budget.cpus, g, x) * (1 + _EPS):
                 best = alt
         if best is c:
             return c
@@ -148,9 +146,7 @@ def _verdict(alt: Candidate, c: Candidate, budget: Budget, x: float, max_lag) ->
     k = objective.resources(alt, budget.cpus, g) / objective.resources(c, budget.cpus, g)
     gain, asks = alt.effective / c.effective - 1, k**x - 1
     why = f"{gain:+.0%} progress for {k:.3g}x the resources; minMarginalGain {x:g} asks {asks:+.0%}"
-    if objective.score(alt, budget.cpus, g, x) >= objective.score(c, budget.cpus, g, x) * (1 - objective.NEAR_BEST):
-        why += f" (within {objective.NEAR_BEST:.0%} of it: as good, and the plan keeps fewer resources)"
-    return gain, asks, why
+    return gain, asks, why + objective.close_call(alt, c, budget.cpus, g, x)
 
 
 def _detail(label: str, job: TianJiJob, p: Profile, alt: Candidate, c: Candidate, curve: CurveUse) -> str:

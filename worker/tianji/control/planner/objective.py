@@ -18,8 +18,11 @@ every smaller plan and leaves no bigger plan that does. Consequences, stated:
 - x = 0: the most effective progress the budget buys; x = 1: the most per resource.
 
 Staleness first: plans whose expected policy lag exceeds spec.maxPolicyLag are dropped when
-any plan meets it (the buffer would discard their samples). Scores within NEAR_BEST of the
-best count as equal; among those, the fewest resources, then learners, then processes.
+any plan meets it (the buffer would discard their samples). The rule decides to the last
+digit: a bigger plan that buys what x asks is taken, however close the call (the user's goal is
+time to a trained model on the resources given), and only exact ties go to the fewest
+resources, then learners, then processes. A runner-up whose score is within NEAR_BEST of the
+plan's is said to be so: the model's figures cannot tell the two apart.
 `choose` also names the runners-up (the nearest smaller and bigger plans on the E-versus-R
 frontier, the most-progress plan, the best plan dropped for lag) and why each lost.
 """
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 
 from tianji.control.planner.search import Candidate
 
-NEAR_BEST = 0.02  # scores within this fraction of the best are "as good"
+NEAR_BEST = 0.02  # scores this close are a call the model cannot resolve (said, not acted on)
 _EPS = 1e-9
 
 
@@ -70,7 +73,7 @@ def choose(cands: list[Candidate], cpus: float, gpus: int, x: float, max_lag=Non
     """The plan the budget rule picks from `cands` (non-empty), and its runners-up."""
     eligible = _lag_ok(cands, max_lag)
     best = max(score(c, cpus, gpus, x) for c in eligible)
-    pool = [c for c in eligible if score(c, cpus, gpus, x) >= (1 - NEAR_BEST) * best]
+    pool = [c for c in eligible if score(c, cpus, gpus, x) >= (1 - _EPS) * best]
 
     def smallest(c: Candidate) -> tuple:  # resources, then learners, then processes
         s = c.shape
@@ -100,14 +103,22 @@ def _describe(c: Candidate, chosen: Candidate, lost: str) -> dict:
     }
 
 
+def close_call(alt: Candidate, c: Candidate, cpus: float, gpus: int, x: float) -> str:
+    """A note when `alt` lost to `c` by less than NEAR_BEST of the score: within the model's noise."""
+    if score(alt, cpus, gpus, x) >= score(c, cpus, gpus, x) * (1 - NEAR_BEST):
+        return f" (within {NEAR_BEST:.0%} of it: a call the model cannot resolve; the rule keeps the smaller plan)"
+    return ""
+
+
 def _why(c: Candidate, chosen: Candidate, cpus: float, gpus: int, x: float) -> str:
     """Why `c` lost to `chosen` under the budget rule, in the rule's own terms."""
     rc, rp = resources(c, cpus, gpus), resources(chosen, cpus, gpus)
     if score(c, cpus, gpus, x) >= score(chosen, cpus, gpus, x) * (1 - _EPS):
-        return f"scores within {NEAR_BEST:.0%} of the plan (as good); the planner keeps the one with fewer resources"
+        return "scores as the plan does; the planner keeps the one with fewer resources"
     if rc > rp:
         k, gain = rc / rp, c.effective / chosen.effective - 1
-        return f"{gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k**x - 1:+.0%}"
+        close = close_call(c, chosen, cpus, gpus, x)
+        return f"{gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k**x - 1:+.0%}{close}"
     k, gain = rp / rc, chosen.effective / c.effective - 1
     return f"the plan buys {gain:+.0%} progress for {k:.2g}x resources; minMarginalGain {x:g} asks {k**x - 1:+.0%}"
 
