@@ -21,6 +21,7 @@ import yaml
 
 from tianji.control.contracts.accounting import Accounting
 from tianji.control.contracts.addressing import actor_set_name
+from tianji.control.contracts.episodes import EpisodeBounds
 from tianji.control.contracts.rolereport import Report, ReportError
 from tianji.control.spec import API_VERSION, KIND, JobSpec, RunPolicy, SpecError, TianJiJob, parse_job
 from tianji.control.spec.userenv import missing_spaces
@@ -56,6 +57,7 @@ class JobMemory:
     # a pod re-created between two ticks, or before the first, is counted all the same.
     watched: dict[str, dict[str, dict]] = field(default_factory=dict)
     watch_since: str = ""  # pods created before this are not counted from the watch (a suspend's, a resume's)
+    bounds: EpisodeBounds = EpisodeBounds()  # episodes the env can produce (episodes.without_gym): others refused
 
     def forget_pods(self, now_iso: str) -> None:
         """The operator deletes or re-creates the pods itself (suspend, resume): no disruption."""
@@ -78,6 +80,9 @@ class JobMemory:
             return
         if self.ended and not self.known(rep.incarnation):
             return  # started after the end (a pod made again by someone): not part of this job's result
+        if rep.role == "actor" and (why := self.bounds.refusal(rep.recent)) is not None:
+            self.refuse([f"{rep.role}-{rep.group}-{rep.index}: return: {why}"])  # env code's claim, refused whole
+            return
         try:
             acc.take(rep)
         except ReportError as e:

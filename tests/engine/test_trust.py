@@ -430,6 +430,11 @@ def test_episodes_an_env_cannot_produce_are_refused():
     assert b.problem(500.0, 500) is None and b.problem(37.0, 37) is None
     assert "10 steps" in b.problem(500.0, 10) and "outside 1..500" in b.problem(600.0, 600)
     assert b.problem(-1.0, 5) is not None and b.problem(float("nan"), 5) is not None
+    from tianji.control.contracts import episodes
+
+    assert episodes.without_gym(load_job(PPO).spec.env) == b  # the operator's bounds: the same
+    declared = load_job(PPO, ["spec.env.episodeBounds.maxSteps=100"]).spec.env
+    assert episode_bounds(declared).max_steps == 100 == episodes.without_gym(declared).max_steps
 
 
 def test_the_launcher_refuses_a_report_with_impossible_returns(tmp_path):

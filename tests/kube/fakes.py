@@ -112,7 +112,8 @@ class FakePodMetrics:
 
 def worker_report(job: str, role: str, group: int, index: int, *, seq: int = 1, incarnation: str = "inc0",
                   episodes: list[float] = (), episodes_total: int | None = None, final: bool = False,
-                  version: int = 0, checkpoint: str | None = None, **counts: float) -> dict:
+                  version: int = 0, checkpoint: str | None = None, lengths: list[int] = (),
+                  **counts: float) -> dict:
     """A role's report as a worker builds it (RoleMetrics + build_report), with these counts. A
     learner past version 0 reports its checkpoint at that version (and a digest), as one that
     checkpoints every version would; `checkpoint=""` reports none."""
@@ -127,7 +128,7 @@ def worker_report(job: str, role: str, group: int, index: int, *, seq: int = 1, 
                         started=1_800_000_000.0, seq=seq,
                         time=1_800_000_000.0 + seq, final=final, snapshot=m.snapshot(),
                         episodes_total=len(eps) if episodes_total is None else episodes_total,
-                        recent=[(1_800_000_000.0 + seq + i * 1e-3, r) for i, r in enumerate(eps)],
+                        recent=[(1_800_000_000.0 + seq + i * 1e-3, r, *lengths[i:i + 1]) for i, r in enumerate(eps)],
                         extra=_learner_extra(version, checkpoint) if role == "learner" else {})
 
 

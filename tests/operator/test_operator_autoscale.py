@@ -129,6 +129,45 @@ async def test_reports_are_read_from_running_pods_and_validated():
     assert acc.totals()["env_frames"] == 1000 and acc.episodes_total == 2 and acc.policy_version() == 3
 
 
+def test_an_actor_report_of_episodes_its_env_cannot_produce_is_refused_and_counted():
+    """The operator has no Gymnasium: it bounds episodes by the classic-control table and by
+    spec.env.episodeBounds (control/contracts/episodes.py), as `tianji run` does."""
+    from tianji.control.contracts import episodes
+    from tianji.control.contracts.rolereport import parse_report
+    from tianji_operator.context import JobMemory
+
+    def memory(env: dict) -> JobMemory:
+        mem = JobMemory()
+        mem.accounting({})
+        mem.bounds = episodes.without_gym(JobSpec.model_validate({"env": env}).env)
+        return mem
+
+    def report(seq: int, returns: list[float], lengths: list[int] = ()):
+        return parse_report(worker_report("cp", "actor", 0, 0, seq=seq, episodes=returns, lengths=lengths,
+                                          env_frames_total=1000.0 * seq), "cp")
+
+    mem = memory({"id": "CartPole-v1"})  # at most 500 steps, 0..1 a step
+    mem.take(report(1, [500.0] * 100, [10] * 100))  # 500 in 10 steps
+    mem.take(report(2, [600.0] * 100))  # no lengths: 600 > 500 steps x 1
+    mem.take(report(3, [40.0], [600]))  # longer than the time limit
+    assert mem.acc.rejected == 3 and mem.acc.episodes_total == 0 and mem.acc.totals()["env_frames"] == 0
+    assert all(": return: " in e for e in mem.report_errors[-3:]), mem.report_errors
+    mem.take(report(4, [200.0, 500.0], [200, 500]))  # what CartPole can do
+    assert mem.acc.episodes_total == 2 and mem.acc.rejected == 3
+    # A custom env: only what the spec declares bounds it; without a declaration, nothing does.
+    mem = memory({"id": "my.envs:Maze", "episodeBounds": {"maxSteps": 50, "rewardPerStep": [-1, 0]}})
+    mem.take(report(1, [1.0], [5]))
+    assert mem.acc.rejected == 1
+    mem = memory({"id": "my.envs:Maze"})
+    mem.take(report(1, [1e6], [5]))
+    assert mem.acc.rejected == 0 and mem.acc.episodes_total == 1
+    # A module in env.imports may re-register a classic id: the table does not apply then.
+    assert episodes.without_gym(JobSpec.model_validate({"env": {"id": "CartPole-v1", "imports": ["my.envs"]}}).env) \
+        == episodes.EpisodeBounds()
+    with pytest.raises(ValueError, match="low <= high"):
+        JobSpec.model_validate({"env": {"episodeBounds": {"rewardPerStep": [1, 0]}}})
+
+
 def test_rates_from_reports_need_a_window_newer_than_the_last_evaluation():
     """The autoscale timer may tick before the monitor has counted: a zero-length window, or one
     the previous decision already used, is no observation (it would read as zero production)."""

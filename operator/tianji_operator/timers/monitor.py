@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import kopf
 
+from tianji.control.contracts import episodes
 from tianji.control.contracts.accounting import StopRule
 from tianji.control.contracts.addressing import actor_set_name
 from tianji.control.spec import SpecError, parse_job
@@ -123,6 +124,7 @@ async def monitor(op: Operator, body: Any, patch: Any, logger: kopf.Logger, pods
     _, resolved = read_applied(cm)
     mem = op.memory(ns, name)
     mem.accounting(status)
+    mem.bounds = episodes.without_gym(resolved.spec.env)
     acc, live = await count_reports(
         op, mem, name, pods, resolved.spec.network.metrics_port, ended=status.get("phase") in st.TERMINAL
     )

@@ -32,6 +32,7 @@ from typing import Optional
 import zmq
 
 from tianji.control.contracts.accounting import Accounting, StopRule
+from tianji.control.contracts.episodes import EpisodeBounds
 from tianji.control.contracts.launch import ENV_CURVE_KEYS, ENV_CURVE_KEYS_FD, learner_device, worker_launch
 from tianji.control.contracts.rolereport import parse_report
 from tianji.control.planner.plan import Profile, resolve
@@ -53,7 +54,7 @@ from tianji.observability.runlog import RunLog
 from tianji.runtime import atomicfile
 from tianji.runtime.replayguard import SeqGuard
 from tianji.runtime.security import covers, sender_identity
-from tianji.runtime.validate import EpisodeBounds, episode_bounds
+from tianji.runtime.validate import episode_bounds
 from tianji.runtime.wire import WireError, decode
 
 POLL_S = 0.1
@@ -374,9 +375,8 @@ class Launcher:
         if child is None or child.name != msg.sender or rep.pid not in child.pids:  # only our own workers
             raise WireError("report", f"report from pid {rep.pid} as {rep.key} sent by {msg.sender!r}")
         if rep.role == "actor":  # episodes the env cannot produce refuse the whole report
-            for ep in rep.recent:
-                if (why := self.bounds.problem(ep[1], ep[2] if len(ep) > 2 else None)) is not None:
-                    raise WireError("return", f"{msg.sender}: {why}")
+            if (why := self.bounds.refusal(rep.recent)) is not None:
+                raise WireError("return", f"{msg.sender}: {why}")
         self.report_seqs.accept(msg.sender, msg.seq, exclusive=bool(self.rings))  # a key per process
         return rep
 

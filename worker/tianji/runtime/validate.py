@@ -12,11 +12,12 @@ peer sends reaches storage or the weights unchecked.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+from tianji.control.contracts import episodes
+from tianji.control.contracts.episodes import EpisodeBounds
 from tianji.runtime import framestack
 from tianji.runtime.fields import BATCH, FRAGMENT, STEP_DTYPES
 from tianji.runtime.wire import MAX_INT, Limits, Message, WireError
@@ -290,48 +291,16 @@ def check_frames(v) -> Optional[int]:
 
 
 # ------------------------------------------------------------------ episodes an env can produce
-# Per-step rewards of Gymnasium built-ins that declare none (Gymnasium 1.x dropped Env.reward_range),
-# as their docs and code define them, for the default kwargs only.
-BUILTIN_REWARDS = {"CartPole-v0": (0.0, 1.0), "CartPole-v1": (0.0, 1.0), "Acrobot-v1": (-1.0, 0.0),
-                   "MountainCar-v0": (-1.0, 0.0), "Pendulum-v1": (-16.2736044, 0.0)}
-
-
-@dataclass(frozen=True)
-class EpisodeBounds:
-    """What one episode of the env can be: at most `max_steps` steps (its time limit), each reward
-    within [reward_low, reward_high] (its declared per-step range). None: not declared."""
-
-    max_steps: Optional[int] = None
-    reward_low: Optional[float] = None
-    reward_high: Optional[float] = None
-
-    def problem(self, ret: float, length: Optional[int]) -> Optional[str]:
-        """Why an episode (return, length in steps) cannot come from this env; None if it can."""
-        if not math.isfinite(ret):
-            return f"return {ret} is not finite"
-        if length is None:  # a report without lengths: only the return's own bounds apply
-            length = self.max_steps
-            if length is None:
-                return None
-        elif length < 1 or self.max_steps is not None and length > self.max_steps:
-            return f"episode length {length} outside 1..{self.max_steps}"
-        tol = 1e-6 * max(1.0, abs(ret))
-        if self.reward_high is not None and ret > length * self.reward_high + tol:
-            return f"return {ret:g} > {length} steps x {self.reward_high:g} per step"
-        if self.reward_low is not None and ret < length * self.reward_low - tol:
-            return f"return {ret:g} < {length} steps x {self.reward_low:g} per step"
-        return None
-
-
 def episode_bounds(cfg) -> EpisodeBounds:
     """The bounds an env declares: its time limit (EnvSpec.max_episode_steps, or a max_episode_steps
     kwarg) and its per-step reward range (the env class's `reward_range`, else BUILTIN_REWARDS for
-    a built-in with default kwargs). Nothing for Atari or envs with wrappers (they may reshape
-    rewards and time), nor for what cannot be looked up."""
+    a built-in with default kwargs), each field overridden by spec.env.episodeBounds. Nothing
+    looked up for Atari or envs with wrappers (they may reshape rewards and time), nor for what
+    cannot be looked up."""
     from tianji.envs import is_atari
 
     if is_atari(cfg.id) or cfg.wrappers:
-        return EpisodeBounds()
+        return episodes.declared(cfg)
     try:
         import gymnasium as gym
 
@@ -340,7 +309,7 @@ def episode_bounds(cfg) -> EpisodeBounds:
         target = gym_id(cfg)
         spec = gym.spec(target) if isinstance(target, str) else target
     except Exception:  # noqa: BLE001 - an unknown env: no bounds, not an error here
-        return EpisodeBounds()
+        return episodes.declared(cfg)
     steps = cfg.kwargs.get("max_episode_steps", spec.max_episode_steps)
     steps = int(steps) if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
     low = high = None
@@ -352,6 +321,6 @@ def episode_bounds(cfg) -> EpisodeBounds:
         declared = None
     if declared is not None and len(declared) == 2:
         low, high = (float(x) if math.isfinite(float(x)) else None for x in declared)
-    elif not cfg.kwargs and spec.id in BUILTIN_REWARDS:
-        low, high = BUILTIN_REWARDS[spec.id]
-    return EpisodeBounds(steps, low, high)
+    elif not cfg.kwargs and spec.id in episodes.BUILTIN:
+        _, low, high = episodes.BUILTIN[spec.id]
+    return EpisodeBounds(steps, low, high).merged(episodes.declared(cfg))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal, Optional
 
@@ -120,6 +121,23 @@ class EnvWrapper(_Model):
     kwargs: PlainData = Field(default_factory=dict, description="its keyword arguments besides the env (plain data)")
 
 
+class EpisodeBoundsSpec(_Model):
+    """What one episode of the env can be. An actor's report of an episode outside it is refused
+    whole and counted (reason `return`): env code runs inside the actor, so its returns are claims."""
+
+    max_steps: Optional[int] = Field(None, ge=1, le=1 << 40, description="the env's time limit, in steps")
+    reward_per_step: Optional[list[float]] = Field(
+        None, min_length=2, max_length=2, description="[low, high]: every step's reward lies within"
+    )
+
+    @field_validator("reward_per_step")
+    @classmethod
+    def _ordered(cls, v: Optional[list[float]]) -> Optional[list[float]]:
+        if v is not None and not (math.isfinite(v[0]) and math.isfinite(v[1]) and v[0] <= v[1]):
+            raise ValueError(f"{v}: expected [low, high], finite, low <= high")
+        return v
+
+
 class EnvConfig(_Model):
     id: str = Field(
         "CartPole-v1",
@@ -149,6 +167,12 @@ class EnvConfig(_Model):
         None,
         description="the env's observation and action spaces (tianji run fills them in); buffers and "
         "learners read them here instead of building an env",
+    )
+    episode_bounds: Optional[EpisodeBoundsSpec] = Field(
+        None,
+        description="what one episode can be (time limit, reward per step): actors' reports of other "
+        "episodes are refused. Both engines know Gymnasium's classic-control envs; tianji run also "
+        "reads what an env declares to Gymnasium; the operator has only this and the classic ones",
     )
     num_envs: int = Field(8, ge=1, le=4096, description="vectorised envs per actor")
     fragment_length: int = Field(32, ge=1, le=10_000, description="steps per env in one fragment")
