@@ -64,31 +64,44 @@ def assert_never_succeeded_untrained(c, ns: str) -> None:
 LINGER = "tianji.test/linger"  # a finalizer of the test's own: the object outlives its worker
 
 
-def delete_learner(c, ns: str, learner: str, how: str) -> None:
+HOW = ["graceful", "lingering", "forced"]
+
+
+def delete_pod(c, ns: str, pod: str, how: str) -> None:
     """graceful: `kubectl delete`; lingering: the same while a finalizer keeps the terminated
-    object 10 s after its worker stopped; forced: `--grace-period=0 --force` (no last checkpoint)."""
+    object 10 s after its worker stopped (nothing can take its name meanwhile); forced:
+    `--grace-period=0 --force` (the object goes at once; no last checkpoint, no final report)."""
     if how == "lingering":
-        c.kubectl("patch", "pod", learner, "-n", ns, "--type=merge", "-p",
+        c.kubectl("patch", "pod", pod, "-n", ns, "--type=merge", "-p",
                   json.dumps({"metadata": {"finalizers": [LINGER]}}))
     if how == "forced":
-        c.kubectl("delete", "pod", learner, "-n", ns, "--grace-period=0", "--force", "--wait=false")
+        c.kubectl("delete", "pod", pod, "-n", ns, "--grace-period=0", "--force", "--wait=false")
         return
-    c.kubectl("delete", "pod", learner, "-n", ns, "--wait=false")
+    c.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
     if how == "lingering":
-        wait_for(lambda: (p := get(c, "pod", "-n", ns, learner)) and all(
+        wait_for(lambda: (p := get(c, "pod", "-n", ns, pod)) and all(
             "terminated" in (cs.get("state") or {}) for cs in p["status"].get("containerStatuses") or [{}]),
-                 120, "the learner's worker stopped under the finalizer", interval=1.0,
+                 120, f"{pod}'s worker stopped under the finalizer", interval=1.0,
                  on_timeout=lambda: diagnostics(c, ns))
         time.sleep(10)  # the object lingers: the job goes on and nothing takes its name meanwhile
-        still = get(c, "pod", "-n", ns, learner)
+        still = get(c, "pod", "-n", ns, pod)
         assert still and still["metadata"].get("deletionTimestamp"), still
         assert status(c, ns).get("phase") in ("Running", "Pending"), status(c, ns)
-        c.kubectl("patch", "pod", learner, "-n", ns, "--type=json", "-p",
+        c.kubectl("patch", "pod", pod, "-n", ns, "--type=json", "-p",
                   '[{"op": "remove", "path": "/metadata/finalizers"}]')
 
 
+def _ends_at_a_confirmed_target(c, ns: str) -> dict:
+    """Succeeded at its target, not on a budget, confirmed by the saved policy's own evaluation."""
+    st = wait_phase(c, ns, ("Succeeded", "Failed"), 480)
+    assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(c, ns)
+    assert condition(st, "TargetReached")["status"] == "True", st.get("conditions")
+    assert st["targetEvaluation"]["mean_return"] >= 475, st["targetEvaluation"]  # the saved policy's own
+    return st
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("how", ["graceful", "lingering", "forced"])
+@pytest.mark.parametrize("how", HOW)
 def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster, operator, namespace, how):
     # A periodic checkpoint every 5 s: what a forced delete loses (it writes no last one).
     cluster.kubectl("apply", "-n", namespace, "-f", "-",
@@ -99,7 +112,7 @@ def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster
     learner = f"{JOB}-learner-0-0"
     old = get(cluster, "pod", "-n", namespace, learner)
     before = worker_metrics(old, ("tianji_policy_version{",))
-    delete_learner(cluster, namespace, learner, how)
+    delete_pod(cluster, namespace, learner, how)
     new = wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, learner)) and
                    p["metadata"]["uid"] != old["metadata"]["uid"] and p, 120, "the learner pod re-created",
                    on_timeout=lambda: diagnostics(cluster, namespace))
@@ -107,13 +120,9 @@ def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster
     resumed = trains_again(cluster, namespace, old["metadata"]["uid"])
     if how != "forced":  # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on
         assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
-    st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 480)
-    assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475 and st["policyVersion"] > 0, \
-        diagnostics(cluster, namespace)
-    # it ended at its target, not on a budget, and the re-creation was counted
-    assert st.get("endReason") == "TargetReached", st.get("conditions")
-    assert condition(st, "TargetReached")["status"] == "True", st.get("conditions")
-    assert st["restartsByRole"]["learner"]["pods"] >= 1, st["restartsByRole"]
+    st = _ends_at_a_confirmed_target(cluster, namespace)
+    assert st["meanReturn"] >= 475 and st["policyVersion"] > 0, st
+    assert st["restartsByRole"]["learner"]["pods"] >= 1, st["restartsByRole"]  # the re-creation counted
 
 
 @pytest.mark.timeout(1200)
@@ -150,7 +159,8 @@ def test_a_stopped_node_is_named_and_its_pods_come_back_elsewhere(cluster, opera
 
 
 @pytest.mark.timeout(900)
-def test_a_deleted_buffer_pod_is_counted_once_and_the_job_reaches_its_target(cluster, operator, namespace):
+@pytest.mark.parametrize("how", HOW)
+def test_a_deleted_buffer_pod_is_counted_once_and_the_job_reaches_its_target(cluster, operator, namespace, how):
     """The buffer's replacement: frames counted once (the status never grows much faster than
     before the delete: a double count of a re-created pod's reports would), the re-creation
     counted, the job at its target."""
@@ -162,8 +172,8 @@ def test_a_deleted_buffer_pod_is_counted_once_and_the_job_reaches_its_target(clu
     before = (s1["envFrames"] - s0["envFrames"]) / max(time.monotonic() - t0, 1e-3)
     buffer = f"{JOB}-buffer-0-0"
     old = get(cluster, "pod", "-n", namespace, buffer)
-    cluster.kubectl("delete", "pod", buffer, "-n", namespace, "--wait=false")
     t_del, f_del, samples = time.monotonic(), s1["envFrames"], []
+    delete_pod(cluster, namespace, buffer, how)
 
     def ended():
         s = status(cluster, namespace)
@@ -174,6 +184,7 @@ def test_a_deleted_buffer_pod_is_counted_once_and_the_job_reaches_its_target(clu
     fast = [(round(t, 1), df) for t, df in samples if df > 3 * before * t + 20_000]
     assert not fast, f"frames grew faster than 3x the {before:.0f}/s before the delete: {fast[:5]}"
     assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(cluster, namespace)
+    assert st["targetEvaluation"]["mean_return"] >= 475, st["targetEvaluation"]
     new = get(cluster, "pod", "-n", namespace, buffer)
     assert new and new["metadata"]["uid"] != old["metadata"]["uid"]
     assert st["restartsByRole"]["buffer"]["pods"] >= 1, st["restartsByRole"]
@@ -195,20 +206,14 @@ def _worker_pid(ns: str, pod: str) -> int:
     raise AssertionError(f"no worker process of {ns}/{pod}")
 
 
-def _ends_at_a_confirmed_target(c, ns: str) -> dict:
-    st = wait_phase(c, ns, ("Succeeded", "Failed"), 480)
-    assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(c, ns)
-    assert st["targetEvaluation"]["mean_return"] >= 475, st["targetEvaluation"]  # the saved policy's own
-    return st
-
-
 @pytest.mark.timeout(900)
-def test_a_deleted_actor_pod_is_counted_once_and_the_job_reaches_its_target(cluster, operator, namespace):
+@pytest.mark.parametrize("how", HOW)
+def test_a_deleted_actor_pod_is_counted_once_and_the_job_reaches_its_target(cluster, operator, namespace, how):
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(TARGET_ONLY))
     training(cluster, namespace)
     actor = f"{JOB}-actor-0-1"
     old = get(cluster, "pod", "-n", namespace, actor)
-    cluster.kubectl("delete", "pod", actor, "-n", namespace, "--wait=false")
+    delete_pod(cluster, namespace, actor, how)
     gone = old["metadata"]["uid"]
     wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, actor)) and p["metadata"]["uid"] != gone, 120,
              "the StatefulSet to make the actor again", on_timeout=lambda: diagnostics(cluster, namespace))

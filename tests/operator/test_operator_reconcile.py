@@ -364,6 +364,43 @@ async def test_manual_scaling_of_actors_is_set_back(kube, operator):
     assert "group 0: 7 -> 3" in ev[0]["message"]
 
 
+async def test_a_scale_newer_than_the_ticks_copy_of_the_job_is_not_set_back(monkeypatch):
+    """The monitor's tick holds a copy of the job read before `kubectl scale tjj --replicas=3`,
+    whose handler has already patched the StatefulSet (and records the applied spec last): the
+    tick must not set the new actors back, which would delete and re-make actor-0-2 (a
+    re-creation counted, seen on the real control plane). A manual scale of the StatefulSet
+    itself, with the job unchanged, is still set back."""
+    from tianji_operator.children import lifecycle
+
+    def manifest(actors: int) -> dict:
+        m = job_manifest("cartpole", {"topology": {"actors": actors}})
+        m["metadata"].update(namespace=NAMESPACE, uid="u1")
+        return m
+
+    class Kube:
+        def __init__(self, live: dict):
+            self.live, self.patches = live, []
+
+        async def get(self, kind, ns, name):
+            assert (kind, ns, name) == ("TianJiJob", NAMESPACE, "cartpole")
+            return self.live
+
+        async def patch(self, kind, ns, name, body):
+            self.patches.append((kind, name, body))
+
+    warned = []
+    monkeypatch.setattr(lifecycle.kopf, "warn", lambda body, reason, message: warned.append((reason, message)))
+    stale, applied = manifest(2), parse_job(job_manifest("cartpole", {"topology": {"actors": 2}}))
+    sets = {0: {"spec": {"replicas": 3}}}
+    op = type("Op", (), {"kube": Kube(manifest(3))})()
+    await lifecycle.reconcile_manual_scaling(op, stale, applied, sets, logger=None)
+    assert op.kube.patches == [] and warned == []
+    op.kube.live = manifest(2)  # the job still asks for 2: a `kubectl scale sts` of its own
+    await lifecycle.reconcile_manual_scaling(op, stale, applied, sets, logger=None)
+    assert op.kube.patches == [("StatefulSet", "cartpole-actor-0", {"spec": {"replicas": 2}})]
+    assert warned and "group 0: 3 -> 2" in warned[0][1]
+
+
 async def test_the_apiserver_refuses_changing_an_immutable_field(kube, operator):
     """CEL transition rules (self == oldSelf) on spec.env.id, spec.algorithm.name, spec.image."""
     await kube.create_job(job_manifest("cartpole"))

@@ -84,37 +84,46 @@ async def reconcile_manual_scaling(
 ) -> None:
     """autoscale.mode off: actor StatefulSets have spec.topology.actors replicas; a manual
     `kubectl scale sts` is set back (Warning event ScaleReconciled). external: adopted
-    (never touched); planner: the autoscaler's next decision applies."""
+    (never touched); planner: the autoscaler's next decision applies.
+
+    Before setting anything back the job is read again: the tick's copy may predate a
+    `kubectl scale tjj` whose handler has patched the StatefulSets since (it records the applied
+    spec last), and setting them back would delete and re-make the new actors."""
     if resolved.spec.autoscale.effective_mode != "off":
         return
     want = resolved.spec.topology.actors
+    off = {
+        g: have
+        for g, s in sets.items()
+        if s is not None and (have := int(((s or {}).get("spec") or {}).get("replicas") or 0)) != want
+    }
+    if not off:
+        return
+    meta = body["metadata"]
+    fresh = await op.kube.get("TianJiJob", meta.get("namespace"), meta["name"])
     try:
-        live = parse_job(manifest_of(body)).spec
+        live = parse_job(manifest_of(fresh)).spec if fresh is not None else None
     except SpecError:
         return
-    if live.autoscale.effective_mode != "off" or (not live.topology.auto and live.topology.actors != want):
-        return  # an edit the update handler is applying right now
-    back = []
-    for g, s in sets.items():
-        have = int(((s or {}).get("spec") or {}).get("replicas") or 0) if s is not None else None
-        if have is not None and have != want:
-            await op.kube.patch(
-                "StatefulSet",
-                body["metadata"].get("namespace"),
-                actor_set_name(body["metadata"]["name"], g),
-                {"spec": {"replicas": want}},
-            )
-            back.append(f"group {g}: {have} -> {want}")
-    if back:
-        kopf.warn(
-            body,
-            reason="ScaleReconciled",
-            message=(
-                "actor replicas set back to spec.topology.actors "
-                "(autoscale.mode off; use mode external to let "
-                "another scaler own them): " + ", ".join(back)
-            )[:900],
+    if (
+        live is None
+        or live.autoscale.effective_mode != "off"
+        or (not live.topology.auto and live.topology.actors != want)
+    ):
+        return  # gone, or an edit the update handler is applying right now
+    for g in off:
+        await op.kube.patch(
+            "StatefulSet", meta.get("namespace"), actor_set_name(meta["name"], g), {"spec": {"replicas": want}}
         )
+    kopf.warn(
+        body,
+        reason="ScaleReconciled",
+        message=(
+            "actor replicas set back to spec.topology.actors "
+            "(autoscale.mode off; use mode external to let "
+            "another scaler own them): " + ", ".join(f"group {g}: {have} -> {want}" for g, have in off.items())
+        )[:900],
+    )
 
 
 # ----------------------------------------------------------------- refused creations, suspension
