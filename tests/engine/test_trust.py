@@ -541,7 +541,8 @@ def test_a_resumed_run_whose_learner_starts_over_cannot_claim_the_previous_runs_
     run = running_tianji(str(PPO), "--set", "spec.stop.meanReturn=150", "--set", "spec.checkpoint.intervalSeconds=5")
     assert run.wait(timeout=600) == 0, run.output()[-3000:]
     first = run.summary()
-    assert first["reached_target"] and first["mean_return"] >= 150, first
+    # The saved policy's evaluation met it (the actors' own window may dip while it runs).
+    assert first["reached_target"] and first["target_evaluation"]["mean_return"] >= 150, first
     ckpts = list((run.run_dir / "checkpoints" / "0-0").glob("ckpt-*.pt"))
     assert ckpts
     for p in ckpts:
