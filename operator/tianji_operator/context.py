@@ -81,7 +81,7 @@ class JobMemory:
         if self.ended and not self.known(rep.incarnation):
             return  # started after the end (a pod made again by someone): not part of this job's result
         if rep.role == "actor" and (why := self.bounds.refusal(rep.recent)) is not None:
-            self.refuse([f"{rep.role}-{rep.group}-{rep.index}: return: {why}"])  # env code's claim, refused whole
+            self.refuse([f"{rep.name}: return: {why}"])  # env code's claim, refused whole
             return
         try:
             acc.take(rep)
