@@ -444,10 +444,10 @@ class Launcher:
         row["learner"] = learner_stats(self.acc)
         row["lag_hist"] = lag_histogram(self.acc)
         row["processes"] = self.acc.processes()
+        self._export()  # before the row: a launcher killed between the two never resumes behind its last row
         f.append(json.dumps(row) + "\n")
         if self.runlog is not None:
             self.runlog.write(row)
-        self._export()
 
     def _export(self) -> None:
         if self.exporter is not None:
