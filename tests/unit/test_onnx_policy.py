@@ -110,6 +110,36 @@ def test_a_new_versions_session_is_built_off_the_calling_thread(monkeypatch):
         policy.close()
 
 
+def test_a_build_under_way_acts_once_built_though_a_newer_version_arrived(monkeypatch):
+    info = EnvInfo((6,), "float32", 3)
+    model = _model(ACROBOT, info)
+    policy = OrtPolicy.create(model, "logits", _obs(info, 8))
+    started, release = threading.Event(), {1: threading.Event(), 2: threading.Event()}
+    real_build = onnxpolicy.build
+
+    def held_build(exported, weights, version, log_std=None):
+        started.set()
+        assert release[version].wait(30)
+        return real_build(exported, weights, version, log_std)
+
+    monkeypatch.setattr(onnxpolicy, "build", held_build)
+    try:
+        _new_version(model)
+        policy.sync(1)
+        assert started.wait(30)  # version 1's build is under way
+        _new_version(model)
+        policy.sync(2)  # version 2 queues behind it
+        release[1].set()
+        policy._pending[0].result(timeout=30)
+        assert policy.refresh() == 1  # version 1 acts while version 2 builds: not the version before it
+        release[2].set()
+        assert policy.refresh(wait=True) == 2
+    finally:
+        release[1].set()
+        release[2].set()
+        policy.close()
+
+
 def _rollout(job, *sets: str, **kw) -> Rollout:
     return Rollout(load_job(job, ["spec.env.numEnvs=4", "spec.env.fragmentLength=8", *sets]).spec, seed=5, **kw)
 
@@ -126,7 +156,7 @@ def test_onnx_rollout_stores_the_learners_log_probs_and_tags_the_version_it_acte
         r.fragment()  # the session of version 7 is still building: this fragment acts with version 0
         assert r.acting_version == 0
         release.set()
-        r.policy._pending.result(timeout=30)
+        r.policy.settle(timeout=30)
         arrays, _ = r.fragment()
         assert r.acting_version == 7
         obs = torch.from_numpy(arrays["obs"].reshape(-1, 6))
@@ -161,8 +191,7 @@ def test_auto_decides_in_the_background_and_adopts_the_newest_version():
         assert rep["torch_us"] > 0 and rep["onnx_us"] > 0 and rep["max_abs_diff"] <= TOL
         if rep["inference"] == "onnx":  # the micro-benchmark's verdict on this machine
             assert r.acting_version in (0, 2)  # version 2's session may still be building: not waited for
-            if r.policy._pending is not None:
-                r.policy._pending.result(timeout=30)
+            r.policy.settle(timeout=30)
             r.fragment()
             assert r.acting_version == 2
             x = np.array(r.obs)
@@ -205,3 +234,11 @@ def test_spec_default_and_the_bfloat16_conflict():
     rt = PolicyRuntime(_model(ACROBOT, info), load_job(ACROBOT, ["spec.model.actorPrecision=bfloat16"]).spec,
                        _obs(info, 8))
     assert rt.name == "torch" and "bfloat16" in rt.report["reason"]
+
+
+def test_auto_takes_onnx_only_where_its_saving_outweighs_the_build_each_version_costs():
+    bench = {"torch_us": 4500.0, "onnx_us": 3100.0, "build_us": 60_000.0}
+    assert onnxpolicy.onnx_pays(bench, 64)  # 64 x 1.4 ms saved > 60 ms built
+    assert not onnxpolicy.onnx_pays(bench, 32)  # 32 x 1.4 ms < 60 ms
+    assert onnxpolicy.onnx_pays(bench, 0)  # builds not counted (no versions to follow)
+    assert not onnxpolicy.onnx_pays({**bench, "onnx_us": 4400.0}, 10_000)  # under MIN_SPEEDUP

@@ -9,10 +9,10 @@ batch sizes (bench/actor_runtime.py, docs/results/actor-runtime.json). Here:
   new version's weights can replace it.
 * `OrtPolicy` acts with one session per policy version. A new version's session is built from a
   snapshot of the weights (the same graph with its initializers rewritten) on a background thread
-  and swapped in when the next fragment starts, so the env loop never waits for it and a fragment
-  acts with one version throughout (`refresh()` returns that version). Where a fragment of the
-  version before is sure to be dropped as stale (the strict loop; maxPolicyLag no more than the
-  lag overlapping makes) the actor waits for the build instead (`wait_swaps`: milliseconds).
+  and swapped in when a fragment starts, so that a fragment acts with one version throughout
+  (`refresh()` returns that version). On-policy actors (PPO, and the strict loop) wait for the
+  build at the fragment's start (`wait_swaps`: milliseconds once the env loop lets go of the
+  interpreter); a DQN actor does not, and acts with the newest session built until the next is.
   Weights cannot be updated inside a built session, nor replaced by SessionOptions.add_initializer:
   ORT's graph optimizer folds and pre-packs weights from the model's own initializers when it
   builds a session (built that way, a Pong session's logits were off by 2.2 after new weights, and
@@ -21,7 +21,8 @@ batch sizes (bench/actor_runtime.py, docs/results/actor-runtime.json). Here:
   or an error naming what is missing. auto: ONNX Runtime where it is importable, its export
   reproduces the model's outputs (within AGREE_TOL) and a micro-benchmark of both at the actor's
   batch size (CPU time of the calling thread, interleaved rounds) finds it at least MIN_SPEEDUP
-  faster; torch otherwise. With `background` (an actor) auto decides on a thread while the env
+  faster, with the time it saves over a version's forwards above the session build each version
+  costs (`onnx_pays`); torch otherwise. With `background` (an actor) auto decides on a thread while the env
   loop acts with torch, so start-up waits for neither the export nor the benchmark.
 
 Every session runs one intra-op and one inter-op thread, as torch.set_num_threads(1) in every
@@ -197,7 +198,7 @@ class OrtPolicy:
         self.source, self.kind, self.exported, self.live = source, kind, exported, live
         self.continuous = bool(getattr(source, "continuous", False))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tianji-ort")
-        self._pending: Optional[Future] = None
+        self._pending: list[Future] = []  # builds in submission order (one worker: they finish in it)
         self.swaps = 0
 
     @classmethod
@@ -210,22 +211,32 @@ class OrtPolicy:
 
     def sync(self, version: int, wait: bool = False) -> None:
         """After new weights were loaded into the source: build their session off this thread.
-        A build not started yet is superseded; `wait` (the strict loop) blocks until it is live."""
+        A build not started yet is superseded; one under way is kept, so that its session can act
+        until the newer one is built (dropping it left an actor acting with versions 5 behind on a
+        busy core, whose fragments the learner dropped as stale). `wait`: block until it is live."""
         weights, log_std = snapshot(self.source, self.exported), _log_std(self.source)
-        if self._pending is not None:
-            self._pending.cancel()
-        self._pending = self._pool.submit(build, self.exported, weights, version, log_std)
+        self._pending = [f for f in self._pending if not f.cancel()]
+        self._pending.append(self._pool.submit(build, self.exported, weights, version, log_std))
         if wait:
             self.refresh(wait=True)
 
     def refresh(self, wait: bool = False) -> int:
-        """At a fragment's start: swap in the newest built session; the version that acts now."""
-        pending = self._pending
-        if pending is not None and (wait or pending.done()):
-            self._pending = None
-            self.live = pending.result()  # a failed build raises here: the actor stops with its error
+        """At a fragment's start: swap in the newest built session (`wait`: the newest requested);
+        the version that acts now."""
+        if wait and self._pending:
+            self._pending[-1].result()
+        done = [i for i, f in enumerate(self._pending) if f.done()]
+        if done:
+            newest = self._pending[done[-1]]
+            self._pending = self._pending[done[-1] + 1:]
+            self.live = newest.result()  # a failed build raises here: the actor stops with its error
             self.swaps += 1
         return self.live.version
+
+    def settle(self, timeout: Optional[float] = None) -> None:
+        """Wait for every build requested so far (tests)."""
+        for f in list(self._pending):
+            f.result(timeout=timeout)
 
     def _forward(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(run(self.live, self.exported, obs.numpy()))
@@ -245,16 +256,29 @@ class OrtPolicy:
 
 
 def _select(twin: nn.Module, kind: str, example: np.ndarray, version: int) -> tuple[Exported, Live, dict]:
-    """auto's decision, on a private copy of the model (the actor may load new weights meanwhile)."""
+    """auto's decision, on a private copy of the model (the actor may load new weights meanwhile):
+    both forwards timed, and the session build that every new version costs."""
     exported = export(twin, kind, example)
-    live = build(exported, snapshot(twin, exported), version, _log_std(twin))
+    weights = snapshot(twin, exported)
+    live = build(exported, weights, version, _log_std(twin))
     err = check_agrees(live, exported, twin, kind, example)
     x = torch.from_numpy(example)
     acting = _Acting(twin, kind)
     with torch.inference_mode():
         t = cpu_per_call({"torch": lambda: acting(x), "onnx": lambda: run(live, exported, example)})
+    b = cpu_per_call({"build": lambda: build(exported, weights, version)}, rounds=2, calls=1)
     return exported, live, {"batch": len(example), "torch_us": round(t["torch"] * 1e6, 1),
-                            "onnx_us": round(t["onnx"] * 1e6, 1), "max_abs_diff": err}
+                            "onnx_us": round(t["onnx"] * 1e6, 1), "build_us": round(b["build"] * 1e6, 1),
+                            "max_abs_diff": err}
+
+
+def onnx_pays(bench: dict, forwards_per_swap: int) -> bool:
+    """auto's rule: ONNX Runtime's forward at least MIN_SPEEDUP faster, and what it saves over the
+    forwards one version acts for more than the session build the version costs (a Pong actor saves
+    about 1.4 ms x 64 forwards a fragment; a build that took longer would lose time, not win it)."""
+    if bench["onnx_us"] * MIN_SPEEDUP > bench["torch_us"]:
+        return False
+    return forwards_per_swap <= 0 or (bench["torch_us"] - bench["onnx_us"]) * forwards_per_swap >= bench["build_us"]
 
 
 class PolicyRuntime:
@@ -262,8 +286,11 @@ class PolicyRuntime:
     version the current fragment acts with; `report` says what was chosen and why."""
 
     def __init__(self, model: nn.Module, spec, example: np.ndarray, background: bool = False,
-                 wait_swaps: bool = False):
+                 wait_swaps: bool = False, forwards_per_swap: int = 0):
+        """`forwards_per_swap`: forwards a version acts for at least (an actor swaps at most once a
+        fragment), for auto's rule (`onnx_pays`); 0: builds are not counted."""
         self.model = model
+        self.forwards_per_swap = forwards_per_swap
         self.kind = "logits" if spec.algorithm.name == "ppo" else "q"
         self.wait = wait_swaps  # no fragment with a superseded version: it would be dropped as stale
         self.version = self._latest = 0
@@ -309,9 +336,10 @@ class PolicyRuntime:
             log.info("actor inference (auto): torch; ONNX Runtime unavailable: %s", self.report["reason"])
             return
         self.report.update(bench)
-        faster = bench["onnx_us"] * MIN_SPEEDUP <= bench["torch_us"]
-        log.info("actor inference (auto): %s; per forward at batch %d: ONNX Runtime %.0f us, torch %.0f us CPU",
-                 "onnx" if faster else "torch", bench["batch"], bench["onnx_us"], bench["torch_us"])
+        faster = onnx_pays(bench, self.forwards_per_swap)
+        log.info("actor inference (auto): %s; per forward at batch %d: ONNX Runtime %.0f us, torch %.0f us CPU; "
+                 "a session build %.0f us per version, %d forwards a version", "onnx" if faster else "torch",
+                 bench["batch"], bench["onnx_us"], bench["torch_us"], bench["build_us"], self.forwards_per_swap)
         if faster:
             self._use(OrtPolicy(self.model, self.kind, exported, live))
 

@@ -26,8 +26,8 @@ class Rollout:
                  wait_swaps: bool = False):
         """`frames_scale`: actors sharing the exploration schedule (own frames × this ≈ global frames).
         `background_choice`, `wait_swaps`: how the inference runtime is chosen and follows new
-        versions (onnxpolicy.PolicyRuntime: an actor decides on a thread, and waits for a new
-        version's session only where a fragment acted with the one before would be dropped)."""
+        versions (onnxpolicy.PolicyRuntime: an actor decides on a thread; an on-policy one waits for a
+        new version's session at the next fragment's start)."""
         self.spec = spec
         self.algo = spec.algorithm.name
         self.env = make_vec_env(spec.env, halves=split.wanted(spec.resources.actor.cpu))
@@ -39,8 +39,9 @@ class Rollout:
         self.seed = seed
         self.reset()
         one_call = self.env.slices[0] if hasattr(self.env, "halves") else slice(None)  # double buffering: half
-        self.runtime = PolicyRuntime(self.model, spec, self.obs[one_call],
-                                     background=background_choice, wait_swaps=wait_swaps)
+        calls = spec.env.fragment_length * (len(self.env.slices) if hasattr(self.env, "halves") else 1)
+        self.runtime = PolicyRuntime(self.model, spec, self.obs[one_call], background=background_choice,
+                                     wait_swaps=wait_swaps, forwards_per_swap=calls)
         self.n, self.T = self.env.num_envs, spec.env.fragment_length
         self.clip_rewards = bool(getattr(self.env, "clip_rewards", False))
         self.frames = 0

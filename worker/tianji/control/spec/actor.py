@@ -13,9 +13,11 @@ class ActorConfig(_Model):
     inference: Literal["auto", "torch", "onnx"] = Field(
         "auto",
         description="the runtime of the actors' policy forward pass. torch: the model itself. onnx: ONNX Runtime "
-        "on the CPU, one thread, the model exported once at start-up and each new version's weights "
-        "swapped in off the env loop (a fragment acts with one version throughout); needs the "
-        "`tianji[onnx]` extra in the worker. auto (default): onnx where it is installed, the export "
-        "reproduces the model's outputs and a start-up micro-benchmark at the actor's batch size "
-        "finds it faster, torch otherwise (also with model.actorPrecision: bfloat16)",
+        "on the CPU, one thread, the model exported once at start-up and a session built for each new "
+        "version's weights (a fragment acts with one version throughout; PPO actors wait for the build "
+        "at the next fragment, DQN actors build off the env loop); needs the `tianji[onnx]` extra in the "
+        "worker. auto (default): onnx where it is installed, the export reproduces the model's outputs "
+        "and a start-up micro-benchmark at the actor's batch size finds it faster by more than the "
+        "session build each version costs over a fragment's forwards, torch otherwise (also with "
+        "model.actorPrecision: bfloat16)",
     )
