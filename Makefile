@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 export PATH := $(PATH):/usr/local/go/bin
 CLUSTER := PYTHONPATH=cluster $(PY) -m localcluster
 
-.PHONY: install cluster cluster-up cluster-down train test test-fast test-cluster bench crd lint e2e images image-tools image-base test-images clean
+.PHONY: install peers cluster cluster-up cluster-down train test test-fast test-cluster bench crd lint e2e images image-tools image-base test-images clean
 
 install: $(STAMP)
 
@@ -20,6 +20,22 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[operator,test]'
 	@touch $(STAMP)
+
+# The peers of bench/atari_peers.py (Sample Factory, CleanRL on EnvPool, SB3), each in its own
+# pinned environment under bench/peers/ (never in TianJi's). A peer that does not install here
+# leaves its pip output in bench/peers/.venv-NAME/INSTALL-FAILED; the bench records it as the reason.
+PEER_NAMES  := sample-factory cleanrl-envpool sb3
+PEER_STAMPS := $(foreach p,$(PEER_NAMES),bench/peers/.venv-$(p)/.installed)
+
+peers: install $(PEER_STAMPS)
+
+bench/peers/.venv-%/.installed: bench/peers/requirements/%.txt
+	@test -x bench/peers/.venv-$*/bin/python || $(PYTHON) -m venv bench/peers/.venv-$*
+	@rm -f bench/peers/.venv-$*/INSTALL-FAILED
+	@echo "make peers: $* (bench/peers/requirements/$*.txt)"
+	@if bench/peers/.venv-$*/bin/pip install -q -r $< > bench/peers/.venv-$*/install.log 2>&1; then \
+	  touch $@; else mv bench/peers/.venv-$*/install.log bench/peers/.venv-$*/INSTALL-FAILED; \
+	  echo "make peers: $* did not install: bench/peers/.venv-$*/INSTALL-FAILED"; fi
 
 # A real Kubernetes control plane built from the Kubernetes Go modules (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, CoreDNS, helm) into ~/.cache/tianji/;

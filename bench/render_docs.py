@@ -134,6 +134,34 @@ def render_converge(files: list[dict]) -> list[str]:
     return provenance(d) + [""] + out
 
 
+PEER_LABELS = {"tianji": "TianJi, examples/pong-ppo.yaml with bench/pong.py's CPU preset",
+               "sample-factory": "Sample Factory 2.1.1 APPO", "cleanrl-envpool": "CleanRL-style PPO on EnvPool 0.8.4",
+               "sb3": "Stable-Baselines3 2.9.2 PPO, rl-zoo's settings"}
+
+
+def render_atari_peers(files: list[dict]) -> list[str]:
+    d, = files
+    marks = [m for m in ("10", "20", "60") if float(m) <= d["minutes"]]
+    rows, notes = [], []
+    for r in d["runs"]:
+        name = (PEER_LABELS.get(r["system"], r["system"]) + (f", round {r['round']}" if d["rounds"] > 1 else "")
+                + (f" ({r['note']})" if r.get("note") else ""))
+        if "curve" not in r:
+            why = (r.get("skipped") or r.get("failed") or "no result").splitlines()[0]
+            notes.append(f"- {name}: did not run: {why}")
+            continue
+        at = r["return_at_minutes"]
+        goal = r["seconds_to_goal"]
+        rows.append([name, *[num(at.get(m), 1) for m in marks],
+                     "not reached" if goal is None else f"{num(goal / 60, 1)} min", kilo(r["frames"]),
+                     f"{num(r['frames_per_second'])} ({num(r['steady_frames_per_second'])})",
+                     num(r["load1_before"], 2), r["started"]])
+    header = ["system", *[f"return at {m} min" for m in marks], f"first mean-100 >= {num(d['goal_return'])}",
+              "agent steps", "steps/s overall (2nd half)", "load before", "started"]
+    return (provenance(d) + [""] + table(header, rows) + ([""] + notes if notes else [])
+            + plot(d, "Pong: mean return of the last 100 games against time and agent steps, per system"))
+
+
 LABELS = {"tianji_hand": "TianJi, the example", "sb3": "SB3, rl-zoo's settings",
           "sb3_tianji_settings": "SB3, the example's settings (10 epochs, lr over 400k)"}
 
@@ -548,6 +576,7 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "headline": (render_headline, [_r("pong.json"), _r("converge-ppo.json"), _r("ablation.json"),
                                    _r("ablation-cartpole-loaded.json"), _r("ablation-acrobot.json")]),
     "pong": (render_pong, [_r("pong.json")]),
+    "atari-peers": (render_atari_peers, [_r("atari-peers.json")]),
     "converge-ppo": (render_converge, [_r("converge-ppo.json")]),
     "learner-step": (render_learner_step, [_r("learner-step.json")]),
     "actor-profile": (render_actor_profile, [_r("actor-profile.json")]),
