@@ -109,7 +109,7 @@ async def test_the_operator_refuses_the_spec_in_the_same_words(tmp_path, old_crd
 def test_the_crd_schema_refuses_the_same_json_types(case):
     import jsonschema
 
-    from test_crd import _job, _validate_instance
+    from unit.test_crd import _job, _validate_instance  # tests/ is on sys.path (conftest): any tier alone
 
     with pytest.raises(jsonschema.ValidationError):
         _validate_instance(_job(BAD_SPECS[case][0]))
