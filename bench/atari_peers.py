@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from bench.harness import ROOT, emit, loadavg, stamp
+from bench.pong import return_at
 
 PEERS = ROOT / "bench" / "peers"
 GOAL = -10.0
@@ -131,18 +132,13 @@ def read_rows(system: str, out: Path, log: str, launched: float) -> list[dict]:
 def summarize(rows: list[dict], minutes: float) -> dict:
     rets = [r for r in rows if r["mean_return"] is not None]
     last = rows[-1] if rows else None
-
-    def at(m: float):
-        before = [r["mean_return"] for r in rets if r["t"] <= 60 * m]
-        return before[-1] if before else None
-
     half = next((r for r in rows if last and r["t"] >= last["t"] / 2), None)
     return {"frames": last["frames"] if last else None,
             "frames_per_second": round(last["frames"] / last["t"], 1) if last and last["t"] > 0 else None,
             # the second half's rate: the loop's own speed, start-up and warm-up left out
             "steady_frames_per_second": round((last["frames"] - half["frames"]) / (last["t"] - half["t"]), 1)
             if last and half and last["t"] > half["t"] else None,
-            "return_at_minutes": {str(m): at(m) for m in (10, 20, 60) if m <= minutes},
+            "return_at_minutes": {str(m): return_at(rets, 60 * m) for m in (10, 20, 60) if m <= minutes},
             "return_last": rets[-1]["mean_return"] if rets else None,
             # over at least 10 games where the system says how many (Sample Factory does not)
             "seconds_to_goal": next((r["t"] for r in rets if r["mean_return"] >= GOAL and r.get("episodes", 10) >= 10),
