@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.normalize import RunningMeanStd, enabled
+from tianji.algos.normalize import PIXEL_CLIP, PIXEL_EPS, RunningMeanStd, enabled
 from tianji.control.spec import ModelConfig
 from tianji.envs import EnvInfo, continuous_space_text
 
@@ -24,15 +24,17 @@ def _init(layer: nn.Module, gain: float = float(np.sqrt(2)), bias: float = 0.0) 
 
 
 class NatureCNN(nn.Module):
-    """Mnih et al. 2015 encoder: uint8 [B, C, 84, 84] → 512 features (scaled to [0, 1] inside)."""
+    """Mnih et al. 2015 encoder: uint8 [B, C, 84, 84] → 512 features (scaled to [0, 1] inside,
+    unless `scale` is off: the input is then already normalised, ActorCritic's obs_rms)."""
 
     # Training on a CPU: oneDNN's convolutions run forward + backward ~1.25x faster on channels-last
     # input (bench/learner_step.py); inference at an actor's batch sizes is faster as it is, so only a
     # step that builds a graph converts. Same function: only the memory layout changes.
     channels_last_training = True
 
-    def __init__(self, in_channels: int):
+    def __init__(self, in_channels: int, scale: bool = True):
         super().__init__()
+        self.scale = scale
         self.net = nn.Sequential(
             _init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
             _init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
@@ -43,7 +45,8 @@ class NatureCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # uint8 → float32 then an in-place divide: one [B, C, 84, 84] float temporary, not two (same values)
-        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x / 255.0
+        if self.scale:
+            x = x.float().div_(255.0) if x.dtype == torch.uint8 else x / 255.0
         if self.channels_last_training and torch.is_grad_enabled() and x.device.type == "cpu":
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
@@ -74,10 +77,11 @@ class ActorCritic(nn.Module):
                  init_log_std: float = 0.0):
         super().__init__()
         self.continuous = info.continuous
-        self.obs_rms = RunningMeanStd(info.obs_shape) if normalize_obs else None
+        self.obs_rms = (RunningMeanStd(info.obs_shape, *((PIXEL_EPS, PIXEL_CLIP) if info.is_image else ()))
+                        if normalize_obs else None)
         self.ret_rms = RunningMeanStd() if normalize_rewards else None
         if _use_cnn(cfg, info):
-            self.encoder: nn.Module = NatureCNN(info.obs_shape[0])
+            self.encoder: nn.Module = NatureCNN(info.obs_shape[0], scale=self.obs_rms is None)
             d, hidden = self.encoder.out_dim, []
         else:
             self.encoder = nn.Flatten()
@@ -88,9 +92,9 @@ class ActorCritic(nn.Module):
             self.log_std = nn.Parameter(torch.full(info.act_shape, float(init_log_std)))
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        if obs.dtype == torch.uint8:
-            return self.encoder(obs)
-        return self.encoder(self.obs_rms.normalize(obs) if self.obs_rms is not None else obs.float())
+        if self.obs_rms is not None:
+            return self.encoder(self.obs_rms.normalize(obs))
+        return self.encoder(obs if obs.dtype == torch.uint8 else obs.float())
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = self._features(obs)

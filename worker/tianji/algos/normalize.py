@@ -28,6 +28,9 @@ EPS = 1e-8
 # world (allreduce mode), a group's learners (average mode), or none (one learner per group).
 _SYNC: dict = {"enabled": True, "group": None}
 CLIP = 10.0  # normalised observations and scaled rewards are clipped to +-CLIP (SB3's default)
+# Pixels (0..255): Sample Factory's floor and bound (eps 1e-5 on x / 255, clip 5), so that a pixel
+# that almost never changes (a near-zero variance) does not swing to the bound when it does.
+PIXEL_EPS, PIXEL_CLIP = 1e-5 * 255.0**2, 5.0
 
 
 def configure_sync(enabled: bool, group=None) -> None:
@@ -35,9 +38,11 @@ def configure_sync(enabled: bool, group=None) -> None:
 
 
 def enabled(flag: Optional[bool], info) -> bool:
-    """A normalisation switch from the spec: explicit, or on for continuous actions with vector observations."""
+    """A normalisation switch from the spec: explicit, or on for continuous actions with vector
+    observations. Images: only when asked (per-pixel statistics, as Sample Factory's Atari default;
+    unasked, the encoder scales them by 1/255)."""
     if info.is_image:
-        return False  # images are scaled by the encoder (x / 255)
+        return bool(flag)
     return info.continuous if flag is None else bool(flag)
 
 
@@ -45,8 +50,9 @@ class RunningMeanStd(nn.Module):
     """Running mean/variance of a stream of arrays of `shape` (float64 buffers: exact over long runs).
     No 0-d buffers: the wire carries arrays of rank >= 1."""
 
-    def __init__(self, shape: tuple[int, ...] = (1,)):
+    def __init__(self, shape: tuple[int, ...] = (1,), eps: float = EPS, clip: float = CLIP):
         super().__init__()
+        self.eps, self.clip = eps, clip  # normalize's variance floor and bound (not state: set by the model)
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.full((1,), EPS, dtype=torch.float64))
@@ -54,9 +60,16 @@ class RunningMeanStd(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         """Fold a batch [n, *shape] in; data-parallel learners fold in the union of their batches."""
-        x = x.detach().to(torch.float64).reshape(-1, *self.mean.shape)
+        x = x.detach().reshape(-1, *self.mean.shape)
+        if x.dtype == torch.uint8:
+            # pixels: squares are exact in float32, sums in float64 (a [512, 4, 84, 84] batch would
+            # otherwise be two 116 MB float64 temporaries)
+            s1, s2 = x.sum(0, dtype=torch.float64), x.float().square().sum(0, dtype=torch.float64)
+        else:
+            x = x.to(torch.float64)
+            s1, s2 = x.sum(0), x.pow(2).sum(0)
         moments = torch.cat([torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device),
-                             x.sum(0).reshape(-1), x.pow(2).sum(0).reshape(-1)])
+                             s1.reshape(-1), s2.reshape(-1)])
         if _SYNC["enabled"] and dist.is_available() and dist.is_initialized():
             dist.all_reduce(moments, op=dist.ReduceOp.SUM, group=_SYNC["group"])
         n = moments[0]
@@ -74,8 +87,8 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        m, s = self.mean.to(torch.float32), torch.sqrt(self.var + EPS).to(torch.float32)
-        return ((x.float() - m) / s).clamp(-CLIP, CLIP)
+        m, s = self.mean.to(torch.float32), torch.sqrt(self.var + self.eps).to(torch.float32)
+        return ((x.float() - m) / s).clamp(-self.clip, self.clip)
 
 
 def scale_rewards(rms: RunningMeanStd, rewards: torch.Tensor, dones: torch.Tensor, gamma: float) -> torch.Tensor:

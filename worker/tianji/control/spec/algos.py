@@ -58,8 +58,9 @@ class PPOConfig(_Model):
 
     normalize_observations: Optional[bool] = Field(
         None,
-        description="normalise vector observations by running statistics the learner owns and publishes "
-        "with the parameters (default: on for continuous actions)",
+        description="normalise observations by running statistics the learner owns and publishes "
+        "with the parameters, per element (per pixel for images) (default: on for continuous actions "
+        "with vector observations, off for images)",
     )
     normalize_rewards: Optional[bool] = Field(
         None,
