@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -72,7 +73,7 @@ def machine() -> str:
 
 def command(name: str, argv: Iterable[str]) -> str:
     """The command line that runs bench/NAME.py with `argv`, as a user types it."""
-    return " ".join(["python", "-m", f"bench.{name}", *argv])
+    return shlex.join(["python", "-m", f"bench.{name}", *argv])  # quoted: it pastes back as it ran
 
 
 def stamp(name: str, argv: list[str] | None = None) -> dict:

@@ -10,6 +10,8 @@ from bench import harness
 def test_the_stamp_names_the_module_to_run_and_the_machine():
     s = harness.stamp("converge", ["--algos", "ppo", "--seeds", "1"])
     assert s["command"] == "python -m bench.converge --algos ppo --seeds 1"
+    note = harness.stamp("atari_peers", ["--note", "3e04db4: it's (quoted)"])["command"]
+    assert note == """python -m bench.atari_peers --note '3e04db4: it'"'"'s (quoted)'"""  # pastes back whole
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", s["date"])
     assert s["machine"].startswith(f"{os.cpu_count()} cores, ")
     assert harness.host(pyzmq="27")["cpus"] == os.cpu_count() and harness.host(pyzmq="27")["pyzmq"] == "27"
