@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.normalize import PIXEL_CLIP, PIXEL_EPS, RunningMeanStd, enabled
+from tianji.algos.normalize import CLIP, EPS, PIXEL_CLIP, PIXEL_EPS, RunningMeanStd, enabled
 from tianji.control.spec import ModelConfig
 from tianji.envs import EnvInfo, continuous_space_text
 
@@ -77,8 +77,8 @@ class ActorCritic(nn.Module):
                  init_log_std: float = 0.0):
         super().__init__()
         self.continuous = info.continuous
-        self.obs_rms = (RunningMeanStd(info.obs_shape, *((PIXEL_EPS, PIXEL_CLIP) if info.is_image else ()))
-                        if normalize_obs else None)
+        eps, clip = (PIXEL_EPS, PIXEL_CLIP) if info.is_image else (EPS, CLIP)
+        self.obs_rms = RunningMeanStd(info.obs_shape, eps, clip) if normalize_obs else None
         self.ret_rms = RunningMeanStd() if normalize_rewards else None
         if _use_cnn(cfg, info):
             self.encoder: nn.Module = NatureCNN(info.obs_shape[0], scale=self.obs_rms is None)
