@@ -109,7 +109,8 @@ def test_bf16_update_trains_with_float32_master_weights():
     stats = learner.update(b)
     assert stats["train_steps"] == 2 and np.isfinite(stats["policy_loss"])
     after = learner.model.state_dict()
-    assert all(p.dtype == torch.float32 for p in learner.model.parameters())  # obs_rms stays float64
+    assert all(v.dtype == (torch.float64 if k.startswith("obs_rms.") else torch.float32)
+               for k, v in after.items() if v.is_floating_point())  # statistics stay float64
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert all(s["exp_avg"].dtype == torch.float32 for s in learner.opt.state.values())
 
