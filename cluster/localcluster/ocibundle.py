@@ -90,11 +90,7 @@ def volume_mounts(pod: dict, container: dict, objects: dict, vol_dir: Path) -> l
     for vm in container.get("volumeMounts") or []:
         vol = volumes[vm["name"]]
         src = vol_dir / vm["name"]
-        if (vol.get("emptyDir") or {}).get("medium") == "Memory":
-            mounts.append({"destination": vm["mountPath"], "type": "tmpfs", "source": "tmpfs",
-                           "options": ["nosuid", "nodev", "mode=1777", "size=256m"]})
-            continue
-        if "emptyDir" in vol:
+        if "emptyDir" in vol:  # medium Memory too: a folder the pod's containers (init ones too) share
             src.mkdir(parents=True, exist_ok=True)
             own_volume(src, True, fs_group)
         elif "configMap" in vol or "secret" in vol:
@@ -187,19 +183,24 @@ def oci_config(argv: list[str], *, cwd: str, env: list[str], rootfs: str, user: 
 
 
 def pod_container(pod: dict, image_cfg: dict, rootfs: str, ip: str, objects: dict, hosts: Path,
-                  work: Path, cid: str) -> Container:
-    """A crun bundle under `work` for the pod's first container (not started)."""
+                  work: Path, cid: str, container: Optional[dict] = None, volumes: Optional[Path] = None) -> Container:
+    """A crun bundle under `work` for the pod's container, or `container` (one of its init
+    containers), not started; its volumes under `volumes` (default `work`/volumes: give an init
+    container the pod container's, so that they share emptyDirs)."""
     spec = pod["spec"]
-    (c,) = spec["containers"]
+    if container is None:
+        (c,) = spec["containers"]
+    else:
+        c = container
     sc, csc = spec.get("securityContext") or {}, c.get("securityContext") or {}
     assert not (csc.get("capabilities") or {}).get("add"), "added capabilities are not modelled"
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     termination = work / "termination-log"
     termination.write_bytes(b"")
     termination.chmod(0o666)
     uid, gid = csc.get("runAsUser", sc.get("runAsUser")), csc.get("runAsGroup", sc.get("runAsGroup"))
     argv = [*(c.get("command") or image_cfg.get("Entrypoint") or []), *(c.get("args") or image_cfg.get("Cmd") or [])]
-    mounts = [*volume_mounts(pod, c, objects, work / "volumes"),
+    mounts = [*volume_mounts(pod, c, objects, volumes or work / "volumes"),
               {"destination": "/etc/hosts", "type": "bind", "source": str(hosts), "options": ["rbind", "ro"]},
               {"destination": c.get("terminationMessagePath", "/dev/termination-log"), "type": "bind",
                "source": str(termination), "options": ["rbind", "rw"]}]

@@ -26,9 +26,12 @@ mount namespace, and the `Node` base). The node (`Node` subclass) supplies the A
 pod's sandbox (its IP and network namespace) and the files every pod gets (/etc/hosts,
 /etc/resolv.conf).
 
-Not supported: several containers per pod (the first runs; init containers and sidecars are
-ignored), image pulls, liveness/startup/exec probes, envFrom, ConfigMap updates reaching a
-running pod, resource limits (cgroups).
+Init containers run to completion, in order, each in its own mount namespace with its own
+volume mounts, before the pod's container (one that fails runs again after a back-off).
+
+Not supported: several containers per pod (the first runs; sidecars are ignored), image pulls,
+liveness/startup/exec probes, envFrom, ConfigMap updates reaching a running pod, resource
+limits (cgroups).
 """
 from __future__ import annotations
 
@@ -286,6 +289,53 @@ class PodWorker(PodInputs, Probes):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.deleting.wait(), seconds)
 
+    async def _run_init_containers(self, policy: str) -> bool:
+        """Each init container to completion, in order, before the pod's container (the kubelet's
+        rule): one that fails runs again after a back-off, or, under restartPolicy Never, fails the
+        pod. False: the pod failed or was deleted first."""
+        inits = self.spec.get("initContainers") or []
+        if not inits:
+            return True
+        main, backoff = self.container, self.kubelet.backoff_base
+        statuses = self.status["initContainerStatuses"] = [
+            {"name": c.get("name", f"init-{i}"), "image": c.get("image", ""), "imageID": "", "ready": False,
+             "started": False, "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}},
+             "lastState": {}} for i, c in enumerate(inits)]
+        self._condition("Initialized", False)
+        await self._write_status()
+        try:
+            for self.container, cs in zip(inits, statuses):
+                restart = 0
+                while not cs["ready"]:
+                    if self.deleting.is_set():
+                        return False
+                    try:
+                        inc = await self._start(restart)
+                    except PodStartError as e:
+                        cs["state"] = {"waiting": {"reason": e.reason, "message": e.message}}
+                        await self._write_status()
+                        await self._wait_or_deleted(1.0)
+                        continue
+                    cs.update(state={"running": {"startedAt": iso(inc.started)}}, started=True, restartCount=restart)
+                    await self._write_status()
+                    await self._run_container(inc)
+                    self.kubelet.event(self, "Exited", f"init container {inc.container} exit code {inc.exit_code}")
+                    cs.update(state={"terminated": self._terminated(inc)}, started=False, ready=inc.exit_code == 0)
+                    if cs["ready"]:
+                        break
+                    if policy == "Never" or self.deleting.is_set():
+                        return False
+                    cs["lastState"] = {"terminated": cs["state"]["terminated"]}
+                    cs["state"] = {"waiting": {"reason": "CrashLoopBackOff",
+                                               "message": f"back-off {backoff:g}s restarting failed container"}}
+                    await self._write_status()
+                    await self._wait_or_deleted(backoff)
+                    backoff, restart = min(backoff * 2, self.kubelet.backoff_max), restart + 1
+        finally:
+            self.container = main
+        self._condition("Initialized", True)
+        return True
+
     async def run(self) -> None:
         try:
             await self._run()
@@ -312,7 +362,8 @@ class PodWorker(PodInputs, Probes):
         policy = self.spec.get("restartPolicy", "Always")
         restart, backoff = 0, self.kubelet.backoff_base
         cs = self.status["containerStatuses"][0]
-        while not self.deleting.is_set():
+        initialized = await self._run_init_containers(policy)
+        while initialized and not self.deleting.is_set():
             try:
                 inc = await self._start(restart)
             except PodStartError as e:

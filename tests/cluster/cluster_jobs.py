@@ -87,9 +87,10 @@ def diagnostics(c, ns: str) -> str:
 
 def final_reports(c, ns: str, name: str = JOB) -> tuple[list[dict], list[Path]]:
     """(final reports, termination files without one) of every worker container the job ran, on
-    every node (not the confirm pod's: its termination message is an evaluation, no report)."""
+    every node (not the confirm pod's: its termination message is an evaluation, no report; not
+    the actors' init containers')."""
     reports, missing = [], []
-    for f in sorted(c.root.glob(f"nodes/*/pods/{ns}_{name}-*/termination/*")):
+    for f in sorted(c.root.glob(f"nodes/*/pods/{ns}_{name}-*/termination/worker-*")):
         if f.parent.parent.name.startswith(f"{ns}_{name}-confirm"):
             continue
         text = f.read_text(errors="replace").strip()

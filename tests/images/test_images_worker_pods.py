@@ -120,6 +120,12 @@ async def test_a_job_trains_in_worker_containers(case, request, tmp_path):
     try:
         for pod in pods:
             n = pod["metadata"]["name"]
+            for init in pod["spec"].get("initContainers") or []:  # actors: their own key, first
+                ic = pod_container(pod, cfg, rootfs, pod["status"]["podIP"], refs, dns.path, tmp_path / n / "init",
+                                   f"tianji-img-{run}-{n}-init", container=init, volumes=tmp_path / n / "volumes")
+                code = ic.start().proc.wait(timeout=120)
+                ic.stop()
+                assert code == 0, ic.log_tail()
             containers[n] = pod_container(pod, cfg, rootfs, pod["status"]["podIP"], refs, dns.path,
                                           tmp_path / n, f"tianji-img-{run}-{n}").start()
         why, acc = await _train(resolved, pods, containers)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import tempfile
 from pathlib import Path
 
@@ -453,38 +454,99 @@ def test_checkpoint_volume_settings_are_checked(ckpt, where):
 
 
 def test_each_role_gets_its_own_curve_secret_mounted_only_into_that_roles_pods():
-    """An actor pod never holds the learner's (or a buffer's) secret key: one keyring per role, each
-    a working key pair that names every role's public key, each mounted only into its role's pods."""
-    import json
-
+    """A learner, buffer or evaluator pod holds its role's keyring (a working key pair that names
+    every role's public key), mounted only into its role's pods; learners and buffers also hold
+    the actor seed; the actor Secret is an issuer: the seed and the public keys, no key pair."""
     import zmq
 
     from tianji.runtime.security import read_keyring
 
     _, _, _, objs = _children(VARIANTS["groups"])
     rings = {}
-    for role in ("learner", "buffer", "actor", "evaluator"):
+    for role in ("learner", "buffer", "evaluator"):
         keys = json.loads(objs[("Secret", f"cp-curve-{role}")]["stringData"]["curve.json"])
         assert keys["identity"] == role and zmq.curve_public(keys["secret"].encode()) == keys["public"].encode()
         rings[role] = keys
-    assert len({k["secret"] for k in rings.values()}) == 4  # four different secret keys
+    assert len({k["secret"] for k in rings.values()}) == 3  # three different secret keys
     assert all(k["peers"] == {r: x["public"] for r, x in rings.items()} for k in rings.values())
+    issuer = json.loads(objs[("Secret", "cp-curve-actor")]["stringData"]["issuer.json"])
+    assert set(issuer) == {"actorSeed", "peers"} and issuer["peers"] == rings["learner"]["peers"]
+    assert rings["learner"]["actorSeed"] == rings["buffer"]["actorSeed"] == issuer["actorSeed"]
+    assert "actorSeed" not in rings["evaluator"]  # it runs user env code and admits no actor
     mounted = set()
     for (kind, _), obj in objs.items():
-        if kind not in ("Pod", "StatefulSet"):
+        if kind != "Pod":
             continue
-        pod = obj["spec"] if kind == "Pod" else obj["spec"]["template"]["spec"]
-        role = (obj["metadata"]["labels"])["tianji.dev/role"]
+        pod, role = obj["spec"], obj["metadata"]["labels"]["tianji.dev/role"]
         vols = {v["name"]: v for v in pod["volumes"]}
         assert vols["curve"]["secret"]["secretName"] == f"cp-curve-{role}"
         assert vols["curve"]["secret"]["defaultMode"] == 0o400
         assert [v for v in pod["volumes"] if "secret" in v] == [vols["curve"]]  # no other role's Secret
+        assert "initContainers" not in pod
         mounted.add(role)
         c = pod["containers"][0]
         assert {"name": "curve", "mountPath": "/etc/tianji-curve", "readOnly": True} in c["volumeMounts"]
         assert {"name": "TIANJI_CURVE_KEYS", "value": "/etc/tianji-curve/curve.json"} in c["env"]
-    assert mounted == {"learner", "buffer", "actor"}
+    assert mounted == {"learner", "buffer"}
     path = Path(tempfile.mkdtemp()) / "curve.json"  # the worker reads the operator's format
-    path.write_text(objs[("Secret", "cp-curve-actor")]["stringData"]["curve.json"])
+    path.write_text(objs[("Secret", "cp-curve-learner")]["stringData"]["curve.json"])
     ring = read_keyring(path)
-    assert ring.identity == "actor" and ring.public_of("learner-1-0") == rings["learner"]["public"].encode()
+    assert ring.identity == "learner" and ring.public_of("buffer-1-0") == rings["buffer"]["public"].encode()
+    assert ring.actor_seed == bytes.fromhex(issuer["actorSeed"])
+
+
+def _mounted_text(objs: dict, pod: dict, container: dict) -> str:
+    """Everything a container can read from its volumes that the API holds (Secrets, ConfigMaps);
+    an emptyDir holds only what the pod's own containers write."""
+    vols = {v["name"]: v for v in pod["volumes"]}
+    out = []
+    for m in container["volumeMounts"]:
+        v = vols[m["name"]]
+        assert not {"hostPath", "projected", "csi"} & set(v), v
+        if "secret" in v:
+            out.append(json.dumps(objs[("Secret", v["secret"]["secretName"])]))
+        if "configMap" in v:
+            out.append(json.dumps(objs[("ConfigMap", v["configMap"]["name"])]))
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("variant", ["groups", "gpu-rdma-hostnet"])
+def test_an_actor_pod_can_read_only_its_own_key(variant, tmp_path, monkeypatch):
+    """The actor worker (user env code) mounts no key material at all: its init container alone
+    mounts the issuer and derives the pod's own keyring, which a buffer admits as that actor only;
+    a neighbour's pod derives a different key. The Secrets' text never reaches the worker."""
+    from tianji.cli import main
+    from tianji.runtime import security
+
+    _, _, _, objs = _children(VARIANTS[variant])
+    secrets = [o for (k, _), o in objs.items() if k == "Secret" and "curve" in o["metadata"]["name"]]
+    secret_values = [v for s in secrets for doc in s["stringData"].values() for k, v in json.loads(doc).items()
+                     if k in ("secret", "actorSeed")]
+    assert len(secret_values) == 6  # three role keys, the seed in two keyrings and in the issuer
+    pod = objs[("StatefulSet", "cp-actor-0")]["spec"]["template"]["spec"]
+    worker = pod["containers"][0]
+    assert not [v for v in secret_values if v in _mounted_text(objs, pod, worker)]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["curve"] == {"name": "curve", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+    [init] = pod["initContainers"]
+    assert init["name"] == "actor-key" and init["command"] == [*CMD[:-1], "actor-key"]
+    assert init["securityContext"] == {**worker["securityContext"], "capabilities": {"drop": ["ALL"]}}
+    assert "cp-curve-actor" in _mounted_text(objs, pod, init)
+    issuer = tmp_path / "issuer.json"
+    issuer.write_text(objs[("Secret", "cp-curve-actor")]["stringData"]["issuer.json"])
+    args = init["args"]
+    rings = {}
+    for ordinal in (0, 1):  # what the init containers of pods cp-actor-0-0 and -1 write
+        out = tmp_path / f"{ordinal}.json"
+        monkeypatch.setenv("TIANJI_INDEX", str(ordinal))
+        assert main(["actor-key", *args[:args.index("--issuer") + 1], str(issuer), "--out", str(out)]) == 0
+        assert oct(out.stat().st_mode & 0o777) == "0o400"
+        rings[ordinal] = security.read_keyring(out)
+        assert rings[ordinal].actor_seed is None and "actorSeed" not in out.read_text()
+    assert [r.identity for r in rings.values()] == ["actor-0-0", "actor-0-1"]
+    assert rings[0].keys.secret != rings[1].keys.secret
+    buffer_ring = security.parse_keyring(objs[("Secret", "cp-curve-buffer")]["stringData"]["curve.json"], "buffer")
+    ids = security._Identities(buffer_ring, group=0)
+    assert ids.callback("", rings[1].keys.public) and ids.by_key[rings[1].keys.public] == "actor-0-1"
+    assert not security._Identities(buffer_ring, group=1).callback("", rings[1].keys.public)  # another group's
+    assert not security.covers("actor-0-0", "actor-0-1") and security.exclusive(buffer_ring, "actor-0-1")

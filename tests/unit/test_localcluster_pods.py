@@ -173,6 +173,44 @@ async def test_restart_policies_back_off_and_last_state(node):
     assert backoffs[:3] == [f"back-off {s:g}s restarting failed container" for s in (0.2, 0.4, 0.8)], backoffs
 
 
+async def test_init_containers_run_first_with_their_own_mounts(node):
+    """Init containers run in order, each to completion, before the pod's container; one that fails
+    runs again after a back-off; a Secret mounted only into an init container is not in the pod
+    container's mount namespace, while what the init container wrote to a shared emptyDir is."""
+    node.objects[("secrets", "seed")] = {"data": {"seed": "c2VjcmV0LXNlZWQ="}}  # "secret-seed"
+    first = ('n=$(cat /keys/tries 2>/dev/null || echo 0); echo $((n+1)) > /keys/tries; '
+             '[ $n -ge 1 ] && cp /seed/seed /keys/own && chmod 0400 /keys/own')
+    inits = [{"name": "derive", "image": "busybox", "command": ["sh", "-c", first],
+              "volumeMounts": [{"name": "seed", "mountPath": "/seed", "readOnly": True},
+                               {"name": "keys", "mountPath": "/keys"}]},
+             {"name": "second", "image": "busybox", "command": ["sh", "-c", "date +%s%N > /keys/second"],
+              "volumeMounts": [{"name": "keys", "mountPath": "/keys"}]}]
+    script = ('cat /keys/own; echo; test -e /seed/seed || echo no-seed; test -e /keys/second && echo second-ran; '
+              'touch /keys/x 2>/dev/null || echo keys-read-only')
+    node.apply(pod("init", script, "OnFailure", initContainers=inits,
+                   volumes=[{"name": "seed", "secret": {"secretName": "seed"}},
+                            {"name": "keys", "emptyDir": {"medium": "Memory"}}],
+                   container={"volumeMounts": [{"name": "keys", "mountPath": "/keys", "readOnly": True}]}))
+    await eventually(lambda: node.status("init").get("phase") in ("Succeeded", "Failed"), timeout=20,
+                     what="pod init to finish")
+    incs = node.pod_incarnations("init")
+    assert [(i.container, i.exit_code) for i in incs] == [("derive", 1), ("derive", 0), ("second", 0), ("main", 0)]
+    out = incs[-1].log_path.read_text()
+    st = node.status("init")
+    assert st["phase"] == "Succeeded", out
+    assert out.startswith("secret-seed\nno-seed\n"), out  # the Secret is not mounted here
+    assert "second-ran\n" in out and "keys-read-only\n" in out, out
+    derive, second = st["initContainerStatuses"]
+    assert derive["restartCount"] == 1 and derive["lastState"]["terminated"]["exitCode"] == 1
+    assert derive["ready"] and second["ready"] and second["state"]["terminated"]["exitCode"] == 0
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Initialized"] == "True"
+    fail = {"name": "fail", "command": ["sh", "-c", "exit 4"]}
+    node.apply(pod("stuck", "echo never", "Never", initContainers=[fail]))
+    await eventually(lambda: node.status("stuck").get("phase") == "Failed", timeout=10, what="stuck to fail")
+    assert [i.container for i in node.pod_incarnations("stuck")] == ["fail"]  # the pod's container never ran
+    assert {c["type"]: c["status"] for c in node.status("stuck")["conditions"]}["Initialized"] == "False"
+
+
 async def test_readiness_probe_and_graceful_deletion(node):
     server = [sys.executable, "-c", ("import http.server, os, time; time.sleep(0.5); http.server.HTTPServer("
                                      "(os.environ['POD_IP'], 8080), http.server.SimpleHTTPRequestHandler)"

@@ -24,14 +24,16 @@ from typing import Optional
 import yaml
 
 from tianji.control.contracts.addressing import PORTS, actor_set_name, data_port, metrics_port, pod_name, service_name
-from tianji.control.contracts.curvekeys import keypair
+from tianji.control.contracts.curvekeys import actor_seed, keypair
 from tianji.control.contracts.launch import (
     CONFIG_DIR,
     CURVE_FILE,
     ENV_TERMINATION_LOG,
+    ISSUER_FILE,
     JOB_FILE,
-    KEYED_ROLES,
+    ROLE_KEYED,
     SCRATCH_DIR,
+    SEEDED_ROLES,
     STATE_DIR,
     TERMINATION_LOG,
     WorkerLaunch,
@@ -421,6 +423,23 @@ def worker_container(job: TianJiJob, role: str, group: int, index: str, launch: 
     }
 
 
+def init_container(job: TianJiJob, i: dict, worker: dict) -> dict:
+    """`i` (WorkerLaunch.init: the actor key's init container) as a container: the worker's image, resources
+    (a pod's request is the larger of the two, so this costs nothing) and security context, less
+    any capability."""
+    return {
+        "name": i["name"],
+        "image": job.spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": i["command"],
+        "args": i["args"],
+        "env": [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in i["field_env"].items()],
+        "resources": worker["resources"],
+        "volumeMounts": i["volume_mounts"],
+        "securityContext": {**container_security_context(job), "capabilities": {"drop": ["ALL"]}},  # no RDMA
+    }
+
+
 def pod_spec(
     job: TianJiJob,
     role: str,
@@ -445,6 +464,7 @@ def pod_spec(
     )
     container = worker_container(job, role, group, index, launch)
     spec: dict = {
+        **({"initContainers": [init_container(job, launch.init, container)]} if launch.init else {}),
         # an evaluator that fails is restarted, never the job's failure (as an actor)
         "restartPolicy": "Always" if role in ("actor", "evaluator") else "OnFailure",
         "enableServiceLinks": False,
@@ -474,25 +494,35 @@ def pod_spec(
 
 # ----------------------------------------------------------------- key Secrets, pods, StatefulSets, all of them
 def curve_secrets(job: TianJiJob) -> list[dict]:
-    """One CurveZMQ identity per role, each as its own Secret (fresh key pairs each call: `ensure`
-    creates them once, and an existing one is never replaced), mounted only into that role's pods
-    (worker_launch): an actor pod never holds the learner's secret key. Each keyring names every
-    role's public key (runtime/security.py's format). None with `network.encryption: none`."""
+    """The job's CurveZMQ keys as Secrets (fresh each call: `ensure` creates them once, and an
+    existing one is never replaced), none with `network.encryption: none`:
+    - learner, buffer, evaluator: one identity per role, mounted only into that role's pods
+      (worker_launch); learners' and buffers' keyrings also hold the actor seed;
+    - actor: the issuer, {"actorSeed", "peers"}, mounted only into actor pods' init container,
+      which derives the pod's own key pair ("actor-G-I") from it (`tianji actor-key`).
+    Keyrings name every role's public key (runtime/security.py's format)."""
     if job.spec.network.encryption != "curve":
         return []
-    pairs = {role: keypair() for role in KEYED_ROLES}
+    pairs = {role: keypair() for role in ROLE_KEYED}
     peers = {role: public for role, (public, _) in pairs.items()}
+    seed = actor_seed()
+
+    def keyring(role: str) -> dict:
+        public, secret = pairs[role]
+        ring = {"identity": role, "public": public, "secret": secret, "peers": peers}
+        return {**ring, "actorSeed": seed} if role in SEEDED_ROLES else ring
+
+    docs = {role: (CURVE_FILE, keyring(role)) for role in ROLE_KEYED}
+    docs["actor"] = (ISSUER_FILE, {"actorSeed": seed, "peers": peers})
     return [
         {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "Opaque",
             "metadata": _meta(job, curve_secret_name(job.name, role), labels(job.name, role)),
-            "stringData": {
-                CURVE_FILE: json.dumps({"identity": role, "public": public, "secret": secret, "peers": peers})
-            },
+            "stringData": {key: json.dumps(doc)},
         }
-        for role, (public, secret) in pairs.items()
+        for role, (key, doc) in docs.items()
     ]
 
 

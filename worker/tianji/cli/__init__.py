@@ -1,4 +1,4 @@
-"""`tianji` command line: run, check, worker, plan, profile, eval, confirm, plot, dashboard, crd.
+"""`tianji` command line: run, check, worker, actor-key, plan, profile, eval, confirm, plot, dashboard, crd.
 
 Each sub-command lives in its own module; this file only parses arguments
 and maps SpecError (bad input) to exit code 2 with a one-line message.
@@ -77,6 +77,12 @@ def _worker(a: argparse.Namespace) -> int:
     return run_worker(a)
 
 
+def _actor_key(a: argparse.Namespace) -> int:
+    from tianji.cli.actorkey import actor_key_command
+
+    return actor_key_command(a)
+
+
 def _plan(a: argparse.Namespace) -> int:
     from tianji.cli.plan import plan_command
 
@@ -149,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run one role (what `tianji run` and Kubernetes pods start)")
     worker_arguments(w)
     w.set_defaults(fn=_worker)
+
+    from tianji.cli.actorkey import add_arguments as actor_key_arguments
+
+    ak = sub.add_parser("actor-key", help="(Kubernetes actor pods' init container) write the pod's own CurveZMQ "
+                                          "keyring, derived from the job's actor seed")
+    actor_key_arguments(ak)
+    ak.set_defaults(fn=_actor_key)
 
     pl = sub.add_parser("plan", help="size a job with the balance planner")
     pl.add_argument("job")

@@ -9,8 +9,13 @@ A job's processes do not share one key. Each holds a *keyring*:
   in-memory file, `keyring_fd`) that it reads once and closes (`from_env`): it is never a path
   another process can open, and nothing secret is written to disk. Only public keys are
   (`write_public_keys`, for people and tools; workers take their peers from their keyring).
-- Pods read a keyring file (TIANJI_CURVE_KEYS, a Secret mounted read-only into the pod).
-  Its `identity` may be a role ("actor": every pod of that role holds it).
+- Pods read a keyring file (TIANJI_CURVE_KEYS). A learner, buffer or evaluator pod's is its
+  role's Secret, mounted read-only, with the role as its `identity` (every pod of that role holds
+  it). An actor pod's is its own: its init container (`tianji actor-key`, `issue_actor_keyring`)
+  derives "actor-G-I"'s key pair from the job's actor seed into a memory-backed volume, and the
+  seed is mounted into that init container only. Learner and buffer keyrings carry the seed
+  (`actor_seed`), so they know every actor's public key (`actor_keys`) without a list to keep
+  in step with the StatefulSets' replicas.
 - A key *covers* the senders it may speak as: its own name, or, for a role key, every
   "role-G-I" (`covers`); `exclusive` says whether a sender's name has a key of its own.
 - `peers` holds the public keys of every identity of the job (public keys are not secret).
@@ -40,11 +45,13 @@ from typing import Optional
 
 import zmq
 
+from tianji.control.contracts.curvekeys import ACTOR_ORDINALS, derived_secret, parse_seed, z85
 from tianji.control.contracts.launch import ENV_CURVE_KEYS, ENV_CURVE_KEYS_FD
 
 log = logging.getLogger("tianji")
 LAUNCHER = "launcher"  # the local launcher's identity (it receives reports)
 USER_ID = "User-Id"  # ZeroMQ message property set by the ZAP handler
+ACTOR_KEY_LIMIT = ACTOR_ORDINALS  # actor ordinals per group whose derived keys a learner or buffer admits
 
 
 class KeyError_(ValueError):
@@ -56,8 +63,11 @@ def role_of(name: str) -> str:
 
 
 def exclusive(ring: Optional[Keyring], sender: str) -> bool:
-    """Does `sender` have a key of its own in the job (a process key), not only its role's?"""
-    return ring is not None and sender in ring.peers
+    """Does `sender` have a key of its own in the job (a process key), not only its role's? Every
+    actor does where actor keys are derived from a seed (pods: `actor_keys`)."""
+    if ring is None:
+        return False
+    return sender in ring.peers or (ring.actor_seed is not None and role_of(sender) == "actor")
 
 
 def covers(identity: Optional[str], sender: str) -> bool:
@@ -83,6 +93,7 @@ class Keyring:
     identity: str
     keys: Keys
     peers: dict = field(default_factory=dict)  # identity -> public key (z85 bytes), its own included
+    actor_seed: Optional[bytes] = None  # pods' learners and buffers: every actor's key derives from it
 
     def public_of(self, peer: str) -> bytes:
         """The key a connection to `peer` must meet: the process's own, else its role's."""
@@ -92,9 +103,35 @@ class Keyring:
         return key
 
     def to_json(self) -> str:
-        return json.dumps({"identity": self.identity, "public": self.keys.public.decode(),
-                           "secret": self.keys.secret.decode(),
-                           "peers": {k: v.decode() for k, v in sorted(self.peers.items())}})
+        doc = {"identity": self.identity, "public": self.keys.public.decode(), "secret": self.keys.secret.decode(),
+               "peers": {k: v.decode() for k, v in sorted(self.peers.items())}}
+        if self.actor_seed is not None:
+            doc["actorSeed"] = self.actor_seed.hex()
+        return json.dumps(doc)
+
+
+def actor_keys(seed: bytes, name: str) -> Keys:
+    """Actor `name`'s key pair on Kubernetes, derived from the job's actor seed."""
+    secret = z85(derived_secret(seed, name)).encode()
+    return Keys(zmq.curve_public(secret), secret)
+
+
+def issue_actor_keyring(issuer_text: str, group: int, index: int, source: str = "the actor issuer") -> Keyring:
+    """Actor pod (group, index)'s own keyring, from the issuer document the operator writes
+    ({"actorSeed": hex, "peers": {role: z85}}): its derived key pair and the roles' public keys,
+    not the seed."""
+    try:
+        doc = json.loads(issuer_text)
+        seed = parse_seed(doc["actorSeed"])
+        peers = {str(n): _key(k) for n, k in doc["peers"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise KeyError_(f"{source}: not an actor key issuer ({e})") from None
+    if group < 0 or not 0 <= index < ACTOR_KEY_LIMIT:
+        raise KeyError_(f"actor ordinal {index} of group {group}: learners and buffers admit actor "
+                        f"ordinals 0..{ACTOR_KEY_LIMIT - 1}")
+    name = f"actor-{group}-{index}"
+    keys = actor_keys(seed, name)
+    return Keyring(name, keys, {**peers, name: keys.public})
 
 
 def issue(names: Iterable[str]) -> dict[str, Keyring]:
@@ -104,9 +141,10 @@ def issue(names: Iterable[str]) -> dict[str, Keyring]:
     return {n: Keyring(n, k, dict(publics)) for n, k in pairs.items()}
 
 
-def write_keyring(path: str | Path, ring: Keyring) -> None:
-    """Write one keyring, mode 0600, replacing an older one atomically (pods' Secrets, tests)."""
-    _write_file(Path(path), ring.to_json())
+def write_keyring(path: str | Path, ring: Keyring, mode: int = 0o600) -> None:
+    """Write one keyring, mode 0600 unless told, replacing an older one atomically (actor pods'
+    init containers, tests)."""
+    _write_file(Path(path), ring.to_json(), mode)
 
 
 def write_public_keys(path: str | Path, rings: dict[str, Keyring]) -> None:
@@ -191,24 +229,41 @@ def parse_keyring(text, source: str) -> Keyring:
         peers = {str(n): _key(k) for n, k in doc["peers"].items()}
         if peers.get(identity) != keys.public:
             raise ValueError("its own public key is not among its peers")
-        return Keyring(identity, keys, peers)
+        seed = doc.get("actorSeed")
+        return Keyring(identity, keys, peers, None if seed is None else parse_seed(seed))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise KeyError_(f"{source}: cannot read this process's CURVE keyring ({e})") from None
 
 
 class _Identities:
-    """ZAP credentials: a key of the job's keyring is let in (its identity becomes the User-Id);
-    any other is refused, counted and logged with the key it presented."""
+    """ZAP credentials: a key of the job's keyring is let in (its identity becomes the User-Id),
+    and, where the keyring has the actor seed, the derived key of an actor of `group`; any other
+    is refused, counted and logged with the key it presented."""
 
-    def __init__(self, ring: Keyring):
+    def __init__(self, ring: Keyring, group: Optional[int] = None):
         self.by_key = {k: n for n, k in ring.peers.items()}
+        self.seed = ring.actor_seed if group is not None else None
+        self.group, self.derived = group, 0  # actor ordinals 0..derived-1 are in by_key
         self.refused = 0
         self._lock = threading.Lock()
+
+    def _derive_until(self, key: bytes) -> bool:
+        """Derive the group's actor keys in doubling batches until `key` is among them (at most
+        ACTOR_KEY_LIMIT ordinals: an unknown key costs that once, then nothing)."""
+        while key not in self.by_key and self.derived < ACTOR_KEY_LIMIT:
+            n = min(max(64, 2 * self.derived), ACTOR_KEY_LIMIT)
+            for i in range(self.derived, n):
+                name = f"actor-{self.group}-{i}"
+                self.by_key[actor_keys(self.seed, name).public] = name
+            self.derived = n
+        return key in self.by_key
 
     def callback(self, domain: str, key: bytes) -> bool:
         if key in self.by_key:
             return True
         with self._lock:
+            if self.seed is not None and self._derive_until(key):
+                return True
             self.refused += 1
             n = self.refused
         if n <= 3 or n % 100 == 0:
@@ -233,9 +288,9 @@ def _authenticator(ctx: zmq.Context, ids: _Identities):
 class Curve:
     """One keyring applied to the sockets of one zmq.Context (and its ZAP handler)."""
 
-    def __init__(self, ctx: zmq.Context, ring: Keyring):
+    def __init__(self, ctx: zmq.Context, ring: Keyring, group: Optional[int] = None):
         self.ctx, self.ring = ctx, ring
-        self.ids = _Identities(ring)
+        self.ids = _Identities(ring, group)
         self.auth = None
 
     @property
@@ -304,10 +359,11 @@ def untraced() -> None:
         raise KeyError_(f"process {tracer} is tracing this one: it would read the secret key; not starting")
 
 
-def from_env(ctx: zmq.Context, required: bool) -> Optional[Curve]:
+def from_env(ctx: zmq.Context, required: bool, group: Optional[int] = None) -> Optional[Curve]:
     """This process's Curve: from the descriptor TIANJI_CURVE_KEYS_FD names (local workers: read
     once, closed, and the variable removed), else the file TIANJI_CURVE_KEYS names (pods). A job
-    that asks for encryption without keys fails."""
+    that asks for encryption without keys fails. `group`: the process's group, whose actors it
+    admits by their derived keys where its keyring has the actor seed."""
     if forbid_inspection():  # before this process holds its secret key
         untraced()
     fd = os.environ.pop(ENV_CURVE_KEYS_FD, None)
@@ -316,11 +372,11 @@ def from_env(ctx: zmq.Context, required: bool) -> Optional[Curve]:
             n = int(fd)
         except ValueError:
             raise KeyError_(f"{ENV_CURVE_KEYS_FD}={fd!r} is not a descriptor number") from None
-        return Curve(ctx, read_keyring_fd(n))
+        return Curve(ctx, read_keyring_fd(n), group)
     path = os.environ.get(ENV_CURVE_KEYS)
     if not path:
         if required:
             raise KeyError_(f"spec.network.encryption is curve but neither {ENV_CURVE_KEYS_FD} nor "
                             f"{ENV_CURVE_KEYS} is set")
         return None
-    return Curve(ctx, read_keyring(path))
+    return Curve(ctx, read_keyring(path), group)

@@ -7,6 +7,8 @@ job's key Secret; workers read it with tianji.runtime.security.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 
 _P = 2**255 - 19
@@ -61,3 +63,28 @@ def keypair() -> tuple[str, str]:
     """(public, secret), Z85-encoded, from the OS's random source."""
     secret = os.urandom(32)
     return z85(public_key(secret)), z85(secret)
+
+
+# Actor keys on Kubernetes: one key pair per actor pod, derived from the job's actor seed, so that a
+# learner or buffer (which holds the seed) knows every actor's public key without a list to keep in
+# step with the StatefulSets' replicas, and an actor pod (whose init container derives its own key
+# and is the only container that mounts the seed) holds its own secret key and no other.
+SEED_BYTES = 32
+ACTOR_ORDINALS = 4096  # actors per group that can hold a key: spec.topology.actors' and maxActors' bound
+_DERIVE = b"tianji actor curve key v1\0"
+
+
+def actor_seed() -> str:
+    """A job's actor seed: 32 random bytes, hex."""
+    return os.urandom(SEED_BYTES).hex()
+
+
+def parse_seed(text: object) -> bytes:
+    if not isinstance(text, str) or len(text) != 2 * SEED_BYTES:
+        raise ValueError(f"an actor seed is {2 * SEED_BYTES} hex digits")
+    return bytes.fromhex(text)
+
+
+def derived_secret(seed: bytes, name: str) -> bytes:
+    """The 32-byte CURVE secret key of actor `name` ("actor-G-I"): HMAC-SHA256(seed, name)."""
+    return hmac.new(seed, _DERIVE + name.encode(), hashlib.sha256).digest()

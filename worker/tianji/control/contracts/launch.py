@@ -32,6 +32,10 @@ process is always `tianji worker ARGS` with this environment:
     TIANJI_TERMINATION_LOG  where the worker writes its final report as it exits; the
                         kubelet copies it into the pod status (terminationMessagePath),
                         so counts made after the last scrape are not lost
+    TIANJI_CURVE_KEYS   the pod's CurveZMQ keyring file: its role's Secret (learner, buffer,
+                        evaluator), or, for an actor, its own key pair, which the pod's init
+                        container `tianji actor-key` derives from the job's actor seed into a
+                        memory-backed volume; only that init container mounts the seed
   both, when the job has several learners
     TIANJI_DIST_INIT    torch.distributed rendezvous (set locally; in pods derived from DNS)
   local engine, learners given a GPU
@@ -77,9 +81,13 @@ ENV_TERMINATION_LOG = "TIANJI_TERMINATION_LOG"
 ENV_DEVICE = "TIANJI_DEVICE"
 ENV_CURVE_KEYS = "TIANJI_CURVE_KEYS"  # pods: the file of this process's CurveZMQ keyring (runtime/security.py)
 ENV_CURVE_KEYS_FD = "TIANJI_CURVE_KEYS_FD"  # local: the inherited descriptor that holds it (never a file)
-CURVE_DIR = "/etc/tianji-curve"  # pods: the role's key Secret is mounted here (see runtime/security.py)
+CURVE_DIR = "/etc/tianji-curve"  # pods: the process's keyring is here (see runtime/security.py)
 CURVE_FILE = "curve.json"
-KEYED_ROLES = ("learner", "buffer", "actor", "evaluator")  # pods: one CURVE identity (Secret) per role
+ROLE_KEYED = ("learner", "buffer", "evaluator")  # pods: one CURVE identity (Secret) per role
+SEEDED_ROLES = ("learner", "buffer")  # pods whose keyring holds the actor seed (they admit actors)
+ISSUER_DIR = "/etc/tianji-curve-issuer"  # actor pods: the actor seed, mounted into the init container only
+ISSUER_FILE = "issuer.json"
+ACTOR_KEY_INIT = "actor-key"  # that init container's name, and the `tianji` subcommand it runs
 
 
 def learner_device(job, group: int, index: int, visible_gpus: int) -> Optional[str]:
@@ -108,6 +116,7 @@ class WorkerLaunch:
     field_env: dict[str, str] = field(default_factory=dict)  # name -> fieldPath (pods only)
     volumes: list = field(default_factory=list)  # pods only: what the container mounts, besides the job's own
     volume_mounts: list = field(default_factory=list)
+    init: Optional[dict] = None  # pods only: an init container (name, command, args, field_env, volume_mounts)
 
     @property
     def argv(self) -> list[str]:
@@ -139,6 +148,7 @@ def worker_launch(
     field_env: dict[str, str] = {}
     volumes: list = []
     mounts: list = []
+    init = None
     if engine == "local":
         if run_dir is None or sock_dir is None:
             raise ValueError("a local worker needs run_dir and sock_dir")
@@ -163,28 +173,66 @@ def worker_launch(
         env[ENV_TERMINATION_LOG] = TERMINATION_LOG
         if job.spec.network.interface:  # learners' torch.distributed traffic on the same fabric
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = job.spec.network.interface
-        if job.spec.network.encryption == "curve":  # this role's key Secret (operator: builders.curve_secrets)
+        if job.spec.network.encryption == "curve":  # operator: builders.curve_secrets
             env[ENV_CURVE_KEYS] = f"{CURVE_DIR}/{CURVE_FILE}"
-            volumes.append(
-                {
-                    "name": "curve",
-                    "secret": {
-                        "secretName": curve_secret_name(job.name, role),
-                        "defaultMode": 0o400,
-                        "items": [{"key": CURVE_FILE, "path": CURVE_FILE}],
-                    },
-                }
-            )
             mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
+            if role == "actor":
+                volumes += actor_key_volumes(job.name)
+                init = actor_key_init(command or WORKER_COMMAND, group, index, field_env)
+            else:
+                volumes.append(_secret_volume("curve", curve_secret_name(job.name, role), CURVE_FILE))
     else:
         raise ValueError(f"unknown engine {engine!r}")
     if metrics_port:
         args += ["--metrics-port", str(metrics_port)]
     if dist_init:
         env[ENV_DIST_INIT] = dist_init
-    return WorkerLaunch(list(command or WORKER_COMMAND), args, env, field_env, volumes, mounts)
+    return WorkerLaunch(list(command or WORKER_COMMAND), args, env, field_env, volumes, mounts, init)
+
+
+def sibling_command(command: list[str], sub: str) -> list[str]:
+    """`tianji SUB` from the same installation as `command` (the workers' `tianji worker`)."""
+    return [*command[:-1], sub] if command and command[-1] == "worker" else ["tianji", sub]
+
+
+def _secret_volume(name: str, secret: str, key: str) -> dict:
+    return {"name": name, "secret": {"secretName": secret, "defaultMode": 0o400, "items": [{"key": key, "path": key}]}}
+
+
+def actor_key_volumes(job: str) -> list[dict]:
+    """An actor pod's key volumes: the job's actor issuer (the seed; its init container's only) and
+    the memory-backed volume its own keyring is written to (the worker's, read-only)."""
+    return [
+        _secret_volume("curve-issuer", curve_secret_name(job, "actor"), ISSUER_FILE),
+        {"name": "curve", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    ]
+
+
+def actor_key_init(command: list[str], group: int, index: Union[int, str], field_env: dict[str, str]) -> dict:
+    """The init container that derives the actor's own keyring (`tianji actor-key`): it alone
+    mounts the seed, so the worker, where user env code runs, holds one actor's key and no other."""
+    return {
+        "name": ACTOR_KEY_INIT,
+        "command": sibling_command(command, ACTOR_KEY_INIT),
+        "args": [
+            "--group",
+            str(group),
+            "--index",
+            str(index),
+            "--issuer",
+            f"{ISSUER_DIR}/{ISSUER_FILE}",
+            "--out",
+            f"{CURVE_DIR}/{CURVE_FILE}",
+        ],
+        "field_env": {k: field_env[k] for k in (ENV_POD_NAME, ENV_INDEX) if k in field_env},
+        "volume_mounts": [
+            {"name": "curve-issuer", "mountPath": ISSUER_DIR, "readOnly": True},
+            {"name": "curve", "mountPath": CURVE_DIR},
+        ],
+    }
 
 
 def curve_secret_name(job: str, role: str) -> str:
-    """The Secret holding one role's CurveZMQ keyring (mounted only into that role's pods)."""
+    """The Secret holding one role's CurveZMQ keyring (mounted only into that role's pods), or,
+    for "actor", the actor issuer (mounted only into actor pods' init containers)."""
     return f"{job}-curve-{role}"

@@ -12,8 +12,15 @@ from tianji.control.spec.base import _Model
 # ----------------------------------------------------------------- pod overlay (Kubernetes only)
 _FREE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 # What the operator itself puts in every pod: an overlay may not redefine it.
-RESERVED_VOLUMES = ("job", "state", "dshm", "scratch", "curve")
-RESERVED_MOUNT_PATHS = ("/etc/tianji", "/var/lib/tianji", "/dev/shm", "/tmp", "/etc/tianji-curve")
+RESERVED_VOLUMES = ("job", "state", "dshm", "scratch", "curve", "curve-issuer")
+RESERVED_MOUNT_PATHS = (
+    "/etc/tianji",
+    "/var/lib/tianji",
+    "/dev/shm",
+    "/tmp",
+    "/etc/tianji-curve",
+    "/etc/tianji-curve-issuer",
+)
 _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 

@@ -8,6 +8,7 @@ from typing import Literal, Optional
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from tianji.control.contracts.addressing import LAST_PORT_OFFSET
+from tianji.control.contracts.curvekeys import ACTOR_ORDINALS
 from tianji.control.spec.base import (
     EXTENDED_RESOURCE_PATTERN,
     MIN_CPU,
@@ -185,7 +186,7 @@ class Autoscale(_Model):
         None, description="must match the operator's allow-list (chart operator.prometheusAllowList)"
     )
     min_actors: int = Field(1, ge=1, description="fewest actors per group the autoscaler sets")
-    max_actors: int = Field(64, ge=1, description="most actors per group the autoscaler sets")
+    max_actors: int = Field(64, ge=1, le=ACTOR_ORDINALS, description="most actors per group the autoscaler sets")
     band: float = Field(0.15, ge=0, lt=1, description="hysteresis band on production/consumption")
     cooldown_seconds: float = Field(60.0, ge=0, description="default of both cooldowns below")
     scale_up_cooldown_seconds: Optional[float] = Field(None, ge=0, description="after any change, before adding")

@@ -6,6 +6,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
+from tianji.control.contracts.curvekeys import ACTOR_ORDINALS
 from tianji.control.spec.base import QUANTITY_PATTERN, _Model, quantity_value
 
 
@@ -40,7 +41,7 @@ class Topology(_Model):
         le=1024,
         description="training groups, each with its own actors, buffers and learners, sharing one model (groupSync)",
     )
-    actors: int = Field(2, ge=1, le=4096, description="actor processes per group")
+    actors: int = Field(2, ge=1, le=ACTOR_ORDINALS, description="actor processes per group")
     buffers: int = Field(1, ge=1, le=256, description="buffer processes per group")
     learners: int = Field(1, ge=1, le=256, description="learner processes per group")
     group_sync: GroupSync = Field(

@@ -50,10 +50,12 @@ class Role:
         self.sender = f"{self.name}-{group}-{index}"
         self.ctx = zmq.Context()
         # CurveZMQ with this process's keyring (runtime/security.py). `tianji run` always provides
-        # one, so a local worker without it refuses to start; pods read their role's key Secret
-        # (operator: builders.curve_secrets); a pod without it warns and relies on the NetworkPolicy.
+        # one, so a local worker without it refuses to start; pods read their role's key Secret or,
+        # actors, their own derived key (operator: builders.curve_secrets); a pod without keys warns
+        # and relies on the NetworkPolicy.
         want = job.spec.network.encryption == "curve"
-        self.curve = security.from_env(self.ctx, required=want and addrs.run_dir is not None)  # local: ipc
+        self.curve = security.from_env(self.ctx, required=want and addrs.run_dir is not None,  # local: ipc
+                                       group=group)
         if want and self.curve is None:
             log.warning("%s: spec.network.encryption is curve but no keys are mounted; sockets are NOT "
                         "authenticated (only the NetworkPolicy restricts peers)", self.sender)
@@ -113,6 +115,8 @@ class Role:
                 if os.path.exists(path):  # left by a previous incarnation of this role
                     os.unlink(path)
             s.bind(addr)
+            if addr.startswith("ipc://"):  # connectable by the run's roles' group (local/isolation.py)
+                os.chmod(path, 0o660)
         else:
             s.connect(addr)
         return s
