@@ -71,3 +71,55 @@ class DictObs(_Uncarried):
 
 class TextObs(_Uncarried):
     observation_space = gym.spaces.Text(8)
+
+
+def _attempt(fn) -> str:
+    """"denied" (PermissionError), or what happened otherwise."""
+    try:
+        fn()
+    except PermissionError:
+        return "denied"
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return "allowed"
+
+
+def _learner_pid() -> int | None:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"--role\0learner\0" in f.read():
+                    return int(pid)
+        except OSError:
+            pass
+    return None
+
+
+class RoleProbe(gym.Wrapper):
+    """Hostile env code in an actor: the first actor's first env records, in the JSON file `out`,
+    its credentials and what it could do to the rest of the run (test_isolation.py)."""
+
+    def __init__(self, env, out: str, run_dir: str):
+        super().__init__(env)
+        if "--role" not in sys.argv or sys.argv[sys.argv.index("--role") + 1] != "actor" or os.path.exists(out):
+            return
+        import json
+        import signal
+
+        with open("/proc/self/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        learner = _learner_pid()
+        sock = os.path.realpath(os.path.join(run_dir, "sock"))
+        facts = {
+            "uid": os.getuid(), "euid": os.geteuid(), "groups": os.getgroups(),
+            "cap_eff": status["CapEff"].strip(), "learner_pid": learner,
+            "learner_environ": _attempt(lambda: open(f"/proc/{learner}/environ", "rb").read()),
+            "learner_mem": _attempt(lambda: open(f"/proc/{learner}/mem", "rb").close()),
+            "signal_learner": _attempt(lambda: os.kill(learner, signal.SIGSTOP)),
+            "rewrite_job": _attempt(lambda: open(os.path.join(run_dir, "job.yaml"), "a").close()),
+            "write_checkpoints": _attempt(lambda: open(os.path.join(run_dir, "checkpoints", "0-0", "x"), "w").close()),
+            "remove_report_socket": _attempt(lambda: os.unlink(os.path.join(sock, "launcher-report"))),
+        }
+        with open(out + ".tmp", "w") as f:
+            json.dump(facts, f)
+        os.replace(out + ".tmp", out)

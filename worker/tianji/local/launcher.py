@@ -39,8 +39,8 @@ from tianji.control.planner.plan import Profile, resolve
 from tianji.control.spec import SpecError, TianJiJob, dump_job, load_job, stop_problem
 from tianji.control.spec.lagbound import staleness_notes
 from tianji.envs import spaces_of
+from tianji.local import isolation, runfiles, zygote
 from tianji.local import resume as resume_
-from tianji.local import runfiles, zygote
 from tianji.local.preflight import check_entry_points, note_on_stderr
 from tianji.local.runfiles import MetricsLog, Warner
 from tianji.local.summary import ended_line, run_summary
@@ -165,7 +165,16 @@ class Launcher:
         self.target_reached_at: Optional[float] = None  # this launch's clock; the crossing is the accounting's
         self.target_backing: Optional[dict] = None  # the checkpoint and version behind a reached target
         self.metrics: Optional[MetricsLog] = None  # while the main loop runs: the crossing's record goes there
-        self.target_check = TargetCheck(job, run_dir, {**_worker_env(None), "OMP_NUM_THREADS": "1"})
+        self.role_uids, why = isolation.decide(job, run_dir, self.job_file)  # a launcher run as root
+        self.isolation = isolation.describe(self.role_uids, why)
+        if why:
+            self.warn("isolation", f"every role runs as root, not under a uid of its own: {why} "
+                                   "(docs/security.md)")
+        self._isolate()
+        check_env = {**_worker_env(None), "OMP_NUM_THREADS": "1"}
+        if self.role_uids is not None:
+            check_env["HOME"] = str(self.role_uids.home(run_dir, "confirm"))
+        self.target_check = TargetCheck(job, run_dir, check_env, creds=self._creds("confirm"))
         self.bounds = _episode_bounds(job)  # what one of the env's episodes can be (refused otherwise)
         self.refused: dict[str, int] = {}  # reports and handshakes this launcher refused, by reason
         self.report_curve = None  # the report socket's CURVE (its ZAP handler counts refused handshakes)
@@ -195,6 +204,19 @@ class Launcher:
                 security.write_keyring(Path(export) / f"{name}.json", ring)
 
     # ---------------------------------------------------------------- processes
+    def _isolate(self) -> None:
+        """The folders each role writes, its own (local/isolation.py): `checkpoints/` the buffers'
+        (replay snapshots), `checkpoints/G-I/` learner G-I's."""
+        if self.role_uids is None:
+            return
+        ckpt = self.run_dir / "checkpoints"
+        owned = [("buffer", ckpt)] + [("learner", ckpt / f"{c.group}-{c.index}") for c in self.children
+                                      if c.role == "learner"]
+        isolation.prepare(self.role_uids, self.run_dir, self.sock_dir, owned)
+
+    def _creds(self, role: str) -> Optional[isolation.Creds]:
+        return None if self.role_uids is None else self.role_uids.creds(role)
+
     def _launch(self, c: Child, **kw):
         if c.role == "learner":  # one GPU per learner while there are enough (launch.learner_device)
             kw["device"] = learner_device(self.job, c.group, c.index, visible_gpus(self.job))
@@ -204,6 +226,9 @@ class Launcher:
     def _spawn(self, c: Child) -> None:
         launch = self._launch(c, command=[*CLI, "worker"], report=self.report_addr, dist_init=self.dist_init)
         env = _worker_env(launch)
+        creds = self._creds(c.role)
+        if self.role_uids is not None:
+            env["HOME"] = str(self.role_uids.home(self.run_dir, c.role))
         if c.log is None:
             c.log = open(self.run_dir / "logs" / f"{c.name}.log", "ab")
         c.log.flush()
@@ -216,7 +241,7 @@ class Launcher:
             if self.zygote is not None:  # forked from the pre-imported template (same entry point, same env)
                 try:
                     c.proc = self.zygote.spawn(launch.argv[len(CLI):], env, c.log.name,
-                                               fd=None if keys is None else (ENV_CURVE_KEYS_FD, keys))
+                                               fd=None if keys is None else (ENV_CURVE_KEYS_FD, keys), creds=creds)
                 except OSError as e:
                     print(f"tianji: worker template failed ({e}); starting workers as new processes",
                           file=sys.stderr)
@@ -224,7 +249,8 @@ class Launcher:
             if c.proc is None:
                 # Own session: Ctrl-C reaches the launcher only, which then stops workers in order.
                 c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True, pass_fds=() if keys is None else (keys,))
+                                          start_new_session=True, pass_fds=() if keys is None else (keys,),
+                                          **(creds.popen() if creds else {}))
         finally:
             if keys is not None:
                 os.close(keys)
@@ -469,7 +495,7 @@ class Launcher:
                           crossing=crossing if reached else None,
                           target=self.target_backing if reached else None, restarts=self._restarts(),
                           run_dir=str(self.run_dir), resumed_from=self.resumed_from, error=self.error,
-                          warnings=self.warnings)
+                          warnings=self.warnings, isolation=self.isolation)
         # the launcher's own refusals by reason (their total is the accounting's, persisted)
         by = {k: v for k, v in out["rejected_by_reason"].items() if k != "launcher_report"}
         extra = self.acc.rejected - sum(self.refused.values())  # counted by an earlier launch (--resume)
@@ -537,6 +563,7 @@ class Launcher:
             curve = Curve(ctx, self.rings[LAUNCHER])
             curve.server(sock)
         sock.bind(self.report_addr)
+        isolation.share_socket(self.report_addr[len("ipc://"):], self.role_uids)
         return sock, curve
 
     def run(self) -> dict:

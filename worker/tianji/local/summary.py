@@ -12,11 +12,12 @@ DATA_ROLES = ("actor", "buffer", "learner")
 
 def run_summary(job, acc: Accounting, *, reason: str, wall: float, crossing: Optional[dict], restarts: dict,
                 run_dir: str, resumed_from: Optional[dict], error: Optional[str], warnings: list[str],
-                target: Optional[dict] = None) -> dict:
+                target: Optional[dict] = None, isolation: Optional[dict] = None) -> dict:
     """`wall` counts the whole run (a resumed run's earlier launches too); `crossing`: a reached
     target's crossing (Accounting.target_crossing: the time, frames and mean of the metrics.jsonl
     record marked `"stop": "target"`); `target`: the checkpoint and policy version behind it
-    (docs/security.md)."""
+    (docs/security.md); `isolation`: the roles' uids, or why they run as root (local/isolation.py;
+    absent when the launcher is not root)."""
     spec, t = job.spec, job.spec.topology
     v = acc.view(wall, spec.evaluation)
     frames = max(v["env_frames"], 1)
@@ -53,6 +54,7 @@ def run_summary(job, acc: Accounting, *, reason: str, wall: float, crossing: Opt
         **({"resumed_from": resumed_from} if resumed_from else {}),
         **({"error": error} if error else {}),
         **({"warnings": warnings} if warnings else {}),
+        **({"isolation": isolation} if isolation else {}),
     }
 
 

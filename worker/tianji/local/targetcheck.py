@@ -51,8 +51,9 @@ class TargetCheck:
     """The launcher's confirming evaluations: `trigger` when the stop rule is met, `poll` each turn
     of the main loop; `passed` holds the evaluation that confirmed the target."""
 
-    def __init__(self, job, run_dir: Path, env: dict[str, str]):
-        self.job, self.run_dir, self.env = job, run_dir, env
+    def __init__(self, job, run_dir: Path, env: dict[str, str], creds=None):
+        """`creds` (local/isolation.Creds): the uid the evaluation runs as (None: the launcher's)."""
+        self.job, self.run_dir, self.env, self.creds = job, run_dir, env, creds
         ev = job.spec.evaluation
         self.episodes = ev.episodes if ev.enabled else WINDOW
         self.epsilon = ev.epsilon if ev.enabled and job.spec.algorithm.name == "dqn" else None
@@ -124,7 +125,8 @@ class TargetCheck:
             self.log = open(self.run_dir / "logs" / "target-check.log", "ab")
         try:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
-                                         start_new_session=True, pass_fds=() if self.copy is None else (self.copy,))
+                                         start_new_session=True, pass_fds=() if self.copy is None else (self.copy,),
+                                         **(self.creds.popen() if self.creds else {}))
         finally:
             self._close_copy()
 

@@ -42,6 +42,8 @@ import sys
 import time
 from typing import Optional
 
+from tianji.local.isolation import Creds, drop
+
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
@@ -138,11 +140,14 @@ class Zygote:
         return self.proc.poll() is None
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: str,
-              fd: Optional[tuple[str, int]] = None) -> ForkedProc:
+              fd: Optional[tuple[str, int]] = None, creds=None) -> ForkedProc:
         """Fork a worker running `tianji worker` (argv: ["worker", ...]); blocks until the zygote has imported
         everything (first call only) and forked. `fd`: (variable, descriptor) the worker inherits, its
-        number in the worker in that variable. Raises OSError when the zygote is gone."""
+        number in the worker in that variable; `creds` (local/isolation.Creds): the uid and gid it
+        runs as (None: the zygote's). Raises OSError when the zygote is gone."""
         doc = {"argv": argv, "env": env, "log": log_path}
+        if creds is not None:
+            doc["creds"] = [creds.uid, creds.gid]
         try:
             if fd is not None:
                 doc["fd_env"] = fd[0]
@@ -200,6 +205,8 @@ def _child(req: dict, launcher: int, channel: Optional[int]) -> None:
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
+        if req.get("creds"):  # its role's uid, before anything else runs (local/isolation.py)
+            drop(Creds(*req["creds"]))
         deadline = time.monotonic() + REPARENT_TIMEOUT_S
         while os.getppid() != launcher and time.monotonic() < deadline:  # the intermediate is exiting
             time.sleep(0.001)
