@@ -134,6 +134,25 @@ def render_converge(files: list[dict]) -> list[str]:
     return provenance(d) + [""] + out
 
 
+def render_flood(files: list[dict]) -> list[str]:
+    return [line for d in files for line in _flood_table(d) + [""]][:-1]
+
+
+def _flood_table(d: dict) -> list[str]:
+    hostile = next(r["hostile"] for r in d["runs"] if r["hostile"] != "off")
+    rows = [[str(i // 2 + 1), "clean" if r["hostile"] == "off" else hostile,
+             "yes" if r["reached_target"] else "**no**", num(r["seconds_to_target"], 1),
+             num(r["other_actor_sent_sps"]), num(r["dropped_over_share_by_sender"].get("actor-0-0")),
+             num(r["load1_before"], 1)] for i, r in enumerate(d["runs"])]
+    ratios = "; ".join(f"{num(p['time_to_target_ratio'], 2)} (actor-0-1's throughput "
+                       f"{num(p['other_actor_throughput_ratio'], 2)})" for p in d["pairs"])
+    return provenance(d) + [""] + table(
+        ["pair", "run", "target confirmed", "s to target", "actor-0-1 samples/s sent",
+         "actor-0-0 samples over its share", "load before"], rows) + [
+        "", f"{hostile} over clean, time to target per pair: {ratios}; "
+            f"median **{num(d['median_time_to_target_ratio'], 2)}**."]
+
+
 PEER_LABELS = {"tianji": "TianJi, examples/pong-ppo.yaml with bench/pong.py's CPU preset",
                "sample-factory": "Sample Factory 2.1.1 APPO", "cleanrl-envpool": "CleanRL-style PPO on EnvPool 0.8.4",
                "sb3": "Stable-Baselines3 2.9.2 PPO, rl-zoo's settings"}
@@ -586,6 +605,7 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "ablation-acrobot": (render_ablation, [_r("ablation-acrobot.json"), _r("ablation-acrobot-quiet.json")]),
     "ablation-pong": (render_ablation, [_r("ablation-pong.json")]),
     "ablation-variants": (render_variants, [_r("ablation-acrobot-variants.jsonl")]),
+    "flood": (render_flood, [_r("flood.json"), _r("flood-spin.json")]),
     "transport-trust": (render_transport, [_r("security-transport-none.json"), _r("security-transport-curve.json")]),
     "scaling": (render_scaling, [_r("scaling.json")]),
     "scaling-rescore": (render_scaling, [_r("scaling-rescore.json")]),
