@@ -96,6 +96,23 @@ def test_a_dropped_process_has_its_role_uid_and_no_capability(tmp_path):
     assert got["read"] == "denied" and got["umask"] == isolation.UMASK, got
 
 
+def test_a_probe_that_hangs_on_a_user_module_is_stopped(monkeypatch):
+    """A user package that hangs as it is imported (find_spec imports the parent) cannot hold the
+    launcher: the probe is killed after PROBE_TIMEOUT_S and the roles stay root, saying why."""
+    top = Path(tempfile.mkdtemp(prefix="tianji-probe-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        (top / "slowpkg").mkdir(mode=0o755)
+        (top / "slowpkg" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+        (top / "slowpkg" / "mod.py").write_text("")
+        monkeypatch.syspath_prepend(str(top))
+        monkeypatch.setattr(isolation, "PROBE_TIMEOUT_S", 1.0)
+        why = isolation._probe(ACTOR, [], ["slowpkg.mod"])
+        assert why == f"the probe as uid {ACTOR.uid} did not answer within 1 s", why
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 @pytest.mark.slow
 def test_a_run_as_root_gives_each_role_its_own_uid_and_trains():
     """A hostile actor (bad_envs:RoleProbe) runs as the actor's uid, with no capability; it can

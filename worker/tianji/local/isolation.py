@@ -30,6 +30,8 @@ import grp
 import importlib.util
 import os
 import pwd
+import select
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ DEFAULT_BASE = 64200
 ROLES = ("learner", "buffer", "actor", "evaluator", "confirm")
 UMASK = 0o022
 HOME = "home"  # <run dir>/home/<role>
+PROBE_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,10 @@ def _probe(creds: Creds, paths: list[tuple[str, int]], modules: list[str]) -> Op
             os._exit(code)
     os.close(w)
     with os.fdopen(r, "rb") as f:
+        if not select.select([f], [], [], PROBE_TIMEOUT_S)[0]:  # a user module that hangs as it is found
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return f"the probe as uid {creds.uid} did not answer within {PROBE_TIMEOUT_S:g} s"
         answer = f.read().decode(errors="replace")
     os.waitpid(pid, 0)
     return answer or None
