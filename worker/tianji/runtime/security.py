@@ -51,7 +51,6 @@ from tianji.control.contracts.launch import ENV_CURVE_KEYS, ENV_CURVE_KEYS_FD
 log = logging.getLogger("tianji")
 LAUNCHER = "launcher"  # the local launcher's identity (it receives reports)
 USER_ID = "User-Id"  # ZeroMQ message property set by the ZAP handler
-ACTOR_KEY_LIMIT = ACTOR_ORDINALS  # actor ordinals per group whose derived keys a learner or buffer admits
 
 
 class KeyError_(ValueError):
@@ -126,9 +125,9 @@ def issue_actor_keyring(issuer_text: str, group: int, index: int, source: str = 
         peers = {str(n): _key(k) for n, k in doc["peers"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise KeyError_(f"{source}: not an actor key issuer ({e})") from None
-    if group < 0 or not 0 <= index < ACTOR_KEY_LIMIT:
+    if group < 0 or not 0 <= index < ACTOR_ORDINALS:
         raise KeyError_(f"actor ordinal {index} of group {group}: learners and buffers admit actor "
-                        f"ordinals 0..{ACTOR_KEY_LIMIT - 1}")
+                        f"ordinals 0..{ACTOR_ORDINALS - 1}")
     name = f"actor-{group}-{index}"
     keys = actor_keys(seed, name)
     return Keyring(name, keys, {**peers, name: keys.public})
@@ -249,9 +248,9 @@ class _Identities:
 
     def _derive_until(self, key: bytes) -> bool:
         """Derive the group's actor keys in doubling batches until `key` is among them (at most
-        ACTOR_KEY_LIMIT ordinals: an unknown key costs that once, then nothing)."""
-        while key not in self.by_key and self.derived < ACTOR_KEY_LIMIT:
-            n = min(max(64, 2 * self.derived), ACTOR_KEY_LIMIT)
+        ACTOR_ORDINALS ordinals: an unknown key costs that once, then nothing)."""
+        while key not in self.by_key and self.derived < ACTOR_ORDINALS:
+            n = min(max(64, 2 * self.derived), ACTOR_ORDINALS)
             for i in range(self.derived, n):
                 name = f"actor-{self.group}-{i}"
                 self.by_key[actor_keys(self.seed, name).public] = name
