@@ -30,7 +30,8 @@ ACTOR = isolation.RoleUids(isolation.DEFAULT_BASE).creds("actor")
 # /root replaced by a 0755 tmpfs that holds only what the interpreter needs (its pyenv), inside a
 # private mount namespace: the machine's /root is untouched.
 REACHABLE_PYTHON = """set -e
-stage=$(mktemp -d /mnt/.tianji-root.XXXXXX)
+stage="$STAGE"
+mkdir -p "$stage"
 mount --bind /root "$stage"
 mount -t tmpfs -o mode=755 tianji-root /root
 for top in $TOPS; do mkdir -p "/root/$top" && mount --bind "$stage/$top" "/root/$top"; done
@@ -38,12 +39,14 @@ exec "$@"
 """
 
 
-def reachable_python(cmd: list[str]) -> list[str]:
+def reachable_python(cmd: list[str], stage: Path) -> list[str]:
+    """`cmd` where /root holds only the interpreter; `stage`: an empty folder the real /root is
+    seen at meanwhile (in that namespace only)."""
     real = Path(os.path.realpath(sys.executable))
     tops = sorted({p.relative_to("/root").parts[0] for p in (real, Path(sys.prefix).resolve(),
                                                            Path(sys.base_prefix).resolve())
                    if p.is_relative_to("/root")})
-    return ["env", f"TOPS={' '.join(tops)}", "unshare", "--mount", "--propagation", "private",
+    return ["env", f"TOPS={' '.join(tops)}", f"STAGE={stage}", "unshare", "--mount", "--propagation", "private",
             "sh", "-c", REACHABLE_PYTHON, "reachable-python", *cmd]
 
 
@@ -134,7 +137,7 @@ def test_a_run_as_root_gives_each_role_its_own_uid_and_trains():
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(EXAMPLES / "custom-env"),
                                                             str(ROOT / "worker")])}
         env.pop("TIANJI_ROLE_UIDS", None)
-        done = subprocess.run(reachable_python(tianji_cmd("run", str(job), "--run-dir", str(run_dir))),
+        done = subprocess.run(reachable_python(tianji_cmd("run", str(job), "--run-dir", str(run_dir)), top / "stage"),
                               capture_output=True, text=True, timeout=420, cwd=ROOT, env=env)
         summary = json.loads((run_dir / "summary.json").read_text())
         assert done.returncode == 0 and summary["reached_target"], done.stdout[-3000:] + done.stderr[-3000:]
