@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from tianji.control.contracts.launch import sibling_command
 from tianji.control.contracts.ports import DEFAULT_PORT_RANGE, parse_port_range
 
 DEFAULT_SCRAPERS: list[dict] = [
@@ -88,8 +89,7 @@ class OperatorConfig:
     @property
     def confirm_command(self) -> list[str]:
         """`tianji confirm` from the same installation as the workers' `tianji worker`."""
-        wc = list(self.worker_command)
-        return wc[:-1] + ["confirm"] if wc and wc[-1] == "worker" else ["tianji", "confirm"]
+        return sibling_command(list(self.worker_command), "confirm")
 
     def load_profile(self):
         """The planner profile, or None for the planner's built-in estimates."""

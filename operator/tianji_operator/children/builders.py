@@ -386,6 +386,11 @@ def container_ports(job: TianJiJob, role: str, group: int, index: str) -> list[d
 
 
 # ----------------------------------------------------------------- the worker pod
+def downward_env(field_env: dict[str, str]) -> list[dict]:
+    """Env entries from the downward API: name -> fieldPath."""
+    return [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in field_env.items()]
+
+
 def worker_container(job: TianJiJob, role: str, group: int, index: str, launch: WorkerLaunch) -> dict:
     """The worker container: `launch` (tianji.control.contracts.launch: command, env, the role's
     own mounts), the role's ports and resources, a readiness probe, Pod Security "restricted"."""
@@ -396,7 +401,7 @@ def worker_container(job: TianJiJob, role: str, group: int, index: str, launch: 
         "command": launch.command,
         "args": launch.args,
         "env": [
-            *({"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in launch.field_env.items()),
+            *downward_env(launch.field_env),
             *({"name": k, "value": v} for k, v in launch.env.items()),
         ],
         "terminationMessagePath": TERMINATION_LOG,
@@ -433,7 +438,7 @@ def init_container(job: TianJiJob, i: dict, worker: dict) -> dict:
         "imagePullPolicy": "IfNotPresent",
         "command": i["command"],
         "args": i["args"],
-        "env": [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in i["field_env"].items()],
+        "env": downward_env(i["field_env"]),
         "resources": worker["resources"],
         "volumeMounts": i["volume_mounts"],
         "securityContext": {**container_security_context(job), "capabilities": {"drop": ["ALL"]}},  # no RDMA
