@@ -351,7 +351,7 @@ def render_validation(files: list[dict]) -> list[str]:
                          pct(median(errs)), pct(max(errs)), f"{sum(kinds1)} of {len(kinds1)}"])
     out = [line for d in files for line in provenance(d)]
     return out + [""] + table(["run", "points measured", "median abs. error", "max", "bottleneck kind right"],
-                              rows) + [line for d in files for line in plot(d, "planner validation, 2026-11-25")]
+                              rows) + [line for d in files for line in plot(d, f"planner validation: {d['label']}")]
 
 
 def _topology(t: dict, planned: bool) -> str:
@@ -612,6 +612,9 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "scaling-groups": (render_scaling, [_r("scaling-groups.json")]),
     "planner-validation": (render_validation, [_v("scaling-ppo"), _v("scaling-dqn-rr4"), _v("planner-validation")]),
     "planner-time-to-target": (render_time_to_target, [_v("planner-time-to-target")]),
+    "planner-validation-quiet": (render_validation, [_d("planner-validation.json"),
+                                                     _r("planner-validation-quiet-2core.json")]),
+    "planner-time-to-target-device": (render_time_to_target, [_d("planner-time-to-target.json")]),
     "profiles": (render_profiles, ["bench/profiles/cartpole-dqn-2core.json", "bench/profiles/cartpole-ppo-2core.json",
                                    _v("profile-ppo"), _v("profile-dqn-rr4"), _v("profile-ppo-ttt")]),
     "gpu": (render_gpu, [_d("profile-pong-ppo.json"), _d("profile-pong-dqn.json"), _d("profile-pong-ppo-fp32.json"),

@@ -56,6 +56,7 @@ PIPELINE_ACTORS = (4, 8, 14)  # (e): lock step against pipelined at these actor 
 PIPELINE_RUN_S = 28.0  # (e): each run
 VALIDATION_POINTS, VALIDATION_S = 6, 25.0  # (v): random topologies, seconds each
 TTT_RANDOM, TTT_BUDGET_S = 3, 60.0  # (v): random topologies against the plan, seconds cap to target
+TTT_OVERHEAD_S = 25.0  # (v): a time-to-target run's start-up, summary and quiet-gate settling
 CD_CAP_S = 150.0  # (c) and (d) each at most this long
 CD_MIN_S = 60.0  # (b) stops adding points before (c) and (d) would get less
 SCALING_RUN_S = 22.0  # (b): each run; its workers start in the first ~8-10 s (CUDA included)
@@ -372,10 +373,13 @@ def step_validation(ctx: Context) -> dict:
         return {"validation": {"rc": r["rc"], **_summary(ctx.out / "planner-validation.json")}}
     r = run("validation", ["--n", str(VALIDATION_POINTS), "--seconds", f"{VALIDATION_S:g}"], ctx.left() - 5)
     out = {"validation": {"rc": r["rc"], "log_tail": r["log_tail"], **_summary(ctx.out / "planner-validation.json")}}
-    if ctx.left() > (TTT_RANDOM + 1) * (TTT_BUDGET_S + 20):
-        r = run("time-to-target", ["--time-to-target", "--random", str(TTT_RANDOM), "--budget-s", f"{TTT_BUDGET_S:g}",
+    # The plan and as many random topologies (at most TTT_RANDOM) as the time left holds, each
+    # run costing its cap plus start-up and the quiet gate's settling.
+    n_random = min(TTT_RANDOM, int(ctx.left() // (TTT_BUDGET_S + TTT_OVERHEAD_S)) - 1)
+    if n_random >= 1:
+        r = run("time-to-target", ["--time-to-target", "--random", str(n_random), "--budget-s", f"{TTT_BUDGET_S:g}",
                                    "--algos", "ppo"], ctx.left() - 5)
-        out["time_to_target"] = {"rc": r["rc"], "log_tail": r["log_tail"]}
+        out["time_to_target"] = {"rc": r["rc"], "random": n_random, "log_tail": r["log_tail"]}
     else:
         out["time_to_target"] = {"skipped": f"{ctx.left():.0f} s left"}
     return out

@@ -50,6 +50,35 @@ def test_learners_hold_identical_parameters_after_each_update():
     assert not np.array_equal(got[0][0][0], got[0][2][0])  # and they did change
 
 
+def _cpu_learner_beside_a_gpu(rank: int, init: str, out) -> None:
+    """A CPU learner on a machine where CUDA is available (faked: this machine has none)."""
+    torch.set_num_threads(1)
+    torch.cuda.is_available = lambda: True
+    from tianji.runtime.distributed import GroupSync
+
+    gs = GroupSync(rank, 2, 1, init, "average", interval=1, device=torch.device("cpu"))
+    t = torch.full((3,), float(rank))
+    torch.distributed.all_reduce(t, group=gs.cross)
+    out.put((rank, gs.backend, t.tolist()))
+    gs.close()
+
+
+def test_a_cpu_learner_syncs_over_gloo_even_where_cuda_is_available():
+    """nccl moves CUDA tensors only: chosen for a CPU learner because a GPU is present, it failed
+    every multi-group CartPole run on a GPU machine (docs/device/planner-validation.json)."""
+    got = sorted(run_ranks(_cpu_learner_beside_a_gpu, 2, (), 2))
+    assert got == [(0, "gloo", [1.0] * 3), (1, "gloo", [1.0] * 3)]
+
+
+def test_nccl_only_for_learners_each_on_a_gpu_of_its_own():
+    from tianji.runtime.distributed import sync_backend
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert sync_backend(cuda, shares_gpu=False) == "nccl"
+    assert sync_backend(cuda, shares_gpu=True) == "gloo"  # nccl refuses two ranks on one GPU
+    assert sync_backend(cpu, shares_gpu=False) == "gloo"
+
+
 @pytest.mark.slow
 def test_two_groups_with_data_parallel_learners_reach_target(tmp_path):
     run = tmp_path / "run"

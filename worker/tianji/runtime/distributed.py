@@ -1,8 +1,8 @@
 """Data-parallel learners through torch.distributed: within a group, and between groups.
 
 Every learner has rank = group * learnersPerGroup + index in one process group
-of world = groups * learnersPerGroup (gloo on CPU, nccl when the learner has a
-GPU), and all start from rank 0's weights (`broadcast_from_first`). What the
+of world = groups * learnersPerGroup (`sync_backend`: nccl when each learner has
+a GPU of its own, gloo otherwise), and all start from rank 0's weights (`broadcast_from_first`). What the
 learners then share depends on spec.topology.groupSync.mode:
 
   allreduce  after each backward pass the gradients are averaged over all
@@ -43,6 +43,13 @@ from torch import nn
 
 INIT_ENV = "TIANJI_DIST_INIT"
 TIMEOUT_S = float(os.environ.get("TIANJI_DIST_TIMEOUT_S", "120"))
+
+
+def sync_backend(device: torch.device, shares_gpu: bool) -> str:
+    """nccl for learners that each train on a GPU of their own; gloo otherwise: nccl moves CUDA
+    tensors only (a CPU learner on a machine with a GPU must not pick it) and refuses two ranks on
+    one GPU (local learners beyond the visible GPUs share them, cuda:<k mod GPUs>)."""
+    return "nccl" if device.type == "cuda" and not shares_gpu else "gloo"
 
 
 def world_of(job) -> tuple[int, int]:
@@ -90,7 +97,7 @@ class GroupSync:
     a cross-group average to `model`. Counters: `averages` applied, `skipped` (not finite)."""
 
     def __init__(self, rank: int, groups: int, per_group: int, init_method: str, mode: str = "allreduce",
-                 interval: int = 20, backend: Optional[str] = None):
+                 interval: int = 20, backend: Optional[str] = None, device: Optional[torch.device] = None):
         world = groups * per_group
         if world < 2:
             raise ValueError("data-parallel learners need at least 2 learners")
@@ -101,7 +108,10 @@ class GroupSync:
         if interval < 1:
             raise ValueError(f"groupSync intervalUpdates {interval} < 1")
         self.rank, self.world, self.mode, self.interval = rank, world, mode, interval
-        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.device = device or torch.device("cpu")
+        self.backend = backend or sync_backend(self.device, shares_gpu=False)
+        # The subgroup's completion flag lives where the backend moves tensors.
+        self.flag_device = self.device if self.backend == "nccl" else torch.device("cpu")
         dist.init_process_group(self.backend, init_method=init_method, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S))
         self.subgroup = None  # this group's learners (average mode, per_group > 1)
@@ -137,7 +147,7 @@ class GroupSync:
     def _completed(self) -> bool:
         done = all(w.is_completed() for w in self.work)
         if self.subgroup is not None:  # the group's learners apply at the same update, or none does
-            flag = torch.tensor([1 if done else 0], dtype=torch.int32)
+            flag = torch.tensor([1 if done else 0], dtype=torch.int32, device=self.flag_device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.subgroup)
             done = bool(flag.item())
         if done:

@@ -49,7 +49,7 @@ from tianji.control.contracts.rolereport import LEARNER_STATS
 from tianji.control.spec import dump_job
 from tianji.envs import declared_info
 from tianji.runtime import checkpoint
-from tianji.runtime.distributed import GroupSync, world_of
+from tianji.runtime.distributed import GroupSync, sync_backend, world_of
 from tianji.runtime.pacing import HeadroomController, lag_target
 from tianji.runtime.roles.base import Role
 from tianji.runtime.validate import batch_bytes, check_batch, check_feedback, limits_for
@@ -126,8 +126,12 @@ class Learner(Role):
         world, per_group = world_of(self.job)
         if world > 1:
             gs = s.topology.group_sync
+            dev = next(self.model.parameters()).device
+            # Local learners beyond the visible GPUs share them (TIANJI_DEVICE); a pod's GPU is its own.
+            shares = dev.type == "cuda" and ENV_DEVICE in os.environ and world > torch.cuda.device_count()
             self.averager = GroupSync(self.group * per_group + self.index, s.topology.groups, per_group,
-                                      dist_init_method(self.addrs), gs.mode, gs.interval_updates)
+                                      dist_init_method(self.addrs), gs.mode, gs.interval_updates,
+                                      backend=sync_backend(dev, shares), device=dev)
             self.averager.broadcast_from_first(self.model)
             self.algo.sync_grads = self.averager.sync_grads
             normalize.configure_sync(self.averager.stats_sync, self.averager.stats_group)
