@@ -153,6 +153,16 @@ def _flood_table(d: dict) -> list[str]:
             f"median **{num(d['median_time_to_target_ratio'], 2)}**."]
 
 
+def render_omp_wait(files: list[dict]) -> list[str]:
+    d, = files
+    arms = list(next(iter(d["median_consumed_sps"].values())))
+    rows = [[topo, *(num(med[arm]) for arm in arms),
+             " / ".join(num(r["load1_before"], 1) for r in d["runs"] if r["topology"] == topo)]
+            for topo, med in d["median_consumed_sps"].items()]
+    return provenance(d) + [""] + table(
+        ["CartPole PPO, 2-thread learners", *(f"{a}: samples/s (median)" for a in arms), "load before each run"], rows)
+
+
 PEER_LABELS = {"tianji": "TianJi, examples/pong-ppo.yaml with bench/pong.py's CPU preset",
                "sample-factory": "Sample Factory 2.1.1 APPO", "cleanrl-envpool": "CleanRL-style PPO on EnvPool 0.8.4",
                "sb3": "Stable-Baselines3 2.9.2 PPO, rl-zoo's settings"}
@@ -606,6 +616,7 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "ablation-pong": (render_ablation, [_r("ablation-pong.json")]),
     "ablation-variants": (render_variants, [_r("ablation-acrobot-variants.jsonl")]),
     "flood": (render_flood, [_r("flood.json"), _r("flood-spin.json")]),
+    "omp-wait": (render_omp_wait, [_r("omp-wait.json")]),
     "transport-trust": (render_transport, [_r("security-transport-none.json"), _r("security-transport-curve.json")]),
     "scaling": (render_scaling, [_r("scaling.json")]),
     "scaling-rescore": (render_scaling, [_r("scaling-rescore.json")]),

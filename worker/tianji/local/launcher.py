@@ -221,7 +221,8 @@ class Launcher:
         if c.role == "learner":  # one GPU per learner while there are enough (launch.learner_device)
             kw["device"] = learner_device(self.job, c.group, c.index, visible_gpus(self.job))
         return worker_launch(self.job, c.role, c.group, c.index, engine="local", job_file=str(self.job_file),
-                             run_dir=str(self.run_dir), sock_dir=str(self.sock_dir), parent_pid=os.getpid(), **kw)
+                             run_dir=str(self.run_dir), sock_dir=str(self.sock_dir), parent_pid=os.getpid(),
+                             host_cores=len(os.sched_getaffinity(0)), **kw)
 
     def _spawn(self, c: Child) -> None:
         launch = self._launch(c, command=[*CLI, "worker"], report=self.report_addr, dist_init=self.dist_init)
@@ -640,6 +641,7 @@ def _worker_env(launch) -> dict[str, str]:
     if launch is None:
         return env
     env.update(launch.env)
-    if "GLIBC_TUNABLES" in os.environ:  # the user's own tunables win
-        env["GLIBC_TUNABLES"] = os.environ["GLIBC_TUNABLES"]
+    for key in ("GLIBC_TUNABLES", "OMP_WAIT_POLICY"):  # the user's own settings win
+        if key in os.environ:
+            env[key] = os.environ[key]
     return env
