@@ -37,6 +37,9 @@ def _learner(rank: int, init: str, world: int, out) -> None:
     for _ in range(3):
         learner.update(_batch(rng))
         out.put((rank, [p.detach().numpy().copy() for p in model.parameters()]))  # by value, not shared memory
+        # what the learner role calls after every update, in allreduce mode too: nothing to apply
+        if avg.after_update(model) or (avg.posted, avg.averages, avg.skipped) != (0, 0, 0):
+            raise AssertionError("allreduce mode averaged parameters after an update")
     avg.close()
 
 

@@ -194,6 +194,23 @@ def test_a_budget_spent_by_a_process_that_never_started_is_a_failure(launcher, t
     assert launcher._verdict("frames") == "error" and "produced no env frame" in launcher.error
 
 
+def test_a_budget_spent_without_one_trained_sample_is_a_failure(launcher, monkeypatch):
+    """Every process reported and the actors produced frames, but every batch failed in the
+    learner (a groupSync allreduce learner did, 2026-11-28): it trained nothing, so not exit 0."""
+    for c in launcher.children:
+        c.reported = True
+        c.log = c.log or SimpleNamespace(name=f"{c.name}.log")
+    totals = {"env_frames": launcher.frames_at_start + 7680.0, "received": 7680.0,
+              "consumed": float(launcher.consumed_at_start), "train_steps": 0.0, "bytes_sent": 0.0}
+    monkeypatch.setattr(launcher.acc, "totals", lambda group=None: dict(totals))
+    assert launcher._verdict("seconds") == "error"
+    assert launcher.error.startswith("the learners trained on no sample in ") and "7680 env frames" in launcher.error
+    assert launcher.error.endswith("; see learner-0-0.log"), launcher.error
+    launcher.error = None
+    totals["consumed"] += 256.0  # one batch trained: the budget's end is a normal end
+    assert launcher._verdict("seconds") == "seconds" and launcher.error is None
+
+
 @pytest.mark.slow
 def test_a_crash_looping_learner_under_max_seconds_exits_non_zero_saying_why(tmp_path, user_pkg):
     job = manifest(tmp_path, ("spec.model.entryPoint", "usercode_run:LearnerOnly"),

@@ -161,6 +161,7 @@ class Launcher:
             if missing:  # a learner starts over: the previous launches' returns were not its policy's
                 self.acc.restart_window(time.time())
         self.frames_at_start = int(self.acc.totals()["env_frames"])  # a resumed run's earlier launches'
+        self.consumed_at_start = int(self.acc.totals()["consumed"])
         self.started = time.monotonic()
         self.target_reached_at: Optional[float] = None  # this launch's clock; the crossing is the accounting's
         self.target_backing: Optional[dict] = None  # the checkpoint and version behind a reached target
@@ -414,8 +415,9 @@ class Launcher:
         confirming evaluation played (then `target_backing` names both); otherwise the run ends in
         "error", saying why."""
         if reason in ("seconds", "frames"):  # a budget spent: was any work done?
-            idle = idle_run(self.children, int(self.acc.totals()["env_frames"]) - self.frames_at_start,
-                            time.monotonic() - self.started)
+            totals = self.acc.totals()
+            idle = idle_run(self.children, int(totals["env_frames"]) - self.frames_at_start,
+                            time.monotonic() - self.started, int(totals["consumed"]) - self.consumed_at_start)
             if idle is not None:
                 self.error = self.error or idle
                 return "error"

@@ -116,6 +116,7 @@ class GroupSync:
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S))
         self.subgroup = None  # this group's learners (average mode, per_group > 1)
         self.cross = None  # every rank, for the asynchronous averaging (average mode, groups > 1)
+        self.posted = self.averages = self.skipped = 0  # in both modes: the learner reads them
         if mode == "allreduce":
             self.sync_grads: Optional[GradientAverager] = GradientAverager(world)
             self.stats_group = None  # normaliser statistics: the whole world
@@ -135,7 +136,6 @@ class GroupSync:
         self.work: list = []  # the collective in flight (one work per dtype)
         self.snapshot: dict[torch.dtype, torch.Tensor] = {}  # own snapshot, kept to compute the delta
         self.reduced: dict[torch.dtype, torch.Tensor] = {}  # summed in place by the collective
-        self.posted = self.averages = self.skipped = 0
 
     def broadcast_from_first(self, model: nn.Module) -> None:
         """Make every learner start from rank 0's weights (e.g. after rank 0 resumed a checkpoint)."""
