@@ -427,7 +427,8 @@ def test_cli_plan_infeasible_exits_2(job_yaml, tmp_path, capsys):
     assert "bad profile" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
-def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_path, capsys):
+def test_cli_plan_states_the_curve_range_and_what_it_extrapolates(job_yaml, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TIANJI_DEVICE_DIR", str(tmp_path / "no-device-results"))  # the GPU figure: assumed
     job_yaml.write_text(job_yaml.read_text().replace("topology: auto", "topology: " + json.dumps(ALLREDUCE)))
     pf = tmp_path / "p.json"
     pf.write_text(json.dumps(prof(actor=10_000, learner=16_200, curve=SLOWER_AT_2, allreduce={2: 8e-4}).to_json()))

@@ -226,11 +226,12 @@ def test_the_search_keeps_groups_whole_on_nodes_over_a_slow_measured_link():
     assert isinstance(p, Plan) and p.cpus_used <= 16
 
 
-def test_a_close_call_that_meets_the_rule_takes_the_bigger_plan(capsys):
+def test_a_close_call_that_meets_the_rule_takes_the_bigger_plan(capsys, monkeypatch, tmp_path):
     # The user's goal is time to a trained model on the resources given: a bigger plan that buys
     # what minMarginalGain asks is taken however close the call; one that misses it is not, and
-    # the explanation says the call was within the model's noise. The docs/planner.md example:
-    # GPU learners buy +193 % for 8.56x the resources where the rule asks +192 %.
+    # the explanation says the call was within the model's noise. With the built-in GPU figure
+    # (no device results), GPU learners buy +193 % for 8.56x the resources where the rule asks +192 %.
+    monkeypatch.setenv("TIANJI_DEVICE_DIR", str(tmp_path / "no-device-results"))
     args = ["plan", str(ROOT / "examples" / "cartpole-ppo.yaml"), "--cpus", "128", "--gpus", "8",
             "--profile", str(PPO_PROFILE), "--json"]
     assert main(args) == 0
@@ -242,3 +243,20 @@ def test_a_close_call_that_meets_the_rule_takes_the_bigger_plan(capsys):
     assert step["gain"] < step["asks"] and "cannot resolve" in step["why"]
     assert main(args + ["--set", "spec.plan.minMarginalGain=1"]) == 0  # the rule still binds
     assert json.loads(capsys.readouterr().out)["gpus_used"] == 0
+
+
+def test_a_measured_gpu_slower_than_a_core_is_left_unused_and_said_so(capsys, monkeypatch, tmp_path):
+    """A GPU figure measured for this job (env, algorithm, batch) below a CPU core's replaces the
+    built-in one: the plan takes no GPU and names the measurement as the reason."""
+    dev = tmp_path / "device"
+    dev.mkdir()
+    (dev / "profile.json").write_text(json.dumps({
+        "env": "CartPole-v1", "algorithm": "ppo", "batch_size": 256, "date": "2026-11-28",
+        "learner_sps_per_gpu": 4929.1, "learner_gpu": {"device_name": "NVIDIA H200"}}))
+    monkeypatch.setenv("TIANJI_DEVICE_DIR", str(dev))
+    assert main(["plan", str(ROOT / "examples" / "cartpole-ppo.yaml"), "--cpus", "128", "--gpus", "8",
+                 "--profile", str(PPO_PROFILE), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpus_used"] == 0
+    gpu = next(u for u in out["unused"] if u["what"].startswith("GPU learners instead"))
+    assert gpu["gain"] < 0 and "4,929 samples/s (measured on NVIDIA H200)" in gpu["why"], gpu
