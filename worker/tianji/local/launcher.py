@@ -417,7 +417,7 @@ class Launcher:
         if reason in ("seconds", "frames"):  # a budget spent: was any work done?
             totals = self.acc.totals()
             idle = idle_run(self.children, int(totals["env_frames"]) - self.frames_at_start,
-                            time.monotonic() - self.started, int(totals["consumed"]) - self.consumed_at_start)
+                            int(totals["consumed"]) - self.consumed_at_start, time.monotonic() - self.started)
             if idle is not None:
                 self.error = self.error or idle
                 return "error"

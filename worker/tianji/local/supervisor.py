@@ -5,8 +5,8 @@ A worker that exits or stays silent is restarted after an exponential back-off
 row end the run (an evaluator's: its evaluations only); a worker that ran HEALTHY_S
 before it failed starts a fresh count, so a slow trickle of faults never ends a run.
 A run that reached its time or frame budget without doing its work (`idle_run`: a
-training process that never reported, no env frame, or no sample trained on) ends as a failure that names
-the process and the last error in its log.
+training process that never reported, no env frame, or no sample trained on) ends as a
+failure that names the process and the last error in its log.
 """
 from __future__ import annotations
 
@@ -96,13 +96,11 @@ def failure_text(c: Child) -> str:
     return f"{last}{error}{log}"
 
 
-def idle_run(
-    children: list[Child], new_frames: int, elapsed: float, new_consumed: Optional[int] = None
-) -> Optional[str]:
+def idle_run(children: list[Child], new_frames: int, new_consumed: int, elapsed: float) -> Optional[str]:
     """Why a run that reached its time or frame budget did none of its work, or None: a
     training process (not the evaluator) that never reported in this launch, no env frame
-    produced, or (`new_consumed` given) no sample trained on. The first such process in the
-    children's order (learners first) is named."""
+    produced, or no sample trained on. The first such process in the children's order
+    (learners first) is named."""
     silent = [c for c in children if c.role != "evaluator" and not c.reported]
     if silent:
         c, others = silent[0], [x.name for x in silent[1:]]
@@ -113,7 +111,7 @@ def idle_run(
         return f"{c.name} never started: no report in the run's {elapsed:.0f} s (still starting, or hung){log}{more}"
     if new_frames <= 0:
         return f"the actors produced no env frame in {elapsed:.0f} s"
-    if new_consumed is not None and new_consumed <= 0:
+    if new_consumed <= 0:
         logs = [c.log.name for c in children if c.role == "learner" and c.log is not None][:1]
         return (f"the learners trained on no sample in {elapsed:.0f} s, though the actors produced {new_frames} "
                 f"env frames{'; see ' + logs[0] if logs else ''}")

@@ -2,8 +2,9 @@
 
 Every learner has rank = group * learnersPerGroup + index in one process group
 of world = groups * learnersPerGroup (`sync_backend`: nccl when each learner has
-a GPU of its own, gloo otherwise), and all start from rank 0's weights (`broadcast_from_first`). What the
-learners then share depends on spec.topology.groupSync.mode:
+a GPU of its own, gloo otherwise), and all start from rank 0's weights
+(`broadcast_from_first`). What the learners then share depends on
+spec.topology.groupSync.mode:
 
   allreduce  after each backward pass the gradients are averaged over all
              learners of all groups with one all-reduce of a flat buffer. Same
