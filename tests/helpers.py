@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -184,10 +185,23 @@ def run_ranks(target, n_ranks: int, args: tuple, n_msgs: int, timeout: float = 6
     procs = [ctx.Process(target=target, args=(r, init, *args, q)) for r in range(n_ranks)]
     for p in procs:
         p.start()
-    msgs = [q.get(timeout=timeout) for _ in range(n_msgs)]  # liveness bound, not a timing
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    msgs: list = []
+    deadline = time.monotonic() + timeout  # liveness bound, not a timing
+    try:
+        while len(msgs) < n_msgs:
+            try:
+                msgs.append(q.get(timeout=1.0))
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                assert not dead, f"rank(s) failed before sending their messages (rank, exit code): {dead}"
+                assert time.monotonic() < deadline, f"{len(msgs)} of {n_msgs} messages in {timeout:g} s"
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
     return msgs
 
 
