@@ -188,7 +188,7 @@ def test_the_version_quota_sends_one_share_per_version_and_reopens_when_the_next
 
 
 def test_quota_share_and_release_follow_the_spec_and_the_learners_advert():
-    from tianji.runtime.pacing import RELEASE_MIN_S, quota_share, release_after
+    from tianji.runtime.pacing import RELEASE_MIN_S, RELEASE_UNKNOWN_S, quota_share, release_after
 
     def spec(**st):
         return parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
@@ -198,7 +198,11 @@ def test_quota_share_and_release_follow_the_spec_and_the_learners_advert():
     assert quota_share(spec(), 3) == 6  # rounded up: the batch completes without a release
     assert quota_share(spec(publishEvery=2), 2) == 16
     assert release_after(4096, 2048.0) == 4.0  # twice the 2 s update the advert implies
-    assert release_after(4096, 1e9) == RELEASE_MIN_S and release_after(4096, 0.0) == RELEASE_MIN_S
+    assert release_after(4096, 1e9) == RELEASE_MIN_S and release_after(4096, 0.0) == RELEASE_UNKNOWN_S
+    # A fast learner (CartPole: 256 samples at 8,000/s) and an actor whose share takes 60 ms: a
+    # version more than 120 ms late is late, whatever pace a slow peer would set.
+    assert release_after(256, 8000.0, share_s=0.06) == 0.12
+    assert release_after(4096, 2048.0, share_s=0.5) == 4.0  # a slow update still sets it
 
 
 def test_a_deeper_quota_keeps_one_batch_producing_while_the_next_trains():

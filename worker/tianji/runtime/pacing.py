@@ -45,7 +45,8 @@ DROP_TARGET = 0.05  # the stale-drop fraction to stay under at steady state
 STARVED = 0.15  # idle share of a period above which the learner counts as starved
 LAG_SLACK = 0.25  # mean consumed lag tolerated above the overlap's own before production slows
 ENV_BENCH_DEPTH = "TIANJI_BENCH_QUOTA_DEPTH"  # quota_depth's benchmark override
-RELEASE_MIN_S = 2.0  # VersionQuota: the shortest wait for a late version before another share goes out
+RELEASE_MIN_S = 0.1  # VersionQuota: the shortest wait for a late version (2 QUOTA_POLL_S probes of the actor's)
+RELEASE_UNKNOWN_S = 2.0  # ... before the learner has advertised a capacity
 
 
 class HeadroomController:
@@ -166,8 +167,14 @@ def quota_share(spec, peers: int) -> int:
     return -(-batches // max(peers, 1))
 
 
-def release_after(batch_size: int, capacity_sps: float) -> float:
-    """How long after a version arrives its successor counts as late: twice the update the
-    learner's advertised capacity implies, and at least RELEASE_MIN_S (publishes are probed and
-    republished at about 1 s granularity)."""
-    return max(RELEASE_MIN_S, 2.0 * batch_size / capacity_sps) if capacity_sps > 0 else RELEASE_MIN_S
+def release_after(batch_size: int, capacity_sps: float, share_s: float = 0.0) -> float:
+    """How long after a version arrives its successor counts as late: twice the longer of the
+    update the learner's advertised capacity implies and the time this actor takes to produce its
+    own share (`share_s`: what a batch takes when every peer is as quick), and at least
+    RELEASE_MIN_S. A peer slower than that (a busy core, env code that spins in its process) then
+    does not set the others' pace: they release fragments that complete the batches. Measured with
+    a fixed 2 s floor instead, one actor spinning in its own cgroup cut the other's throughput to
+    0.08-0.23 of a clean run's (docs/benchmarks.md#one-actor-flooding-its-buffer)."""
+    if capacity_sps <= 0:
+        return RELEASE_UNKNOWN_S
+    return max(RELEASE_MIN_S, 2.0 * batch_size / capacity_sps, 2.0 * share_s)

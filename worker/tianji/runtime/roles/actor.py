@@ -65,6 +65,7 @@ log = logging.getLogger("tianji")
 INITIAL_FPS = 2000.0  # per actor, until the learner has measured its capacity
 STARTUP_TRICKLE_S = 1.0  # after its start-up share, an actor sends that share (DQN) or a fragment (PPO) per this
 QUOTA_POLL_S = 0.05  # while this version's share is sent: how often to look for the next version
+FRAGMENT_EWMA = 0.2  # weight of the newest fragment in the fragment-time average
 STRICT_RESEND_S = 60.0  # dependencies: strict: a round open this long (and 4x the longest so far) was lost
 
 
@@ -177,6 +178,7 @@ class Actor(ParamFollower, Role):
         self.quota = (VersionQuota(quota_share(s, self.peers), quota_depth(s))
                       if s.algorithm.name == "ppo" and s.staleness.pace_actors and not self.strict else None)
         self.quota_version: Optional[int] = None
+        self.fragment_s = 0.0  # this actor's time to roll out one fragment (moving average): its share's pace
         self.startup_frames = startup_frames(s, self.peers)
         self.sent_frames = 0  # frames of the fragments the push socket took (a buffer not up yet loses none)
         self.recent = deque(maxlen=100)
@@ -220,7 +222,8 @@ class Actor(ParamFollower, Role):
         if q is None or not self.learner_paced:
             return False
         released = q.released
-        if q.open(time.monotonic(), release_after(self.spec.algorithm.batch_size, self.capacity)):
+        share_s = self.fragment_s * q.share
+        if q.open(time.monotonic(), release_after(self.spec.algorithm.batch_size, self.capacity, share_s)):
             if q.released > released and (q.released <= 3 or q.released % 100 == 0):
                 log.info("%s: version %d's successor is late; sending beyond its share [%d fragments so far]",
                          self.sender, self.version, q.released)
@@ -268,6 +271,8 @@ class Actor(ParamFollower, Role):
         with (ONNX Runtime's session of a newly loaded version may still be building: the one before)."""
         t0 = time.monotonic()
         arrays, finished = self.rollout.fragment()
+        spent = time.monotonic() - t0
+        self.fragment_s = spent if self.fragment_s == 0 else self.fragment_s + FRAGMENT_EWMA * (spent - self.fragment_s)
         version = self.rollout.acting_version
         frames = self.rollout.n * self.rollout.T
         self.trace("fragment", t0=round(t0, 6), v=version, held=self.version, n=frames)
