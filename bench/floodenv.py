@@ -1,8 +1,9 @@
 """Hostile env code for bench/flood.py: a Gymnasium wrapper that, inside actor-0-0 only, starts a
 thread which finds the process's own CURVE keyring in its memory (as any code in the actor can)
 and sends valid, fresh fragments to the buffer it feeds, as fast as one socket goes, for the whole
-run. `mode: spin` is the control, a thread that only burns the CPU; `off` does nothing (the
-clean runs carry the wrapper too)."""
+run. Two controls: `mode: spin`, a thread that only burns the CPU; `mode: junk`, the flood's
+content at the actor's own rate (its fragments' arrays swapped for the flood's as it sends them:
+an env that lies, at no extra volume). `off` does nothing (the clean runs carry the wrapper too)."""
 from __future__ import annotations
 
 import gc
@@ -70,6 +71,22 @@ def _flood(stats: dict) -> None:
             time.sleep(0.0005)
 
 
+def _junk(stats: dict) -> None:
+    """The flood's content in place of each fragment the actor sends, at its own rate."""
+    actor = _find("Actor", "push")
+    spec = actor.spec
+    arrays = _fragment(spec.env.num_envs, spec.env.fragment_length, 4, 2)
+    real = actor.send
+
+    def send(sock, kind, arrs=None, meta=None, policy_version=0):
+        if kind == "fragment":
+            arrs = arrays
+            stats["sent"] += 1
+        return real(sock, kind, arrs, meta, policy_version)
+
+    actor.send = send
+
+
 def _spin(stats: dict) -> None:
     """The control: a thread that only burns the CPU (and the GIL), sending nothing."""
     while True:
@@ -77,12 +94,13 @@ def _spin(stats: dict) -> None:
 
 
 class Flood(gym.Wrapper):
-    """`mode`: flood (send fragments), spin (burn the CPU alike, send nothing) or off."""
+    """`mode`: flood (send fragments), spin (burn the CPU alike, send nothing), junk (the flood's
+    content at the actor's rate) or off."""
 
     def __init__(self, env, mode: str = "flood"):
         super().__init__(env)
         global _started
         if mode != "off" and not _started and _role() == "actor-0-0":
             _started = True
-            target = {"flood": _flood, "spin": _spin}[mode]
+            target = {"flood": _flood, "spin": _spin, "junk": _junk}[mode]
             threading.Thread(target=target, args=({"sent": 0},), daemon=True, name=mode).start()

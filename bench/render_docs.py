@@ -139,18 +139,35 @@ def render_flood(files: list[dict]) -> list[str]:
 
 
 def _flood_table(d: dict) -> list[str]:
-    hostile = next(r["hostile"] for r in d["runs"] if r["hostile"] != "off")
-    rows = [[str(i // 2 + 1), "clean" if r["hostile"] == "off" else hostile,
+    rows = [[str(r["round"]), "clean" if r["hostile"] == "off" else r["hostile"],
              "yes" if r["reached_target"] else "**no**", num(r["seconds_to_target"], 1),
              num(r["other_actor_sent_sps"]), num(r["dropped_over_share_by_sender"].get("actor-0-0")),
-             num(r["load1_before"], 1)] for i, r in enumerate(d["runs"])]
-    ratios = "; ".join(f"{num(p['time_to_target_ratio'], 2)} (actor-0-1's throughput "
-                       f"{num(p['other_actor_throughput_ratio'], 2)})" for p in d["pairs"])
+             num(r["load1_before"], 1)] for r in d["runs"]]
+    lines = []
+    for mode, median in d["median_time_to_target_ratio"].items():
+        per = "; ".join(f"{num(p[mode]['time_to_target_ratio'], 2)} (actor-0-1's throughput "
+                        f"{num(p[mode]['other_actor_throughput_ratio'], 2)})" for p in d["pairs"])
+        missed = sum(1 for r in d["runs"] if r["hostile"] == mode and not r["reached_target"])
+        note = (f" ({missed} of {len(d['pairs'])} missed the target within the budget: slower than any)"
+                if missed else "")
+        lines.append(f"- {mode} over clean, time to target per round: {per}; median **{num(median, 2)}**{note}.")
+    return provenance(d) + [f"Each worker's CPU bound: `{d['cpu_limits']}`.", ""] + table(
+        ["round", "run", "target confirmed", "s to target", "actor-0-1 samples/s sent",
+         "actor-0-0 samples over its share", "load before"], rows) + [""] + lines
+
+
+def render_cpu_limits(files: list[dict]) -> list[str]:
+    d, = files
+    rows = []
+    for job, modes in d["summary"].items():
+        for mode, m in modes.items():
+            rows.append([job, mode, f"{m['reached']} / {m['runs']}", num(m["median_seconds_to_target"], 1),
+                         ", ".join(num(x, 2) for x in m["over_off_per_round"]) or "–",
+                         span([r["load1_before"] for r in d["runs"] if r["job"] == job and r["mode"] == mode],
+                              lambda x: num(x, 1))])
     return provenance(d) + [""] + table(
-        ["pair", "run", "target confirmed", "s to target", "actor-0-1 samples/s sent",
-         "actor-0-0 samples over its share", "load before"], rows) + [
-        "", f"{hostile} over clean, time to target per pair: {ratios}; "
-            f"median **{num(d['median_time_to_target_ratio'], 2)}**."]
+        ["job", "TIANJI_CPU_LIMITS", "reached target", "median s to target", "over off, per round",
+         "load before"], rows)
 
 
 def render_omp_wait(files: list[dict]) -> list[str]:
@@ -615,8 +632,9 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "ablation-acrobot": (render_ablation, [_r("ablation-acrobot.json"), _r("ablation-acrobot-quiet.json")]),
     "ablation-pong": (render_ablation, [_r("ablation-pong.json")]),
     "ablation-variants": (render_variants, [_r("ablation-acrobot-variants.jsonl")]),
-    "flood": (render_flood, [_r("flood.json"), _r("flood-spin.json")]),
+    "flood": (render_flood, [_r("flood.json"), _r("flood-quota.json"), _r("flood-unbounded.json")]),
     "omp-wait": (render_omp_wait, [_r("omp-wait.json")]),
+    "cpu-limits": (render_cpu_limits, [_r("cpu-limits.json")]),
     "transport-trust": (render_transport, [_r("security-transport-none.json"), _r("security-transport-curve.json")]),
     "scaling": (render_scaling, [_r("scaling.json")]),
     "scaling-rescore": (render_scaling, [_r("scaling-rescore.json")]),

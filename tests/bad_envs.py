@@ -84,6 +84,35 @@ def _attempt(fn) -> str:
     return "allowed"
 
 
+def _cpu_cgroup() -> str:
+    """This process's cgroup in the cpu controller (v1) or the unified hierarchy (v2)."""
+    lines = [line.split(":", 2) for line in open("/proc/self/cgroup").read().splitlines()]
+    return next((p for _, c, p in lines if "cpu" in c.split(",")), next((p for h, _, p in lines if h == "0"), ""))
+
+
+def _cpu_mount() -> str:
+    for line in open("/proc/self/mounts"):
+        _, mount, kind, opts = line.split()[:4]
+        if kind == "cgroup" and "cpu" in opts.split(","):
+            return mount
+    return "/sys/fs/cgroup"
+
+
+def _leave_cpu_cgroup() -> str:
+    """Move this process to the root of the cpu hierarchy, out of its CPU bound."""
+    def leave():
+        with open(os.path.join(_cpu_mount(), "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    return _attempt(leave)
+
+
+def _raise_cpu_shares() -> str:
+    def raise_():
+        with open(os.path.join(_cpu_mount(), _cpu_cgroup().lstrip("/"), "cpu.shares"), "w") as f:
+            f.write("262144")
+    return _attempt(raise_)
+
+
 def _learner_pid() -> int | None:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -119,6 +148,7 @@ class RoleProbe(gym.Wrapper):
             "rewrite_job": _attempt(lambda: open(os.path.join(run_dir, "job.yaml"), "a").close()),
             "write_checkpoints": _attempt(lambda: open(os.path.join(run_dir, "checkpoints", "0-0", "x"), "w").close()),
             "remove_report_socket": _attempt(lambda: os.unlink(os.path.join(sock, "launcher-report"))),
+            "cgroup": _cpu_cgroup(), "leave_cgroup": _leave_cpu_cgroup(), "raise_cpu_shares": _raise_cpu_shares(),
         }
         with open(out + ".tmp", "w") as f:
             json.dump(facts, f)

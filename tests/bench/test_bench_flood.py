@@ -12,3 +12,10 @@ def test_the_flooding_actor_loses_only_its_own_samples(tmp_path):
     over = got["dropped_over_share_by_sender"]
     assert set(over) == {"actor-0-0"} and over["actor-0-0"] > 0, got
     assert got["other_actor_sent_sps"] > 0 and got["rejected_by_reason"].get("sender", 0) == 0, got
+
+
+def test_a_run_that_missed_its_target_counts_as_slower_than_any():
+    assert flood.median_ratio([1.2, 1.5, 3.0]) == 1.5
+    assert flood.median_ratio([1.2, None, None]) is None  # two of three missed: the median did too
+    assert flood.median_ratio([1.2, 1.4, None]) == 1.4
+    assert flood.median_ratio([]) is None

@@ -20,7 +20,7 @@ import yaml
 
 from helpers import EXAMPLES, ROOT, tianji_cmd
 from tianji.control.spec import load_job
-from tianji.local import isolation
+from tianji.local import cpulimits, isolation
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                                 reason="role isolation needs root (and unshare for the live run)")
@@ -152,5 +152,17 @@ def test_a_run_as_root_gives_each_role_its_own_uid_and_trains():
         ckpts = sorted((run_dir / "checkpoints" / "0-0").glob("ckpt-*.pt"))
         assert ckpts and ckpts[-1].stat().st_uid == uids.creds("learner").uid
         assert "not under a uid of its own" not in done.stderr, done.stderr
+        # ... and in a cgroup of its own (local/cpulimits.py), which it cannot leave or widen
+        limits = summary["cpu_limits"]
+        can, why = cpulimits.decide("probe", environ={})
+        if can is None:  # a root without a writable cpu controller (a container): said, not faked
+            assert limits == {"off": why}, limits
+            return
+        assert limits["mode"] == "shares" and set(limits["cores"]) == {
+            "actor-0-0", "actor-0-1", "buffer-0-0", "learner-0-0"}, limits
+        assert facts["cgroup"].rsplit("/", 2)[-2:] in (
+            [Path(limits["cgroup"]).name, "actor-0-0"], [Path(limits["cgroup"]).name, "actor-0-1"]), facts
+        assert facts["leave_cgroup"] == "denied" and facts["raise_cpu_shares"] == "denied", facts
+        assert not Path(limits["cgroup"]).exists()  # removed with the run
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -39,7 +39,7 @@ from tianji.control.planner.plan import Profile, resolve
 from tianji.control.spec import SpecError, TianJiJob, dump_job, load_job, stop_problem
 from tianji.control.spec.lagbound import staleness_notes
 from tianji.envs import spaces_of
-from tianji.local import isolation, runfiles, zygote
+from tianji.local import cpulimits, isolation, runfiles, zygote
 from tianji.local import resume as resume_
 from tianji.local.preflight import check_entry_points, note_on_stderr
 from tianji.local.runfiles import MetricsLog, Warner
@@ -172,6 +172,9 @@ class Launcher:
             self.warn("isolation", f"every role runs as root, not under a uid of its own: {why} "
                                    "(docs/security.md)")
         self._isolate()
+        self.cpu_limits, why = cpulimits.decide(f"{job.name}-{os.getpid()}")  # a cgroup per worker, as root
+        self.cpu_limits_off = why
+        self.cpu_limits_described: Optional[dict] = None  # kept as the cgroups are removed
         check_env = {**_worker_env(None), "OMP_NUM_THREADS": "1"}
         if self.role_uids is not None:
             check_env["HOME"] = str(self.role_uids.home(run_dir, "confirm"))
@@ -237,13 +240,15 @@ class Launcher:
         c.log_offset = os.fstat(c.log.fileno()).st_size
         c.proc = None
         keys = self._keyring_fd(c)  # this worker's keyring, for it alone to inherit
+        cgroup = self._cgroup(c)
         try:
             if keys is not None:
                 env[ENV_CURVE_KEYS_FD] = str(keys)
             if self.zygote is not None:  # forked from the pre-imported template (same entry point, same env)
                 try:
                     c.proc = self.zygote.spawn(launch.argv[len(CLI):], env, c.log.name,
-                                               fd=None if keys is None else (ENV_CURVE_KEYS_FD, keys), creds=creds)
+                                               fd=None if keys is None else (ENV_CURVE_KEYS_FD, keys), creds=creds,
+                                               cgroup=cgroup)
                 except OSError as e:
                     print(f"tianji: worker template failed ({e}); starting workers as new processes",
                           file=sys.stderr)
@@ -253,6 +258,8 @@ class Launcher:
                 c.proc = subprocess.Popen(launch.argv, stdout=c.log, stderr=subprocess.STDOUT, env=env,
                                           start_new_session=True, pass_fds=() if keys is None else (keys,),
                                           **(creds.popen() if creds else {}))
+                if cgroup is not None:  # at once: the interpreter is still starting, no user code has run
+                    self._join_cgroup(c)
         finally:
             if keys is not None:
                 os.close(keys)
@@ -260,6 +267,32 @@ class Launcher:
         c.started_at = time.monotonic()
         c.last_report = None
         c.restart_at = None
+
+    def _cgroup(self, c: Child) -> Optional[str]:
+        """The cgroup.procs file `c` joins (local/cpulimits.py; None: its CPU is not bounded)."""
+        if self.cpu_limits is None:
+            return None
+        try:
+            return self.cpu_limits.make(c.name, getattr(self.job.spec.resources, c.role).cpu)
+        except OSError as e:
+            self.warn("cpu_limits", f"cannot make {c.name}'s cgroup ({e}): no worker started from now on "
+                                    "has its CPU bounded")
+            self.cpu_limits_off = f"cannot make {c.name}'s cgroup: {e}"
+            self._remove_cgroups()
+            return None
+
+    def _join_cgroup(self, c: Child) -> None:
+        try:
+            self.cpu_limits.join(c.name, c.proc.pid)
+        except OSError as e:  # the process exited already, or the cgroup went: said, not fatal
+            self.warn(f"cpu_limits_join_{c.name}", f"{c.name} (pid {c.proc.pid}) could not join its cgroup ({e}): "
+                                                   "its CPU is not bounded")
+
+    def _remove_cgroups(self) -> None:
+        if self.cpu_limits is not None:
+            for left in self.cpu_limits.remove():
+                self.warn("cpu_limits", f"cgroup not removed: {left}")
+            self.cpu_limits = None
 
     def _supervise(self, now: float) -> None:
         for c in self.children:
@@ -511,6 +544,7 @@ class Launcher:
             for sender, n in p.extra.get("over_share", {}).items() if role == "buffer" else ():
                 over[sender] = over.get(sender, 0) + int(n)
         out["dropped_over_share_by_sender"] = over
+        out["cpu_limits"] = self.cpu_limits_described or cpulimits.describe(self.cpu_limits, self.cpu_limits_off)
         return out
 
     # ---------------------------------------------------------------- main loop
@@ -602,6 +636,9 @@ class Launcher:
                 curve.close()
             ctx.term()
             runfiles.remove_socket_dir(self.run_dir, self.sock_dir, self.own_sock_dir)
+            if self.cpu_limits is not None:
+                self.cpu_limits_described = self.cpu_limits.describe()
+            self._remove_cgroups()
             for closable in (self.exporter, self.runlog):
                 if closable is not None:
                     closable.close()

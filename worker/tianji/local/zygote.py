@@ -42,6 +42,7 @@ import sys
 import time
 from typing import Optional
 
+from tianji.local.cpulimits import join_self
 from tianji.local.isolation import Creds, drop
 
 PR_SET_PDEATHSIG = 1
@@ -140,12 +141,13 @@ class Zygote:
         return self.proc.poll() is None
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: str,
-              fd: Optional[tuple[str, int]] = None, creds=None) -> ForkedProc:
+              fd: Optional[tuple[str, int]] = None, creds=None, cgroup: Optional[str] = None) -> ForkedProc:
         """Fork a worker running `tianji worker` (argv: ["worker", ...]); blocks until the zygote has imported
         everything (first call only) and forked. `fd`: (variable, descriptor) the worker inherits, its
         number in the worker in that variable; `creds` (local/isolation.Creds): the uid and gid it
-        runs as (None: the zygote's). Raises OSError when the zygote is gone."""
-        doc = {"argv": argv, "env": env, "log": log_path}
+        runs as (None: the zygote's); `cgroup`: the cgroup.procs file it joins first (local/cpulimits.py).
+        Raises OSError when the zygote is gone."""
+        doc = {"argv": argv, "env": env, "log": log_path, "cgroup": cgroup}
         if creds is not None:
             doc["creds"] = [creds.uid, creds.gid]
         try:
@@ -205,6 +207,7 @@ def _child(req: dict, launcher: int, channel: Optional[int]) -> None:
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
+        join_self(req.get("cgroup"))  # its CPU bound, while still root (local/cpulimits.py)
         if req.get("creds"):  # its role's uid, before anything else runs (local/isolation.py)
             drop(Creds(*req["creds"]))
         deadline = time.monotonic() + REPARENT_TIMEOUT_S
