@@ -30,6 +30,9 @@ export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"
 # are short, but starting Python processes there is slow).
 LIMIT=500
 prev=
-for a in "$@"; do [ "$prev" = "--budget" ] && LIMIT=$(( ${a%.*} + 20 )); prev=$a; done
+for a in "$@"; do  # --budget S or --budget=S (argparse takes both)
+  case "$a" in --budget=*) v=${a#--budget=}; LIMIT=$(( ${v%.*} + 20 )) ;; esac
+  [ "$prev" = "--budget" ] && LIMIT=$(( ${a%.*} + 20 )); prev=$a
+done
 [ "$DRY" = 1 ] && LIMIT=1500
 exec timeout -k 10 "$LIMIT" "$PYTHON" -m bench.device.run "$@"
