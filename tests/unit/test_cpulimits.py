@@ -61,6 +61,21 @@ def test_a_workers_cgroup_holds_its_cores_as_the_kubelet_writes_them(tmp_path, v
     assert cpulimits.weight(2) == 1 and cpulimits.weight(262144) == 10000
 
 
+def test_a_cgroup_that_cannot_be_made_stops_bounding_new_workers_only(tmp_path):
+    """Workers already bounded keep their cgroups (one that holds a process cannot be removed);
+    a restarted worker rejoins its own; new workers run unbounded and summary.json says why."""
+    run = tmp_path / "tianji-job-1"
+    limits = cpulimits.CpuLimits(run, 1, "shares")
+    first = limits.make("actor-0-0", 0.5)
+    (run / "learner-0-0").write_text("")  # a file where the next worker's folder goes: mkdir fails
+    with pytest.raises(OSError):
+        limits.make("learner-0-0", 1.0)
+    assert limits.make("buffer-0-0", 0.5) is None
+    assert limits.make("actor-0-0", 0.5) == first and (run / "actor-0-0" / "cpu.shares").exists()
+    said = limits.describe()
+    assert said["cores"] == {"actor-0-0": 0.5} and "learner-0-0" in said["stopped"]
+
+
 def _real_limits(mode: str) -> cpulimits.CpuLimits:
     limits, why = cpulimits.decide(f"test-{os.getpid()}-{mode}", {"TIANJI_CPU_LIMITS": mode})
     if limits is None:

@@ -78,12 +78,26 @@ class CpuLimits:
     version: int
     mode: str
     cores: dict[str, float] = field(default_factory=dict)
+    stopped: Optional[str] = None  # why workers started from then on are not bounded
 
     def procs_file(self, name: str) -> str:
         return str(self.run / name / "cgroup.procs")
 
-    def make(self, name: str, cores: float) -> str:
-        """`name`'s cgroup (made once, kept across its restarts); the file a pid is written to."""
+    def make(self, name: str, cores: float) -> Optional[str]:
+        """`name`'s cgroup (made once, kept across its restarts); the file a pid is written to.
+        None once stopped. An OSError stops bounding new workers: those already bounded keep their
+        cgroups (a cgroup that holds a process cannot be removed) until remove() at the run's end."""
+        if name in self.cores:  # a restart keeps its cgroup
+            return self.procs_file(name)
+        if self.stopped is not None:
+            return None
+        try:
+            return self._make(name, cores)
+        except OSError as e:
+            self.stopped = f"cannot make {name}'s cgroup: {e}"
+            raise
+
+    def _make(self, name: str, cores: float) -> str:
         folder = self.run / name
         if name not in self.cores:
             if not self.cores:  # the run's own, at its first worker
@@ -128,7 +142,10 @@ class CpuLimits:
         return left
 
     def describe(self) -> dict:
-        return {"mode": self.mode, "cgroup": str(self.run), "version": self.version, "cores": dict(self.cores)}
+        out = {"mode": self.mode, "cgroup": str(self.run), "version": self.version, "cores": dict(self.cores)}
+        if self.stopped is not None:
+            out["stopped"] = self.stopped
+        return out
 
 
 def join_self(procs_file: Optional[str]) -> None:

@@ -172,9 +172,8 @@ class Launcher:
             self.warn("isolation", f"every role runs as root, not under a uid of its own: {why} "
                                    "(docs/security.md)")
         self._isolate()
-        self.cpu_limits, why = cpulimits.decide(f"{job.name}-{os.getpid()}")  # a cgroup per worker, as root
-        self.cpu_limits_off = why
-        self.cpu_limits_described: Optional[dict] = None  # kept as the cgroups are removed
+        # A cgroup per worker, as root; or why none is bounded.
+        self.cpu_limits, self.cpu_limits_off = cpulimits.decide(f"{job.name}-{os.getpid()}")
         check_env = {**_worker_env(None), "OMP_NUM_THREADS": "1"}
         if self.role_uids is not None:
             check_env["HOME"] = str(self.role_uids.home(run_dir, "confirm"))
@@ -274,11 +273,9 @@ class Launcher:
             return None
         try:
             return self.cpu_limits.make(c.name, getattr(self.job.spec.resources, c.role).cpu)
-        except OSError as e:
+        except OSError as e:  # those already bounded stay so; their cgroups go at the run's end
             self.warn("cpu_limits", f"cannot make {c.name}'s cgroup ({e}): no worker started from now on "
                                     "has its CPU bounded")
-            self.cpu_limits_off = f"cannot make {c.name}'s cgroup: {e}"
-            self._remove_cgroups()
             return None
 
     def _join_cgroup(self, c: Child) -> None:
@@ -289,10 +286,9 @@ class Launcher:
                                                    "its CPU is not bounded")
 
     def _remove_cgroups(self) -> None:
-        if self.cpu_limits is not None:
+        if self.cpu_limits is not None:  # its description stays for summary.json
             for left in self.cpu_limits.remove():
                 self.warn("cpu_limits", f"cgroup not removed: {left}")
-            self.cpu_limits = None
 
     def _supervise(self, now: float) -> None:
         for c in self.children:
@@ -544,7 +540,7 @@ class Launcher:
             for sender, n in p.extra.get("over_share", {}).items() if role == "buffer" else ():
                 over[sender] = over.get(sender, 0) + int(n)
         out["dropped_over_share_by_sender"] = over
-        out["cpu_limits"] = self.cpu_limits_described or cpulimits.describe(self.cpu_limits, self.cpu_limits_off)
+        out["cpu_limits"] = cpulimits.describe(self.cpu_limits, self.cpu_limits_off)
         return out
 
     # ---------------------------------------------------------------- main loop
@@ -636,8 +632,6 @@ class Launcher:
                 curve.close()
             ctx.term()
             runfiles.remove_socket_dir(self.run_dir, self.sock_dir, self.own_sock_dir)
-            if self.cpu_limits is not None:
-                self.cpu_limits_described = self.cpu_limits.describe()
             self._remove_cgroups()
             for closable in (self.exporter, self.runlog):
                 if closable is not None:
