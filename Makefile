@@ -43,6 +43,10 @@ bench/peers/.venv-%/.installed: bench/peers/requirements/%.txt
 cluster:
 	@command -v go >/dev/null 2>&1 || { echo "make cluster: needs Go >= 1.26.7 (go not found on PATH)"; exit 2; }
 	bash cluster/build.sh
+	@# Real nodes' OCI runtime and nft (docs/local-cluster.md), from the distribution.
+	@command -v runc >/dev/null 2>&1 && command -v nft >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+	  apt-get install -y -q --no-install-recommends runc nftables >/dev/null || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends runc nftables >/dev/null; }
 
 # A local cluster (2 nodes as network namespaces, pods as processes; RUNTIME=crun: containers from
 # the images in buildah storage) for people; see docs/local-cluster.md. TIANJI_CLUSTER_INDEX=N
@@ -51,7 +55,7 @@ cluster:
 CLUSTER_INDEX_ARG = $(if $(TIANJI_CLUSTER_INDEX),--index=$(TIANJI_CLUSTER_INDEX))
 
 cluster-up: install cluster
-	$(CLUSTER) up $(CLUSTER_INDEX_ARG) $(if $(RUNTIME),--runtime=$(RUNTIME))
+	$(CLUSTER) up $(CLUSTER_INDEX_ARG) $(if $(RUNTIME),--runtime=$(RUNTIME)) $(if $(NODES),--node-kind=$(NODES))
 
 cluster-down:
 	$(CLUSTER) down $(CLUSTER_INDEX_ARG)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import network
+from . import network, realnode
 from .cluster import BIN, LocalCluster, missing_programs
 from .crunruntime import sweep
 
@@ -65,7 +65,10 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
                     help=f"cluster number 0-15 (separate addresses and folder; default ${INDEX_ENV}, else 0)")
     ap.add_argument("--dir", type=Path, default=None, help="state folder (default /tmp/tianji-cluster-INDEX)")
     ap.add_argument("--runtime", choices=["process", "crun"], default="process",
-                    help="how the nodes run pods: processes (fast) or crun containers from local images")
+                    help="how the node agents run pods: processes (fast) or crun containers from local images")
+    ap.add_argument("--node-kind", choices=["process", "real"], default="process",
+                    help="process: the node agent; real: the kubelet with containerd, images from the "
+                         "cluster's registry (docs/local-cluster.md)")
     a = ap.parse_args(argv)
     if a.index is None:
         raw = env.get(INDEX_ENV, "").strip()
@@ -92,26 +95,31 @@ def main(argv: list[str] | None = None) -> int:
         network.down_all(net)
         for node_root in sorted((root / "nodes").glob("*")):  # containers of a --runtime=crun cluster
             sweep(node_root)
+        realnode.sweep_cgroups(net.prefix)  # real nodes' kubelet cgroups
         print(f"local cluster {a.index}: stopped {n} processes, network removed")
         return 0
     if a.command == "status":
         kc = root / "kubeconfig"
         print(f"kubeconfig: {kc if kc.exists() else '(none: not up)'}")
         return 0 if kc.exists() else 1
-    missing = missing_programs()
+    real = a.node_kind == "real"
+    missing = missing_programs(real=real)
     if missing:
         print(f"missing {', '.join(missing)} in {BIN}: run `make cluster` first", file=sys.stderr)
         return 2
     if (root / "logs").is_dir():
         _kill_all(root)
-    c = LocalCluster(a.nodes, index=a.index, root=root, agent_args=(f"--runtime={a.runtime}",))
+    c = LocalCluster(0 if real else a.nodes, index=a.index, root=root, agent_args=(f"--runtime={a.runtime}",),
+                     real_nodes=a.nodes if real else 0)
     try:
         c.up()
     except Exception as e:
         print(f"local cluster failed to start: {e}\n{c.logs()}", file=sys.stderr)
         c.down()
         return 1
-    print(f"local cluster up: {a.nodes} nodes, API server {c.cp.server}\n"
+    extra = (f"  images: {c.registry_host} (crane push --insecure); NetworkPolicy {c.network_policy.status()}\n"
+             if real else "")
+    print(f"local cluster up: {a.nodes} {a.node_kind} nodes, API server {c.cp.server}\n{extra}"
           f"  export KUBECONFIG={c.kubeconfig} PATH={BIN}:$PATH\n"
           f"  kubectl get nodes\n  logs: {root / 'logs'}; stop: "
           f"make cluster-down{'' if a.index == 0 else f' TIANJI_CLUSTER_INDEX={a.index}'}")

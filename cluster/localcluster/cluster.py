@@ -19,7 +19,7 @@ from typing import Optional
 
 import yaml
 
-from . import network
+from . import netpolicy, network, realnode
 from .controlplane import DOMAIN, ControlPlane, Proc
 from .provisioner import STORAGE
 
@@ -63,8 +63,10 @@ def module_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
 
 
-def missing_programs(bin_dir: Path = BIN) -> list[str]:
-    return [p for p in PROGRAMS if not (bin_dir / p).is_file()]
+def missing_programs(bin_dir: Path = BIN, real: bool = False) -> list[str]:
+    """What `make cluster` has not built (with `real`: what real nodes need too)."""
+    missing = [p for p in (*PROGRAMS, *(realnode.REAL_PROGRAMS if real else ())) if not (bin_dir / p).is_file()]
+    return missing + ([realnode.RUNC] if real and not Path(realnode.RUNC).is_file() else [])
 
 
 @dataclass
@@ -77,7 +79,12 @@ class NodeHandle:
     gpus: int = 0
     resources: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
-    agent: Optional[Proc] = None
+    real: bool = False  # the kubelet and containerd (realnode.py), not the process-mode node agent
+    taints: tuple[str, ...] = ()  # a real node's, registered by its kubelet (key=value:Effect)
+    agent: Optional[Proc] = None  # a real node: the process that holds its namespaces
+    init_pid: Optional[int] = None
+    containerd: Optional[Proc] = None
+    kubelet: Optional[Proc] = None
 
     @property
     def ip(self) -> str:
@@ -91,7 +98,13 @@ class NodeHandle:
     def root(self) -> Path:
         return self.cluster.root / "nodes" / self.name
 
+    def alive(self) -> bool:
+        return realnode.alive(self) if self.real else self.agent is not None and self.agent.alive()
+
     def start(self) -> None:
+        if self.real:
+            realnode.start(self)
+            return
         c = self.cluster
         network.up_node(c.net, self.name, self.number)
         pair = c.cp.pki.issue(f"node-{self.name}", f"system:node:{self.name}", ("system:nodes",))
@@ -122,6 +135,9 @@ class NodeHandle:
     def stop(self) -> None:
         """The machine goes off: the agent and every process of the node are SIGKILLed at once;
         its pods' objects stay as they were (the control plane notices through the Lease)."""
+        if self.real:
+            realnode.stop(self)
+            return
         for _ in range(5):
             pids = self.processes()
             if not pids:
@@ -143,15 +159,18 @@ class NodeHandle:
             sweep(self.root)
 
     def shutdown(self, grace: float = 15.0) -> None:
-        """A clean stop: the agent stops its pods (SIGTERM, grace), then everything left is killed."""
-        if self.agent is not None:
+        """A clean stop: the agent stops its pods (SIGTERM, grace), then everything left is killed.
+        A real kubelet leaves its pods running when stopped (as on a machine shut down, they go with it)."""
+        if self.agent is not None and not self.real:
             self.agent.stop(grace)
         self.stop()
 
 
 class LocalCluster:
     def __init__(self, nodes: int = 2, *, index: int = 0, root: Optional[Path] = None, bin_dir: Path = BIN,
-                 node_cpu: str = "4", node_memory: str = "8Gi", agent_args: tuple[str, ...] = ()):
+                 node_cpu: str = "4", node_memory: str = "8Gi", agent_args: tuple[str, ...] = (),
+                 real_nodes: int = 0, real_taints: tuple[str, ...] = ()):
+        """`nodes` process-mode nodes, then `real_nodes` real ones (kubelet + containerd, realnode.py)."""
         self.net = network.Addressing(index)
         self.root = Path(root or f"/tmp/tianji-cluster-{index}")
         self.bin = bin_dir
@@ -159,8 +178,21 @@ class LocalCluster:
         self.agent_args = list(agent_args)
         self.nodes = [NodeHandle(self, f"node-{i + 1}", i + 1, cpu=node_cpu, memory=node_memory)
                       for i in range(nodes)]
+        self.nodes += [NodeHandle(self, f"node-{i + 1}", i + 1, real=True, taints=tuple(real_taints),
+                                  labels={realnode.KIND_LABEL: "real"}) for i in range(nodes, nodes + real_nodes)]
         self.coredns: Optional[Proc] = None
         self.provisioner: Optional[Proc] = None
+        self.registry: Optional[Proc] = None
+        self.network_policy: Optional[netpolicy.PolicyEnforcer] = None
+
+    @property
+    def real_nodes(self) -> list[NodeHandle]:
+        return [n for n in self.nodes if n.real]
+
+    @property
+    def registry_host(self) -> str:
+        """host:port of the cluster's image registry (real nodes pull from it)."""
+        return f"{self.net.gateway}:{realnode.REGISTRY_PORT}"
 
     @property
     def kubeconfig(self) -> Path:
@@ -170,7 +202,7 @@ class LocalCluster:
         return self.cp.kubectl(*args, **kw)
 
     def up(self, wait_nodes: bool = True) -> LocalCluster:
-        missing = missing_programs(self.bin)
+        missing = missing_programs(self.bin, real=bool(self.real_nodes))
         if missing:
             raise RuntimeError(f"missing {', '.join(missing)} in {self.bin}: run `make cluster` first")
         network.down_all(self.net)  # whatever a crashed run left
@@ -180,8 +212,14 @@ class LocalCluster:
         self.kubectl("apply", "-f", "-", input=COREDNS_RBAC + "---" + STORAGE)
         self._start_dns()
         self._start_provisioner()
+        if self.real_nodes:
+            self.kubectl("apply", "-f", "-", input=realnode.KUBELET_API_RBAC)
+            self.registry = realnode.start_registry(self)
+            realnode.push_probe_image(self)
         for n in self.nodes:
             n.start()
+        if self.real_nodes:
+            self.network_policy = netpolicy.PolicyEnforcer(self).start()
         if wait_nodes:
             self.wait_nodes_ready()
         return self
@@ -216,8 +254,8 @@ class LocalCluster:
                 self.route_pods(cidrs)
                 return
             for n in self.nodes:
-                if n.agent is not None and not n.agent.alive():
-                    raise RuntimeError(f"node agent {n.name} exited:\n{n.agent.tail(40)}")
+                if n.agent is not None and not n.alive():
+                    raise RuntimeError(f"node {n.name} stopped:\n{realnode.tails(n) if n.real else n.agent.tail(40)}")
             time.sleep(0.5)
         raise RuntimeError(f"nodes not Ready within {timeout:g} s: {self.kubectl('get', 'nodes', check=False).stdout}")
 
@@ -237,13 +275,19 @@ class LocalCluster:
 
     def route_pods(self, cidrs: Optional[dict[str, tuple[str, str]]] = None) -> None:
         """Root-namespace routes to every node's pods (the API server and DNS answer pods)."""
-        for cidr, ip in (cidrs if cidrs is not None else self._node_states()[1]).values():
+        cidrs = cidrs if cidrs is not None else self._node_states()[1]
+        for cidr, ip in cidrs.values():
             network.route(cidr, ip)
+        for n in self.real_nodes:  # a process-mode agent keeps its node's routes itself
+            if n.alive():
+                realnode.route_pods(n, cidrs)
 
     def down(self) -> None:
+        if self.network_policy is not None:
+            self.network_policy.stop()
         for n in self.nodes:
             n.shutdown(grace=5.0)
-        for p in (self.provisioner, self.coredns):
+        for p in (self.registry, self.provisioner, self.coredns):
             if p is not None:
                 p.stop()
         self.cp.stop()
@@ -260,6 +304,6 @@ class LocalCluster:
         self.down()
 
     def logs(self, lines: int = 30) -> str:
-        procs = [*self.cp.procs.values(), *(p for p in (self.coredns, self.provisioner) if p),
-                 *(n.agent for n in self.nodes if n.agent)]
+        procs = [*self.cp.procs.values(), *(p for p in (self.coredns, self.provisioner, self.registry) if p),
+                 *(p for n in self.nodes for p in (n.agent, n.containerd, n.kubelet) if p)]
         return "\n".join(f"----- {p.name} ({'running' if p.alive() else 'exited'})\n{p.tail(lines)}" for p in procs)

@@ -194,6 +194,27 @@ async def test_unschedulable_pods_show_in_status_and_events(env):
     assert len(events(kube, "Unschedulable")) == 1  # one Event per pod, not one per tick
 
 
+async def test_an_image_that_cannot_be_pulled_shows_in_status_and_events(env):
+    kube, clock, op = env
+    await kube.create_job(job_manifest("cartpole"))
+    await created(kube)
+    msg = 'rpc error: code = NotFound desc = failed to resolve image: "reg:5000/absent:1": not found'
+    await kube.set_status("v1/pods", NAMESPACE, "cartpole-buffer-0-0", {"phase": "Pending", "containerStatuses": [
+        {"name": "worker", "image": "reg:5000/absent:1", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "ErrImagePull", "message": msg}}}]})
+    await eventually(lambda: cond(kube, "Ready")["reason"] == "ImagePullFailed", what="Ready=False ImagePullFailed")
+    said = cond(kube, "Ready")["message"]
+    assert "cartpole-buffer-0-0" in said and "ErrImagePull: reg:5000/absent:1" in said and msg in said
+    ev = await eventually(lambda: events(kube, "ImagePullFailed"), what="an ImagePullFailed event")
+    assert ev[0]["type"] == "Warning" and "reg:5000/absent:1" in ev[0]["message"]
+    await kube.set_status("v1/pods", NAMESPACE, "cartpole-buffer-0-0", {"phase": "Pending", "containerStatuses": [
+        {"name": "worker", "image": "reg:5000/absent:1", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]})
+    clock.advance(30)
+    await eventually(lambda: "ImagePullBackOff" in cond(kube, "Ready")["message"], what="the back-off said")
+    assert len(events(kube, "ImagePullFailed")) == 1
+
+
 async def _restricted_namespace(kube):
     ns = kube.obj("v1/namespaces", None, NAMESPACE)
     code, _ = await kube.api("PATCH", f"/api/v1/namespaces/{NAMESPACE}",

@@ -74,6 +74,32 @@ async def _failed_creates(op: Operator, body: Any, groups: list[dict]) -> list[s
     return out
 
 
+# A container's waiting reasons (the kubelet's) that no restart cures: its image cannot be had.
+IMAGE_PULL_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RegistryUnavailable",
+        "SignatureValidationFailed",
+    }
+)
+
+
+def _image_pull_failures(pods: list[dict]) -> list[tuple[str, str]]:
+    """(pod, "reason: image: the kubelet's message") of the containers whose image cannot be pulled."""
+    out = []
+    for p in pods:
+        status = p.get("status") or {}
+        for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            waiting = (c.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in IMAGE_PULL_REASONS:
+                why = f"{waiting['reason']}: {c.get('image') or '?'}"
+                out.append((p["metadata"]["name"], f"{why}: {waiting['message']}" if waiting.get("message") else why))
+    return out
+
+
 def _unschedulable(pods: list[dict]) -> list[tuple[str, str]]:
     """(pod, scheduler message) of the pods the scheduler cannot place."""
     out = []
@@ -370,10 +396,12 @@ async def _write_running(
     )
     ready = st.all_ready(groups) and running
     stuck = _unschedulable(pods)
-    for pod_name, why in stuck:
-        if f"unschedulable/{pod_name}" not in mem.warned:
-            mem.warned.add(f"unschedulable/{pod_name}")
-            kopf.warn(body, reason="Unschedulable", message=f"pod {pod_name}: {why}"[:900])
+    no_image = _image_pull_failures(pods)
+    for reason, found in (("Unschedulable", stuck), ("ImagePullFailed", no_image)):
+        for pod_name, why in found:  # one Event per pod, not one per tick
+            if f"{reason}/{pod_name}" not in mem.warned:
+                mem.warned.add(f"{reason}/{pod_name}")
+                kopf.warn(body, reason=reason, message=f"pod {pod_name}: {why}"[:900])
     refused = [] if ready else await _failed_creates(op, body, groups)
     if ready:
         mem.node_lost = ""
@@ -382,6 +410,17 @@ async def _write_running(
         conds = [st.condition("Ready", False, "FailedCreate", "; ".join(refused)[:1000], now=now, generation=gen)]
     elif mem.node_lost:
         conds = [st.condition("Ready", False, "NodeLost", mem.node_lost[:1000], now=now, generation=gen)]
+    elif no_image:
+        conds = [
+            st.condition(
+                "Ready",
+                False,
+                "ImagePullFailed",
+                "; ".join(f"pod {p}: {w}" for p, w in no_image)[:1000],
+                now=now,
+                generation=gen,
+            )
+        ]
     elif stuck:
         conds = [
             st.condition(

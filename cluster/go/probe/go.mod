@@ -1,0 +1,3 @@
+module tianji.local/cluster/probe
+
+go 1.26.0

@@ -1,0 +1,220 @@
+"""Real nodes: the kubelet and containerd (cluster/localcluster/realnode.py), images pulled from the
+cluster's registry, beside a process-mode node that runs the operator.
+
+A cluster of its own for this module: node-1 is a process-mode node (the operator's pod, by the
+chart), node-2 and node-3 are real, tainted so that only pods that ask for them land there."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster_jobs import condition, example, status
+from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, wait_for
+from conftest import AGENT_ARGS
+from localcluster import network
+from localcluster.cluster import BIN, K8S_VERSION, LocalCluster, missing_programs
+from localcluster.realnode import KIND_LABEL, PROBE_IMAGE
+
+TAINT = "tianji.local/real-node=true:NoSchedule"
+ON_REAL = {"tolerations": [{"key": "tianji.local/real-node", "operator": "Exists", "effect": "NoSchedule"}]}
+
+
+def _free_index() -> int:
+    taken = os.environ.get("TIANJI_CLUSTER_INDEX", "")  # the session's cluster may take it later
+    for i in range(15, 0, -1):
+        if str(i) != taken and not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
+            return i
+    raise RuntimeError("no free local-cluster address range")
+
+
+@pytest.fixture(scope="module")
+def real() -> LocalCluster:
+    if os.environ.get("TIANJI_SKIP_CLUSTER") == "1":
+        pytest.skip("TIANJI_SKIP_CLUSTER=1")
+    missing = missing_programs(real=True)
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: run `make cluster` (make test does)")
+    root = Path(tempfile.mkdtemp(prefix="tianji-real-"))
+    c = LocalCluster(1, index=_free_index(), root=root, agent_args=AGENT_ARGS, real_nodes=2, real_taints=(TAINT,))
+    try:
+        c.up()
+    except BaseException:
+        print(c.logs(60))
+        c.down()
+        raise
+    yield c
+    c.down()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def ns(real: LocalCluster) -> str:
+    name = f"r-{uuid.uuid4().hex[:6]}"
+    real.kubectl("create", "namespace", name)
+    yield name
+    real.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _pod(real: LocalCluster, ns: str, name: str, args: list[str], node: str, *, image: str = "",
+         memory: str = "", labels: dict | None = None) -> None:
+    container = {"name": "main", "image": image or f"{real.registry_host}/{PROBE_IMAGE}", "args": args}
+    if memory:
+        container["resources"] = {"limits": {"memory": memory, "cpu": "100m"}}
+    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, **ON_REAL, "containers": [container],
+                    "terminationGracePeriodSeconds": 1}}
+    real.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+
+
+def _running(real: LocalCluster, ns: str, name: str, timeout: float = 90) -> dict:
+    return wait_for(lambda: (p := get(real, "pod", "-n", ns, name)) and p["status"].get("phase") == "Running"
+                    and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}]) and p,
+                    timeout, f"pod {name} running", on_timeout=lambda: real.kubectl(
+                        "describe", "pod", "-n", ns, name, check=False).stdout[-3000:])
+
+
+def _serve(real: LocalCluster, ns: str, node: str = "node-2") -> dict:
+    _pod(real, ns, "srv", ["serve", ":8080"], node, labels={"app": "srv"})
+    real.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "srv", "namespace": ns},
+        "spec": {"clusterIP": "None", "selector": {"app": "srv"}, "ports": [{"port": 8080}]}}))
+    return _running(real, ns, "srv")
+
+
+def test_real_nodes_register_as_kubelets_with_containerd(real):
+    nodes = {n["metadata"]["name"]: n for n in get(real, "nodes")["items"]}
+    for name in ("node-2", "node-3"):
+        info = nodes[name]["status"]["nodeInfo"]
+        assert info["containerRuntimeVersion"].startswith("containerd://2.")
+        assert info["kubeletVersion"] == K8S_VERSION
+        assert nodes[name]["metadata"]["labels"][KIND_LABEL] == "real"
+        taint = {"key": "tianji.local/real-node", "value": "true", "effect": "NoSchedule"}
+        assert taint in nodes[name]["spec"]["taints"]
+    assert KIND_LABEL not in nodes["node-1"]["metadata"]["labels"]  # the process-mode node
+
+
+def test_pods_pull_from_the_registry_and_reach_each_other_across_real_nodes(real, ns):
+    srv = _serve(real, ns, "node-2")
+    _pod(real, ns, "cli", ["pause"], "node-3")
+    cli = _running(real, ns, "cli")
+    assert srv["spec"]["nodeName"] == "node-2" and cli["spec"]["nodeName"] == "node-3"
+    assert srv["status"]["containerStatuses"][0]["imageID"].startswith(f"{real.registry_host}/tianji/probe@sha256:")
+    out = real.kubectl("exec", "-n", ns, "cli", "--", "/probe", "dial", f"srv.{ns}.svc.cluster.local:8080")
+    assert out.stdout.strip() == "probe srv"  # cluster DNS, then a pod on the other node
+
+
+def test_logs_exec_and_port_forward_reach_a_real_nodes_pod(real, ns):
+    _serve(real, ns)
+    assert "probe serving on" in real.kubectl("logs", "-n", ns, "srv").stdout
+    assert real.kubectl("exec", "-n", ns, "srv", "--", "/probe", "dial", "127.0.0.1:8080").stdout == "probe srv\n"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "KUBECONFIG": str(real.kubeconfig)}
+    fwd = subprocess.Popen([str(BIN / "kubectl"), "port-forward", "-n", ns, "pod/srv", f"{port}:8080"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert "Forwarding from" in fwd.stdout.readline()
+
+        def answer() -> str:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    return s.makefile().readline()
+            except OSError:
+                return ""
+        assert wait_for(answer, 20, "an answer through port-forward") == "probe srv\n"
+    finally:
+        fwd.terminate()
+        fwd.wait(10)
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed_and_restarted(real, ns):
+    _pod(real, ns, "hog", ["hog", "100"], "node-2", memory="32Mi")
+
+    def killed() -> dict:
+        p = get(real, "pod", "-n", ns, "hog")
+        st = ((p or {}).get("status") or {}).get("containerStatuses") or [{}]
+        return st[0] if st[0].get("restartCount", 0) >= 1 and st[0].get("lastState", {}).get("terminated") else {}
+    last = wait_for(killed, 90, "an OOM kill and a restart")["lastState"]["terminated"]
+    assert last["reason"] == "OOMKilled" and last["exitCode"] == 137
+
+
+def test_an_image_missing_from_the_registry_is_said(real, ns):
+    image = f"{real.registry_host}/tianji/absent:1"
+    _pod(real, ns, "absent", ["pause"], "node-3", image=image)
+
+    def waiting() -> dict:
+        p = get(real, "pod", "-n", ns, "absent")
+        st = ((p or {}).get("status") or {}).get("containerStatuses") or [{}]
+        w = st[0].get("state", {}).get("waiting") or {}
+        return w if w.get("reason") in ("ErrImagePull", "ImagePullBackOff") and w.get("message") else {}
+    said = wait_for(waiting, 60, "an image pull failure")
+    assert image in said["message"] and "not found" in said["message"]
+
+
+def test_a_tianji_job_whose_image_is_not_in_the_registry_says_so(real, ns):
+    """The operator (in its pod on the process-mode node) reports the kubelet's pull failure."""
+    install_operator(real, None)
+    try:
+        image = f"{real.registry_host}/tianji/worker-absent:1"
+        real.kubectl("apply", "-n", ns, "-f", "-", input=example(
+            {"image": image, "pods": {"all": {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}}}))
+        ready = wait_for(lambda: (c := condition(status(real, ns), "Ready")) and c["reason"] == "ImagePullFailed"
+                         and c, 120, "Ready=False ImagePullFailed", on_timeout=lambda: str(status(real, ns)))
+        assert ready["status"] == "False" and image in ready["message"]
+        events = get(real, "events", "-n", ns, "--field-selector", "reason=ImagePullFailed")["items"]
+        assert events and image in events[0]["message"]
+    finally:
+        real.kubectl("delete", "tjj", "--all", "-n", ns, "--wait=false", check=False)
+        helm(real, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
+
+
+def test_network_policy_is_enforced_or_the_cluster_says_why_not(real, ns):
+    """kube-network-policies needs nftables' queue expression; a kernel without it refuses the rule."""
+    enforcer = real.network_policy
+    said = (real.root / "network-policy").read_text()
+    assert said.strip() == enforcer.status()
+    if not enforcer.enforced:
+        assert "nftables cannot queue packets here" in said and "queue num" in said
+        pytest.skip(f"NetworkPolicy {said.strip()}")
+    _serve(real, ns)
+    real.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "own", "namespace": ns},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": {}}]}]}}))
+    other = f"{ns}-x"
+    real.kubectl("create", "namespace", other)
+    try:
+        for where in (ns, other):
+            _pod(real, where, "cli", ["pause"], "node-3")
+            _running(real, where, "cli")
+        target = f"srv.{ns}.svc.cluster.local:8080"
+        dial = lambda where: real.kubectl("exec", "-n", where, "cli", "--", "/probe", "dial", target, "3", check=False)
+        assert wait_for(lambda: dial(ns).returncode == 0, 30, "the job's own namespace reaching it")
+        time.sleep(2)  # the policy's rules are in place once the first allowed dial went through
+        res = dial(other)
+        assert res.returncode != 0 and ("refused" in res.stdout or "timeout" in res.stdout), res.stdout
+    finally:
+        real.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_a_real_node_switched_off_goes_not_ready_and_comes_back(real):
+    node = next(n for n in real.nodes if n.name == "node-3")
+    node.stop()
+    assert not node.alive() and not Path(f"/proc/{node.agent.popen.pid}").exists()
+
+    def ready() -> str:
+        n = get(real, "node", "node-3")
+        return next((c["status"] for c in n["status"]["conditions"] if c["type"] == "Ready"), "")
+    wait_for(lambda: ready() == "Unknown", 60, "node-3 NotReady after its power loss")
+    node.start()
+    wait_for(lambda: ready() == "True", 90, "node-3 Ready again", on_timeout=lambda: real.logs(20))
+    real.route_pods()
