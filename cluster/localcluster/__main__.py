@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "status":
         kc = root / "kubeconfig"
         print(f"kubeconfig: {kc if kc.exists() else '(none: not up)'}")
+        if kc.exists() and (root / "network-policy").exists():  # real nodes
+            print(f"NetworkPolicy: {(root / 'network-policy').read_text().strip()}")
         return 0 if kc.exists() else 1
     real = a.node_kind == "real"
     missing = missing_programs(real=real)
