@@ -3,9 +3,11 @@ waiting with diagnostics."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,6 +53,22 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 # Shorter intervals than the chart's defaults; the test Prometheus allowed for autoscaling.
 OPERATOR_VALUES = ("--set", "operator.monitorInterval=1", "--set", "operator.autoscaleTick=1",
                    "--set", "operator.handlerBackoff=1", "--set", "operator.promqlWindow=10s")
+
+
+@contextmanager
+def running(c: LocalCluster) -> Iterator[LocalCluster]:
+    """`c` up for the block (its processes' logs printed if it fails to start), then down and removed."""
+    try:
+        c.up()
+    except BaseException:
+        print(c.logs(60))
+        c.down()
+        raise
+    try:
+        yield c
+    finally:
+        c.down()
+        shutil.rmtree(c.root, ignore_errors=True)
 
 
 def free_index() -> int:

@@ -9,14 +9,13 @@ On these machines the tier never skips: missing programs fail it (`make cluster`
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
-from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator
+from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator, running
 from localcluster.cluster import BIN, LocalCluster, missing_programs
 from localcluster.pods import unavailable_reason
 
@@ -43,16 +42,8 @@ def cluster() -> LocalCluster:
     # Not under pytest's basetemp: another pytest session started meanwhile prunes old basetemps,
     # and this cluster's etcd, certificates and pods live here for the whole session.
     root = Path(tempfile.mkdtemp(prefix="tianji-cluster-"))
-    c = LocalCluster(2, index=free_index(), root=root, agent_args=AGENT_ARGS)
-    try:
-        c.up()
-    except BaseException:
-        print(c.logs(60))
-        c.down()
-        raise
-    yield c
-    c.down()
-    shutil.rmtree(root, ignore_errors=True)
+    with running(LocalCluster(2, index=free_index(), root=root, agent_args=AGENT_ARGS)) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

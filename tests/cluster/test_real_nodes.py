@@ -6,7 +6,6 @@ chart), node-2 and node-3 are real, tainted so that only pods that ask for them 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -18,7 +17,7 @@ import pytest
 import yaml
 
 from cluster_jobs import condition, example, status
-from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, wait_for
+from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, running, wait_for
 from conftest import AGENT_ARGS
 from localcluster import network
 from localcluster.cluster import BIN, K8S_VERSION, LocalCluster, missing_programs
@@ -44,16 +43,9 @@ def real() -> LocalCluster:
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: run `make cluster` (make test does)")
     root = Path(tempfile.mkdtemp(prefix="tianji-real-"))
-    c = LocalCluster(1, index=_free_index(), root=root, agent_args=AGENT_ARGS, real_nodes=2, real_taints=(TAINT,))
-    try:
-        c.up()
-    except BaseException:
-        print(c.logs(60))
-        c.down()
-        raise
-    yield c
-    c.down()
-    shutil.rmtree(root, ignore_errors=True)
+    with running(LocalCluster(1, index=_free_index(), root=root, agent_args=AGENT_ARGS, real_nodes=2,
+                              real_taints=(TAINT,))) as c:
+        yield c
 
 
 @pytest.fixture

@@ -410,28 +410,10 @@ async def _write_running(
         conds = [st.condition("Ready", False, "FailedCreate", "; ".join(refused)[:1000], now=now, generation=gen)]
     elif mem.node_lost:
         conds = [st.condition("Ready", False, "NodeLost", mem.node_lost[:1000], now=now, generation=gen)]
-    elif no_image:
-        conds = [
-            st.condition(
-                "Ready",
-                False,
-                "ImagePullFailed",
-                "; ".join(f"pod {p}: {w}" for p, w in no_image)[:1000],
-                now=now,
-                generation=gen,
-            )
-        ]
-    elif stuck:
-        conds = [
-            st.condition(
-                "Ready",
-                False,
-                "Unschedulable",
-                "; ".join(f"pod {p}: {w}" for p, w in stuck)[:1000],
-                now=now,
-                generation=gen,
-            )
-        ]
+    elif no_image or stuck:  # per pod: an image no node can pull, or no node to place it on
+        reason, found = ("ImagePullFailed", no_image) if no_image else ("Unschedulable", stuck)
+        said = "; ".join(f"pod {p}: {w}" for p, w in found)[:1000]
+        conds = [st.condition("Ready", False, reason, said, now=now, generation=gen)]
     else:
         conds = [st.condition("Ready", False, "PodsNotReady", _not_ready(groups), now=now, generation=gen)]
     if waiting:
