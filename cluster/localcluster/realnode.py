@@ -52,17 +52,13 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{API_SERVER
 """
 
 
-def registry_host(node: NodeHandle) -> str:
-    return f"{node.cluster.net.gateway}:{REGISTRY_PORT}"
-
-
 def cgroup_root(node: NodeHandle) -> str:
     return f"/{node.netns}"
 
 
 def _containerd_config(node: NodeHandle, bin_dir: Path) -> Path:
     d = node.root / "containerd"
-    reg = registry_host(node)
+    reg = node.cluster.registry_host
     hosts = d / "certs.d" / reg / "hosts.toml"
     hosts.parent.mkdir(parents=True, exist_ok=True)
     hosts.write_text(f'server = "http://{reg}"\n\n[host."http://{reg}"]\n  capabilities = ["pull", "resolve"]\n')
@@ -300,7 +296,7 @@ def start_registry(cluster) -> Proc:
     cfg.write_text(yaml.safe_dump({
         "version": 0.1, "log": {"level": "warn", "accesslog": {"disabled": True}},
         "storage": {"filesystem": {"rootdirectory": str(cluster.root / "registry")}, "delete": {"enabled": True}},
-        "http": {"addr": f"{cluster.net.gateway}:{REGISTRY_PORT}"}}))
+        "http": {"addr": cluster.registry_host}}))
     proc = Proc("registry", [str(cluster.bin / "registry"), "serve", str(cfg)],
                 cluster.root / "logs" / "registry.log").start()
     from .controlplane import wait_port
@@ -320,7 +316,7 @@ def push_probe_image(cluster) -> str:
         info.uname = info.gname = ""
         with open(cluster.bin / "probe", "rb") as f:
             tar.addfile(info, f)
-    ref = f"{cluster.net.gateway}:{REGISTRY_PORT}/{PROBE_IMAGE}"
+    ref = f"{cluster.registry_host}/{PROBE_IMAGE}"
     crane = str(cluster.bin / "crane")
     for argv in ([crane, "append", "--insecure", "-f", str(layer), "-t", ref],
                  [crane, "mutate", "--insecure", ref, "--entrypoint=/probe", "--cmd=pause"]):
