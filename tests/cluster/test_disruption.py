@@ -30,8 +30,11 @@ from clusterkit import get, wait_for
 # Only the target ends these jobs (the example's frame and time budgets could end a job whose
 # learner had to start over before it got back to 475). Half the example's learning rate: the
 # example solves in about 30 s here, so a disruption at the first frames counted would otherwise
-# meet a job that ends before its re-created pod has trained.
-TARGET_ONLY = {"stop": {"meanReturn": 475, "envFrames": None, "seconds": 900}, "algorithm": {"lr": 5.0e-4}}
+# meet a job that ends before its re-created pod has trained. Its decay to 0 over four times the
+# example's 400k frames: with no frame budget, a job slowed by a disruption past 400k frames
+# would otherwise train on at a learning rate of 0 and never reach 475.
+TARGET_ONLY = {"stop": {"meanReturn": 475, "envFrames": None, "seconds": 900},
+               "algorithm": {"lr": 5.0e-4, "lrAnnealFrames": 1_600_000}}
 
 
 def training(c, ns: str, frames: int = 5_000) -> dict:
