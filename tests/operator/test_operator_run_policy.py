@@ -215,6 +215,31 @@ async def test_an_image_that_cannot_be_pulled_shows_in_status_and_events(env):
     assert len(events(kube, "ImagePullFailed")) == 1
 
 
+async def test_a_container_killed_over_its_memory_limit_says_which_limit(env):
+    """Ready=False OOMKilled names the pod, the limit and the spec field; one Event per kill."""
+    kube, clock, op = env
+    await kube.create_job(job_manifest("cartpole"))
+    await created(kube)
+    limit = children(kube)["Pod", "cartpole-buffer-0-0"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+
+    async def killed(restarts: int) -> None:
+        await kube.set_status("v1/pods", NAMESPACE, "cartpole-buffer-0-0", {"phase": "Running", "containerStatuses": [
+            {"name": "worker", "image": "w:1", "ready": False, "restartCount": restarts,
+             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+             "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]})
+    await killed(1)
+    await eventually(lambda: cond(kube, "Ready")["reason"] == "OOMKilled", what="Ready=False OOMKilled")
+    said = cond(kube, "Ready")["message"]
+    assert "cartpole-buffer-0-0" in said and f"memory limit {limit}" in said and "spec.resources.buffer.memory" in said
+    await eventually(lambda: events(kube, "OOMKilled"), what="an OOMKilled event")
+    clock.advance(30)
+    await eventually(lambda: op.metrics.value("tianji_operator_timer_runs_total", timer="monitor") >= 4,
+                     what="more monitor ticks")
+    assert len(events(kube, "OOMKilled")) == 1  # one per kill, not one per tick
+    await killed(2)
+    await eventually(lambda: len(events(kube, "OOMKilled")) == 2, what="the second kill's event")
+
+
 async def _restricted_namespace(kube):
     ns = kube.obj("v1/namespaces", None, NAMESPACE)
     code, _ = await kube.api("PATCH", f"/api/v1/namespaces/{NAMESPACE}",

@@ -100,6 +100,29 @@ def _image_pull_failures(pods: list[dict]) -> list[tuple[str, str]]:
     return out
 
 
+def _oom_killed(pods: list[dict]) -> list[tuple[str, str, int]]:
+    """(pod, what happened, restart count) of the containers, not ready now, that the kernel last
+    killed over their memory limit: the limit is the role's spec.resources.<role>.memory."""
+    out = []
+    for p in pods:
+        role = (p["metadata"].get("labels") or {}).get(b.LABEL_ROLE, "?")
+        spec = p.get("spec") or {}
+        limits = {
+            c["name"]: ((c.get("resources") or {}).get("limits") or {}).get("memory", "?")
+            for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        }
+        status = p.get("status") or {}
+        for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            ended = (c.get("state") or {}).get("terminated") or (c.get("lastState") or {}).get("terminated") or {}
+            if ended.get("reason") == "OOMKilled" and not c.get("ready"):
+                why = (
+                    f"container {c['name']} OOMKilled at its memory limit {limits.get(c['name'], '?')} "
+                    f"(spec.resources.{role}.memory)"
+                )
+                out.append((p["metadata"]["name"], why, int(c.get("restartCount") or 0)))
+    return out
+
+
 def _unschedulable(pods: list[dict]) -> list[tuple[str, str]]:
     """(pod, scheduler message) of the pods the scheduler cannot place."""
     out = []
@@ -402,6 +425,11 @@ async def _write_running(
             if f"{reason}/{pod_name}" not in mem.warned:
                 mem.warned.add(f"{reason}/{pod_name}")
                 kopf.warn(body, reason=reason, message=f"pod {pod_name}: {why}"[:900])
+    oom = _oom_killed(pods)
+    for pod_name, why, restarts in oom:  # one Event per kill
+        if f"OOMKilled/{pod_name}/{restarts}" not in mem.warned:
+            mem.warned.add(f"OOMKilled/{pod_name}/{restarts}")
+            kopf.warn(body, reason="OOMKilled", message=f"pod {pod_name}: {why}"[:900])
     refused = [] if ready else await _failed_creates(op, body, groups)
     if ready:
         mem.node_lost = ""
@@ -414,6 +442,9 @@ async def _write_running(
         reason, found = ("ImagePullFailed", no_image) if no_image else ("Unschedulable", stuck)
         said = "; ".join(f"pod {p}: {w}" for p, w in found)[:1000]
         conds = [st.condition("Ready", False, reason, said, now=now, generation=gen)]
+    elif oom:
+        said = "; ".join(f"pod {p}: {w}" for p, w, _ in oom)[:1000]
+        conds = [st.condition("Ready", False, "OOMKilled", said, now=now, generation=gen)]
     else:
         conds = [st.condition("Ready", False, "PodsNotReady", _not_ready(groups), now=now, generation=gen)]
     if waiting:
