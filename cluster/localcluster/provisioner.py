@@ -93,6 +93,9 @@ class Provisioner:
             if wants_volume(claim) and volume_name(claim) not in pvs:
                 folder = self.volumes / volume_name(claim)
                 folder.mkdir(parents=True, exist_ok=True)
+                # Writable by the pods' users, as local-path-provisioner makes its folders: a
+                # hostPath volume gets no fsGroup ownership from the kubelet.
+                folder.chmod(0o777)
                 await self.api.create("/api/v1/persistentvolumes", persistent_volume(claim, folder))
                 log.info("provisioned %s for %s/%s", volume_name(claim), claim["metadata"]["namespace"],
                          claim["metadata"]["name"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -91,8 +92,16 @@ def run_worker(a: argparse.Namespace) -> int:
     role = cls(job, a.group, index, addrs, report=a.report, run_dir=a.run_dir or os.environ.get(ENV_STATE_DIR))
     if a.metrics_port:
         # a learner also serves its checkpoints (the operator's confirming evaluation downloads one)
-        role.metrics.serve(a.metrics_port, os.environ.get(ENV_POD_IP) or "0.0.0.0", report=role.report_json,
-                           fabric=fabric, checkpoint=role.checkpoint_bytes if isinstance(role, Learner) else None)
+        pod_ip = os.environ.get(ENV_POD_IP)
+        serve = functools.partial(role.metrics.serve, a.metrics_port, report=role.report_json, fabric=fabric,
+                                  checkpoint=role.checkpoint_bytes if isinstance(role, Learner) else None)
+        serve(pod_ip or "0.0.0.0")
+        if pod_ip:  # and on loopback, where `kubectl port-forward` connects (nothing a pod IP does not offer)
+            try:
+                serve("127.0.0.1")
+            except OSError as e:  # host networking: the node's loopback port may be another's
+                logging.getLogger("tianji").warning("/metrics not on 127.0.0.1:%d (%s): port-forward will not "
+                                                    "reach it", a.metrics_port, e)
     try:
         return role.run()
     except Exception:

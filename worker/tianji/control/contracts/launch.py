@@ -18,7 +18,8 @@ process is always `tianji worker ARGS` with this environment:
   pods only
     TIANJI_NAMESPACE    downward API metadata.namespace: peers' DNS names
     TIANJI_POD_IP       downward API status.podIP: data ports and /metrics bind here,
-                        not on every interface (host networking shares the node's)
+                        not on every interface (host networking shares the node's);
+                        /metrics also on 127.0.0.1, where `kubectl port-forward` connects
     TIANJI_POD_NAME     downward API metadata.name
     TIANJI_INDEX        `--index auto` (actors): downward API label apps.kubernetes.io/pod-index
                         (the StatefulSet ordinal; never HOSTNAME, the node's name under
