@@ -119,8 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"local cluster failed to start: {e}\n{c.logs()}", file=sys.stderr)
         c.down()
         return 1
-    extra = (f"  images: {c.registry_host} (crane push --insecure); NetworkPolicy {c.network_policy.status()}\n"
-             if real else "")
+    extra = ""
+    if real:
+        try:
+            image = c.checkout_image()
+        except Exception as e:  # the cluster is up; only the image is missing
+            image = f"(not pushed: {e})"
+        extra = (f"  images: {c.registry_host} (crane push --insecure); this checkout's worker image: {image}\n"
+                 f"  NetworkPolicy {c.network_policy.status()}\n")
     print(f"local cluster up: {a.nodes} {a.node_kind} nodes, API server {c.cp.server}\n{extra}"
           f"  export KUBECONFIG={c.kubeconfig} PATH={BIN}:$PATH\n"
           f"  kubectl get nodes\n  logs: {root / 'logs'}; stop: "

@@ -194,6 +194,15 @@ class LocalCluster:
         """host:port of the cluster's image registry (real nodes pull from it)."""
         return f"{self.net.gateway}:{realnode.REGISTRY_PORT}"
 
+    def checkout_image(self, log=print) -> str:
+        """This checkout's worker image in the cluster's registry (checkoutimage.py), pushed where
+        the registry lacks a layer of it; its reference."""
+        if self.registry is None:
+            raise RuntimeError("the checkout image is for real nodes: this cluster has no registry")
+        from . import checkoutimage
+
+        return checkoutimage.push(self.registry_host, log=log)
+
     @property
     def kubeconfig(self) -> Path:
         return self.cp.admin_kubeconfig

@@ -99,6 +99,7 @@ state = "{d / 'state'}"
   conf_template = "{cni / 'template'}"
 [plugins.{cri_img}]
   snapshotter = "overlayfs"
+  discard_unpacked_layers = true  # the checkout image is 5 GB: the node keeps its snapshot only
 [plugins.{cri_img}.pinned_images]
   sandbox = "{reg}/{PROBE_IMAGE}"
 [plugins.{cri_img}.registry]

@@ -24,47 +24,21 @@ from pathlib import Path
 
 import pytest
 
-from cluster_jobs import JOB, condition, diagnostics, example, pods, status, wait_phase, worker_metrics
+from cluster_jobs import (
+    JOB,
+    TARGET_ONLY,
+    assert_never_succeeded_untrained,
+    condition,
+    diagnostics,
+    example,
+    pods,
+    status,
+    training,
+    trains_again,
+    wait_phase,
+    worker_metrics,
+)
 from clusterkit import get, wait_for
-
-# Only the target ends these jobs (the example's frame and time budgets could end a job whose
-# learner had to start over before it got back to 475). Half the example's learning rate: the
-# example solves in about 30 s here, so a disruption at the first frames counted would otherwise
-# meet a job that ends before its re-created pod has trained. Its decay to 0 over four times the
-# example's 400k frames: with no frame budget, a job slowed by a disruption past 400k frames
-# would otherwise train on at a learning rate of 0 and never reach 475.
-TARGET_ONLY = {"stop": {"meanReturn": 475, "envFrames": None, "seconds": 900},
-               "algorithm": {"lr": 5.0e-4, "lrAnnealFrames": 1_600_000}}
-
-
-def training(c, ns: str, frames: int = 5_000) -> dict:
-    return wait_for(lambda: (s := status(c, ns)).get("envFrames", 0) >= frames and s, 300,
-                    f"{frames} frames counted", interval=2.0, on_timeout=lambda: diagnostics(c, ns))
-
-
-def trains_again(c, ns: str, old_uid: str) -> dict:
-    """The re-created learner (another uid) runs, consumes batches its buffer sends and publishes
-    new versions: the buffer and actors found it again by its DNS name."""
-    def progress():
-        p = get(c, "pod", "-n", ns, f"{JOB}-learner-0-0")
-        if not p or p["metadata"]["uid"] == old_uid or p["status"].get("phase") != "Running":
-            return None
-        try:
-            m = worker_metrics(p, ("tianji_policy_version{", "tianji_samples_consumed_total{"))
-        except OSError:
-            return None
-        m = {k.split("{")[0]: v for k, v in m.items()}
-        return m if m.get("tianji_policy_version", 0) >= 20 and m.get("tianji_samples_consumed_total", 0) > 0 else None
-
-    return wait_for(progress, 300, "the new learner to train 20 versions", interval=2.0,
-                    on_timeout=lambda: diagnostics(c, ns))
-
-
-def assert_never_succeeded_untrained(c, ns: str) -> None:
-    st = status(c, ns)
-    if st.get("phase") == "Succeeded":
-        assert st["meanReturn"] >= 475 and st.get("policyVersion", 0) > 0, st
-
 
 LINGER = "tianji.test/linger"  # a finalizer of the test's own: the object outlives its worker
 

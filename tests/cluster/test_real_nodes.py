@@ -1,22 +1,38 @@
 """Real nodes: the kubelet and containerd (cluster/localcluster/realnode.py), images pulled from the
-cluster's registry, beside a process-mode node that runs the operator.
+cluster's registry (TianJi's workers from the checkout's image, checkoutimage.py), beside a
+process-mode node that runs the operator.
 
 A cluster of its own for this module: node-1 is a process-mode node (the operator's pod, by the
 chart), node-2 and node-3 are real, tainted so that only pods that ask for them land there."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from cluster_jobs import condition, example, status
+from cluster_jobs import (
+    JOB,
+    TARGET_ONLY,
+    assert_never_succeeded_untrained,
+    condition,
+    diagnostics,
+    example,
+    pods,
+    status,
+    training,
+    trains_again,
+    wait_phase,
+)
 from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, running, wait_for
 from conftest import AGENT_ARGS
 from localcluster import network
@@ -46,6 +62,14 @@ def real() -> LocalCluster:
     with running(LocalCluster(1, index=_free_index(), root=root, agent_args=AGENT_ARGS, real_nodes=2,
                               real_taints=(TAINT,))) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def operator(real: LocalCluster) -> None:
+    """The chart's operator, in its pod on the process-mode node."""
+    install_operator(real, None)
+    yield
+    helm(real, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
 
 
 @pytest.fixture
@@ -104,19 +128,32 @@ def test_pods_pull_from_the_registry_and_reach_each_other_across_real_nodes(real
     assert out.stdout.strip() == "probe srv"  # cluster DNS, then a pod on the other node
 
 
-def test_logs_exec_and_port_forward_reach_a_real_nodes_pod(real, ns):
-    _serve(real, ns)
-    assert "probe serving on" in real.kubectl("logs", "-n", ns, "srv").stdout
-    assert real.kubectl("exec", "-n", ns, "srv", "--", "/probe", "dial", "127.0.0.1:8080").stdout == "probe srv\n"
+@contextlib.contextmanager
+def _forwarded(real: LocalCluster, ns: str, pod: str, remote: int) -> Iterator[int]:
+    """`kubectl port-forward` to `pod`:`remote` while the block runs; yields the local port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "KUBECONFIG": str(real.kubeconfig)}
-    fwd = subprocess.Popen([str(BIN / "kubectl"), "port-forward", "-n", ns, "pod/srv", f"{port}:8080"],
+    fwd = subprocess.Popen([str(BIN / "kubectl"), "port-forward", "-n", ns, f"pod/{pod}", f"{port}:{remote}"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         assert "Forwarding from" in fwd.stdout.readline()
+        yield port
+    except BaseException:
+        fwd.terminate()
+        print("kubectl port-forward said:", fwd.stdout.read()[-2000:])
+        raise
+    finally:
+        fwd.terminate()
+        fwd.wait(10)
 
+
+def test_logs_exec_and_port_forward_reach_a_real_nodes_pod(real, ns):
+    _serve(real, ns)
+    assert "probe serving on" in real.kubectl("logs", "-n", ns, "srv").stdout
+    assert real.kubectl("exec", "-n", ns, "srv", "--", "/probe", "dial", "127.0.0.1:8080").stdout == "probe srv\n"
+    with _forwarded(real, ns, "srv", 8080) as port:
         def answer() -> str:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
@@ -124,9 +161,6 @@ def test_logs_exec_and_port_forward_reach_a_real_nodes_pod(real, ns):
             except OSError:
                 return ""
         assert wait_for(answer, 20, "an answer through port-forward") == "probe srv\n"
-    finally:
-        fwd.terminate()
-        fwd.wait(10)
 
 
 def test_a_container_over_its_memory_limit_is_oom_killed_and_restarted(real, ns):
@@ -153,21 +187,103 @@ def test_an_image_missing_from_the_registry_is_said(real, ns):
     assert image in said["message"] and "not found" in said["message"]
 
 
-def test_a_tianji_job_whose_image_is_not_in_the_registry_says_so(real, ns):
-    """The operator (in its pod on the process-mode node) reports the kubelet's pull failure."""
-    install_operator(real, None)
+ON_REAL_NODES = {"pods": {"all": {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}}}
+
+
+def test_a_tianji_job_whose_image_is_not_in_the_registry_says_so(real, operator, ns):
+    """The operator reports the kubelet's pull failure."""
+    image = f"{real.registry_host}/tianji/worker-absent:1"
+    real.kubectl("apply", "-n", ns, "-f", "-", input=example({"image": image, **ON_REAL_NODES}))
+    ready = wait_for(lambda: (c := condition(status(real, ns), "Ready")) and c["reason"] == "ImagePullFailed"
+                     and c, 120, "Ready=False ImagePullFailed", on_timeout=lambda: str(status(real, ns)))
+    assert ready["status"] == "False" and image in ready["message"]
+    events = get(real, "events", "-n", ns, "--field-selector", "reason=ImagePullFailed")["items"]
+    assert events and image in events[0]["message"]
+
+
+@pytest.mark.timeout(900)
+def test_a_tianji_job_trains_on_real_nodes_from_the_registry(real, operator, ns):
+    """The checkout's worker image (checkoutimage.py), pulled from the registry by both real nodes'
+    containerd: CartPole trains to its target in pods under the kubelet, and `kubectl exec` and
+    `kubectl port-forward` reach the learner while it trains. The namespace enforces Pod Security
+    `restricted`, as the quick start's does."""
+    real.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    real.kubectl("apply", "-n", ns, "-f", "-", input=example({"image": real.checkout_image(), **ON_REAL_NODES}))
+    learner = wait_for(lambda: next((p for p in pods(real, ns) if p["metadata"]["labels"].get(
+        "tianji.dev/role") == "learner" and all(c.get("ready") for c in p["status"].get(
+            "containerStatuses") or [{}])), None), 300,  # ready: its /metrics answers
+        "the learner ready on a real node", on_timeout=lambda: real.kubectl(
+            "describe", "pods", "-n", ns, check=False).stdout[-4000:])
+    name = learner["metadata"]["name"]
+    assert learner["spec"]["nodeName"] in ("node-2", "node-3")
+    assert {p["spec"]["nodeName"] for p in pods(real, ns)} <= {"node-2", "node-3"}
+    said = real.kubectl("exec", "-n", ns, name, "--", "tianji", "--version").stdout
+    assert said.startswith("tianji "), said
+    port = next(p["containerPort"] for p in learner["spec"]["containers"][0]["ports"] if p["name"] == "metrics")
+    with _forwarded(real, ns, name, port) as local:
+        def scrape() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{local}/metrics", timeout=5) as r:
+                    return r.read().decode()
+            except OSError:
+                return ""
+        inside = f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/metrics').read()[:80])"
+        assert "tianji_policy_version" in wait_for(
+            scrape, 30, "the learner's /metrics through port-forward", on_timeout=lambda: real.kubectl(
+                "exec", "-n", ns, name, "--", "python", "-c", inside, check=False).stdout + real.kubectl(
+                "logs", "-n", ns, name, check=False).stdout[-3000:])
+    st = wait_phase(real, ns, ("Succeeded", "Failed"), 600)
+    assert st["phase"] == "Succeeded" and condition(st, "Succeeded")["reason"] == "StopConditionReached", st
+    assert st["meanReturn"] >= 475, st
+
+
+def test_a_worker_over_its_memory_limit_is_oom_killed_and_counted(real, operator, ns):
+    """Actors limited to 128Mi (importing torch takes ~500 MB): the kernel kills them, the kubelet
+    restarts them, and the operator counts the restarts and says which limit killed them."""
+    real.kubectl("apply", "-n", ns, "-f", "-", input=example(
+        {"image": real.checkout_image(), **ON_REAL_NODES, "resources": {"actor": {"memory": "128Mi"}}}))
+    st = wait_for(lambda: (s := status(real, ns)) and ((s.get("restartsByRole") or {}).get("actor") or {}).get(
+        "containers", 0) >= 1 and s, 300, "an actor's restart counted", on_timeout=lambda: str(status(real, ns)))
+    assert st["restarts"] >= 1, st
+    events = wait_for(lambda: get(real, "events", "-n", ns, "--field-selector", "reason=OOMKilled")["items"], 60,
+                      "an OOMKilled event")
+    assert "spec.resources.actor.memory" in events[0]["message"] and "128Mi" in events[0]["message"], events[0]
+    killed = [c for p in pods(real, ns) for c in p["status"].get("containerStatuses") or []
+              if ((c.get("lastState") or {}).get("terminated") or {}).get("reason") == "OOMKilled"]
+    assert killed and killed[0]["lastState"]["terminated"]["exitCode"] == 137, killed
+
+
+@pytest.mark.timeout(1200)
+def test_a_real_node_lost_under_the_learner_moves_it_and_the_job_reaches_its_target(real, operator, ns):
+    """test_disruption's stopped node, on kubelets: the learner's node loses power (every container
+    of it with it), the operator names the node, the learner is made again on the other real node
+    from its checkpoint claim, and the job reaches its target. Each real node has this machine's 2
+    cores: the job asks 1.5 in all, so the surviving node can hold all of it."""
+    small = {"learner": {"cpu": 0.5}, "buffer": {"cpu": 0.25}, "actor": {"cpu": 0.25}}
+    real.kubectl("apply", "-n", ns, "-f", "-", input=example(
+        {"image": real.checkout_image(), **ON_REAL_NODES, **TARGET_ONLY, "resources": small}))
+    training(real, ns)
+    learner = get(real, "pod", "-n", ns, f"{JOB}-learner-0-0")
+    node = next(n for n in real.nodes if n.name == learner["spec"]["nodeName"])
+    node.stop()
     try:
-        image = f"{real.registry_host}/tianji/worker-absent:1"
-        real.kubectl("apply", "-n", ns, "-f", "-", input=example(
-            {"image": image, "pods": {"all": {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}}}))
-        ready = wait_for(lambda: (c := condition(status(real, ns), "Ready")) and c["reason"] == "ImagePullFailed"
-                         and c, 120, "Ready=False ImagePullFailed", on_timeout=lambda: str(status(real, ns)))
-        assert ready["status"] == "False" and image in ready["message"]
-        events = get(real, "events", "-n", ns, "--field-selector", "reason=ImagePullFailed")["items"]
-        assert events and image in events[0]["message"]
+        events = wait_for(lambda: [e for e in get(real, "events", "-n", ns)["items"] if e.get("reason") == "NodeLost"],
+                          240, "a NodeLost event", interval=2.0, on_timeout=lambda: diagnostics(real, ns))
+        assert any(node.name in e["message"] for e in events), [e["message"] for e in events]
+        moved = wait_for(lambda: (p := get(real, "pod", "-n", ns, f"{JOB}-learner-0-0")) and p["spec"].get(
+            "nodeName") not in (None, node.name) and p, 180, "the learner on the other real node", interval=2.0,
+            on_timeout=lambda: diagnostics(real, ns))
+        assert moved["spec"]["nodeName"] in ("node-2", "node-3") and moved["metadata"]["uid"] != learner[
+            "metadata"]["uid"]
+        trains_again(real, ns, learner["metadata"]["uid"])
+        assert_never_succeeded_untrained(real, ns)
+        st = wait_phase(real, ns, ("Succeeded", "Failed"), 480)
+        assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475, diagnostics(real, ns)
+        assert st["restartsByRole"]["learner"]["pods"] >= 1, st["restartsByRole"]
     finally:
-        real.kubectl("delete", "tjj", "--all", "-n", ns, "--wait=false", check=False)
-        helm(real, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
+        node.start()
+        real.wait_nodes_ready(120)
+        real.route_pods()
 
 
 def test_network_policy_is_enforced_or_the_cluster_says_why_not(real, ns):
