@@ -4,17 +4,43 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
-from collections.abc import AsyncIterator
-from typing import Any, Optional
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Optional, TypeVar
 
 import aiohttp
+
+T = TypeVar("T")
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(f"{status}: {message}")
         self.status = status
+
+
+# What a busy or restarting API server answers for a while: worth another try, as a kubelet does.
+TRANSIENT = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+def transient(e: BaseException) -> bool:
+    return isinstance(e, TRANSIENT) or isinstance(e, ApiError) and (e.status >= 500 or e.status == 429)
+
+
+async def retrying(what: str, call: Callable[[], Awaitable[T]], log: logging.Logger, max_delay: float = 5.0) -> T:
+    """`call()` until it answers: transient failures (timeouts, refused connections, 5xx, 429)
+    are logged and tried again with back-off; any other error is raised."""
+    delay = 0.25
+    while True:
+        try:
+            return await call()
+        except (ApiError, *TRANSIENT) as e:
+            if not transient(e):
+                raise
+            log.warning("%s: %r; trying again in %.1f s", what, e, delay)
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, max_delay)
 
 
 class Api:

@@ -32,7 +32,7 @@ from urllib.parse import quote
 import aiohttp
 
 from . import network
-from .api import Api, ApiError
+from .api import Api, ApiError, retrying
 from .crunruntime import CrunRuntime
 from .kubeletserver import KubeletServer
 from .nodeobject import NodeSpec
@@ -63,14 +63,20 @@ class NodeAgent(Node):
 
     # ------------------------------------------------------------ registration and heartbeats
     async def register(self) -> None:
-        try:
-            await self.api.create("/api/v1/nodes", self.spec.object())
-        except ApiError as e:
-            if e.status != 409:  # already registered (a restarted node keeps its object)
-                raise
-        await self.api.merge_patch(f"/api/v1/nodes/{self.node_name}/status", {"status": self.spec.status()})
+        """Every request tried again while the API server is busy (a node that gave up here would
+        be a node that never runs a pod)."""
+        async def create() -> None:
+            try:
+                await self.api.create("/api/v1/nodes", self.spec.object())
+            except ApiError as e:
+                if e.status != 409:  # already registered (a restarted node keeps its object)
+                    raise
+        await retrying("registering the node", create, log)
+        await retrying("the node's status", lambda: self.api.merge_patch(
+            f"/api/v1/nodes/{self.node_name}/status", {"status": self.spec.status()}), log)
         while self.pod_cidr is None:  # node IPAM in the controller manager hands out the podCIDR
-            node = await self.api.get(f"/api/v1/nodes/{self.node_name}") or {}
+            node = await retrying("reading the node", lambda: self.api.get(f"/api/v1/nodes/{self.node_name}"),
+                                  log) or {}
             self.pod_cidr = (node.get("spec") or {}).get("podCIDR")
             if self.pod_cidr is None:
                 await asyncio.sleep(0.5)
