@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         pulls = pulled(_run_everywhere(c, ref, [n.name for n in c.real_nodes]))
     finally:
         c.down()
+        shutil.rmtree(root, ignore_errors=True)  # (the registry and the nodes' images: gigabytes)
     out = {**stamp("checkout_image", argv), "load1_before": load[0], "image": ref.split("/", 1)[1],
            "push_fresh_registry_s": round(first, 2), "push_again_s": round(again, 2), "pulls": pulls}
     emit(out, a.out)

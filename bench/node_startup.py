@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                              "seconds_to_ready": round(s, 3), "load1_before": load[0]})
     finally:
         c.down()
+        shutil.rmtree(root, ignore_errors=True)  # (the registry and the nodes' images: gigabytes)
     out = {**stamp("node_startup", argv), **summarize(runs)}
     emit(out, a.out)
     return 0
