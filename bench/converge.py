@@ -19,10 +19,12 @@ Prints one JSON object.
     python -m bench.converge [--algos ppo,dqn] [--seeds 1,2,3] [--budget-s 300]
     python -m bench.converge --topology auto     # TianJi with `topology: auto` vs the hand-picked one
     python -m bench.converge --algos ppo --spawn # start-up: forked from the template vs spawned
+    python -m bench.converge --algos ppo --quota-depth 3 --no-baseline --stop-at-target  # actors a share deeper
     python -m bench.converge --algos ppo --seeds 1,2,3,4,5 --stop-at-target --out docs/results/converge-ppo.json
 
-SB3 is a benchmark-only dependency (`pip install -e .[bench]`); without
-it the baseline is reported as unavailable.
+SB3 runs in its own pinned environment when `make peers` made one (bench/peers/.venv-sb3), else in
+this interpreter if it has SB3 (`pip install -e .[bench]`); without either the baseline is reported
+as unavailable.
 """
 from __future__ import annotations
 
@@ -150,6 +152,7 @@ def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env:
     out = {"seconds": hit, "launcher_start_s": round(pre, 3), "env_frames": s["env_frames"],
            "policy_lag_mean": s["policy_lag"]["mean"], "consumed_sps": round(s["throughput"]["consumed_sps"]),
            "exit_reason": s["exit_reason"], "run_dir": str(run),
+           "check_s": (s.get("target_evaluation") or {}).get("seconds"),  # the trigger to the saved policy's verdict
            "stability": stability(curve, curve[-1][0] if curve else None)}
     if q:
         out["q_mean_max"], out["q_mean_final"] = round(max(q), 2), round(q[-1], 2)
@@ -170,16 +173,30 @@ def tianji_settings(algo: str) -> dict:
             "learning_rate": a.lr, "lr_anneal_frames": a.lr_anneal_frames}
 
 
-def sb3_run(algo: str, seed: int, budget_s: float, threads: int, stop_at_target: bool = False,
-            settings: dict | None = None) -> dict:
+SB3_VENV_PYTHON = ROOT / "bench" / "peers" / ".venv-sb3" / "bin" / "python"
+
+
+def sb3_python() -> str | None:
+    """The interpreter SB3 runs in: the peers' pinned environment (`make peers`), else this one if it has
+    SB3; None where neither does."""
+    if (SB3_VENV_PYTHON.parent.parent / ".installed").exists():
+        return str(SB3_VENV_PYTHON)
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
-        return {"unavailable": "pip install stable-baselines3"}
+        return None
+    return sys.executable
+
+
+def sb3_run(algo: str, seed: int, budget_s: float, threads: int, stop_at_target: bool = False,
+            settings: dict | None = None) -> dict:
+    python = sb3_python()
+    if python is None:
+        return {"unavailable": "no SB3: `make peers` (or pip install stable-baselines3)"}
     script = SB3_SCRIPT % {"threads": threads, "thresholds": THRESHOLDS}
     t = time.time()
     try:  # the script stops itself at the budget; the timeout is a backstop
-        p = subprocess.run([sys.executable, "-c", script, algo, str(seed), repr(t), repr(budget_s),
+        p = subprocess.run([python, "-c", script, algo, str(seed), repr(t), repr(budget_s),
                             "1" if stop_at_target else "0", json.dumps(settings or {})],
                            capture_output=True, text=True, timeout=budget_s + 60)
     except subprocess.TimeoutExpired:
@@ -236,6 +253,9 @@ def main() -> None:
                     help="stop each run at mean-100 >= 475 (faster; no stability after 475)")
     ap.add_argument("--spawn", action="store_true",
                     help="also run TianJi with every worker spawned afresh (TIANJI_ZYGOTE=0): start-up before/after")
+    ap.add_argument("--quota-depth", type=int, default=None, metavar="N",
+                    help="also run TianJi with actors N shares of a batch ahead (TIANJI_BENCH_QUOTA_DEPTH; "
+                         "default creditWindow + 1)")
     ap.add_argument("--no-sb3-tianji-settings", action="store_true",
                     help="PPO: leave out SB3 run at the example's epochs/batch/lr (rl-zoo's settings only)")
     ap.add_argument("--out", help="also write the JSON here (docs/results/converge-ppo.json: bench.render_docs "
@@ -251,6 +271,9 @@ def main() -> None:
     chosen = ["hand", "auto"] if a.topology == "both" else [a.topology]
     if a.spawn:
         chosen.append("spawn")
+    if a.quota_depth is not None:
+        variants[f"depth{a.quota_depth}"] = ([], {"TIANJI_BENCH_QUOTA_DEPTH": str(a.quota_depth)})
+        chosen.append(f"depth{a.quota_depth}")
     for algo in a.algos.split(","):
         res: dict = {}
         for seed in seeds:  # interleave systems per seed: shared-machine noise hits both alike

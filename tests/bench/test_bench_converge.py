@@ -43,3 +43,18 @@ def test_sb3_at_the_examples_settings_mirrors_the_example():
     assert (s["n_epochs"], s["batch_size"], s["learning_rate"], s["lr_anneal_frames"]) == (
         a.epochs, a.minibatch_size, a.lr, a.lr_anneal_frames)
     assert s["n_epochs"] != 20  # not rl-zoo's: the variant exists because the two differ
+
+
+def test_sb3_runs_in_the_peers_environment_once_make_peers_made_it(tmp_path, monkeypatch):
+    """bench/peers/.venv-sb3 (make peers) is SB3's interpreter once installed; before that, this one if it
+    has SB3, else the baseline is unavailable, saying how to get it."""
+    import sys
+
+    venv = tmp_path / ".venv-sb3"
+    (venv / "bin").mkdir(parents=True)
+    monkeypatch.setattr(converge, "SB3_VENV_PYTHON", venv / "bin" / "python")
+    monkeypatch.setitem(sys.modules, "stable_baselines3", None)  # this interpreter has no SB3
+    assert converge.sb3_python() is None
+    assert "make peers" in converge.sb3_run("ppo", 1, 1.0, 1)["unavailable"]
+    (venv / ".installed").touch()
+    assert converge.sb3_python() == str(venv / "bin" / "python")

@@ -184,12 +184,14 @@ def test_evaluator_refuses_hostile_parameters_and_evaluates_the_good_ones(tmp_pa
 
 
 def test_evaluator_seeds_are_never_an_actors():
-    from tianji.runtime.roles.evaluator import EVAL_SEED_BASE, EVAL_SEED_BLOCKS, MAX_EVAL_ENVS
+    from tianji.runtime.evaluation import MAX_EVAL_ENVS, MAX_NATIVE_EVAL_ENVS
+    from tianji.runtime.roles.evaluator import EVAL_SEED_BASE, EVAL_SEED_BLOCKS
 
     spec = parse_job(_doc()).spec
     actor_max = spec.env.seed + 10_000 * 1023 + 100 * 4095 + 1 + spec.env.num_envs  # groups, actors at their max
     assert spec.env.seed + EVAL_SEED_BASE > actor_max
-    top = (2 ** 31 - 1 - 10 ** 7) + EVAL_SEED_BASE + EVAL_SEED_BLOCKS * MAX_EVAL_ENVS  # env.seed at its max
+    most = max(MAX_EVAL_ENVS, MAX_NATIVE_EVAL_ENVS)
+    top = (2 ** 31 - 1 - 10 ** 7) + EVAL_SEED_BASE + EVAL_SEED_BLOCKS * most + most  # env.seed at its max
     assert top < 2 ** 32  # numpy's seed range
 
 

@@ -580,11 +580,14 @@ def test_the_target_check_evaluates_only_the_bytes_the_learner_reported(tmp_path
     rep["extra"].update(checkpoint="ckpt-000000000003.pt", checkpoint_sha256="0" * 64)
     acc = SimpleNamespace(procs={("learner", 0, 0): parse_report(rep, hostile.JOB)})
     tc = TargetCheck(job, tmp_path, dict(os.environ))
-    assert tc.ready(0.0, 3)
-    tc.trigger(0.0, 3, [])
-    assert tc.poll(1.0, acc) is None and not tc.busy and tc.proc is None and tc.checks == []
-    assert "SHA-256 differs" in capsys.readouterr().err
-    assert not tc.ready(5.0, 3) and not tc.ready(20.0, 3) and tc.ready(20.0, 4)  # a newer policy, RETRY_S later
+    try:
+        assert tc.ready(0.0, 3)
+        tc.trigger(0.0, 3, [])
+        assert tc.poll(1.0, acc) is None and not tc.busy and tc.running is None and tc.checks == []
+        assert "SHA-256 differs" in capsys.readouterr().err
+        assert not tc.ready(5.0, 3) and not tc.ready(20.0, 3) and tc.ready(20.0, 4)  # a newer policy, RETRY_S later
+    finally:
+        tc.close()
     for out, code in ((b"", 0), (b"{}", 0), (b'{"mean_return": NaN}', 0), (b"x", 1)):
         with pytest.raises(ValueError):
             _result(out, code)

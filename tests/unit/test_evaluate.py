@@ -40,6 +40,25 @@ def test_eval_plays_the_same_count_on_each_env(episodes, envs):
     assert set(EpisodeQuota(episodes, envs).quota) == {episodes // envs}
 
 
+def test_an_env_that_steps_natively_is_evaluated_on_up_to_128_copies():
+    """CartPole steps all its copies in one numpy call: 100 episodes are one from each of 100 envs.
+    A wrapped CartPole (the per-env loop) and Atari keep 8."""
+    from tianji.control.spec import parse_job
+    from tianji.runtime.evaluation import MAX_EVAL_ENVS, MAX_NATIVE_EVAL_ENVS, eval_env_count, eval_env_limit
+
+    def env(**extra):
+        doc = {"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "e"},
+               "spec": {"algorithm": {"name": "ppo"}, "env": {"id": "CartPole-v1", **extra}}}
+        return parse_job(doc).spec.env
+
+    assert eval_env_limit(env()) == MAX_NATIVE_EVAL_ENVS == 128
+    assert eval_env_count(100, eval_env_limit(env())) == 100
+    clip = {"entryPoint": "gymnasium.wrappers:ClipReward", "kwargs": {"min_reward": 0, "max_reward": 1}}
+    wrapped = env(wrappers=[clip])
+    assert eval_env_limit(wrapped) == MAX_EVAL_ENVS == 8
+    assert eval_env_limit(env(id="ALE/Pong-v5")) == MAX_EVAL_ENVS
+
+
 def test_epsilon_replaces_that_share_of_greedy_actions():
     scores = torch.zeros(20_000, 4)
     scores[:, 2] = 1.0  # greedy: always action 2

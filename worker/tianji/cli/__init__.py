@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "same count from each env")
     e.add_argument("checkpoint", help="a ckpt-*.pt file, or a run dir (its newest learner checkpoint)")
     e.add_argument("--episodes", type=int, default=10,
-                   help="played on the most envs (at most 8) that divide it evenly: 20 is 4 from each of 5 envs")
+                   help="played on the most envs (at most 8, or 128 for a native vector env such as CartPole's) "
+                        "that divide it evenly: 20 is 4 from each of 5 envs")
     e.add_argument("--seed", type=int, default=12345)
     e.add_argument("--epsilon", type=float, default=None,
                    help="DQN: probability of a random action (default 0.05, Mnih et al. 2015); PPO: default 0")

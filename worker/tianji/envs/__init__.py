@@ -71,19 +71,38 @@ def make_vec_env(cfg: EnvConfig, num_envs: int | None = None, halves: bool = Fal
         from tianji.envs.atari import make_atari_vec
 
         return make_atari_vec(cfg, n, halves=halves)
+    target, spec, wrappers = _resolve(cfg)
+    mode = "vector_entry_point" if _native(spec, wrappers) else "sync"
+    env = gym.make_vec(target, num_envs=n, vectorization_mode=mode, wrappers=wrappers or None, **cfg.kwargs)
+    if (cast := cast_observation_note(env.single_observation_space)) is not None:
+        note(f"spec.env.id {cfg.id!r}: {cast}")
+        env = DtypeObservation(env, np.float32)
+    return env
+
+
+def _resolve(cfg: EnvConfig):
+    """The Gymnasium target (an id, or an EnvSpec for an entry point), its EnvSpec and the job's wrappers."""
     target = gym_id(cfg)  # imports env.imports; an entry point becomes an EnvSpec
     wrappers = wrapper_fns(cfg)
     try:
         spec = gym.spec(target) if isinstance(target, str) else target
     except gym.error.Error as e:
         raise ValueError(f"env.id {cfg.id!r}: {e}") from None
+    return target, spec, wrappers
+
+
+def _native(spec, wrappers) -> bool:
     # A native vector env (CartPole's) has no single envs to wrap: wrappers need the per-env loop.
-    mode = "vector_entry_point" if spec.vector_entry_point is not None and not wrappers else "sync"
-    env = gym.make_vec(target, num_envs=n, vectorization_mode=mode, wrappers=wrappers or None, **cfg.kwargs)
-    if (cast := cast_observation_note(env.single_observation_space)) is not None:
-        note(f"spec.env.id {cfg.id!r}: {cast}")
-        env = DtypeObservation(env, np.float32)
-    return env
+    return spec.vector_entry_point is not None and not wrappers
+
+
+def steps_natively(cfg: EnvConfig) -> bool:
+    """Does make_vec_env step this env's copies in one numpy call (a native vector env, no
+    wrappers)? Then a hundred copies cost little more than one; otherwise each is a Python step."""
+    if is_atari(cfg.id):
+        return False
+    _, spec, wrappers = _resolve(cfg)
+    return _native(spec, wrappers)
 
 
 def env_info(env: gym.vector.VectorEnv) -> EnvInfo:

@@ -6,7 +6,7 @@ launcher asks learner-0-0 for a checkpoint of the policy it has now (SIGUSR1: th
 saves one at its next step and reports it, with the file's SHA-256) and, once it reports a
 checkpoint at or past the version it had at the trigger, reads that file, checks its digest
 against the learner's (authenticated) report, and plays it from a sealed in-memory copy in a
-process of its own (`python -m tianji.local.targetcheck`: runtime/evaluation.evaluate, as
+process of its own (`python -m tianji.local.targetcheck --serve`: runtime/evaluation.evaluate, as
 `tianji eval`: the job manifest from the checkpoint, a fixed count of episodes per env, PPO at
 its mode, DQN epsilon-greedy, on envs seeded apart from every actor's and the evaluator's). A
 file another process rewrote is not evaluated, nor can it be changed while it is. The
@@ -14,6 +14,13 @@ evaluating process makes itself non-inspectable before it loads anything (runtim
 The run ends reached-target only when that evaluation's mean meets stop.meanReturn;
 summary.json names the checkpoint and the evaluation (`target_evaluation`). Otherwise training
 goes on, and the next trigger waits for a newer policy and RETRY_S.
+
+That process is started before it is needed, once the learner has trained a first version of
+a job with a target: it makes itself non-inspectable, imports torch and Gymnasium (1.4 s of
+CPU), and waits on a Unix socket for the one request it serves (the sealed copy's descriptor
+and the evaluation's arguments, SCM_RIGHTS). The check then costs the evaluation alone, not a
+cold interpreter on a machine busy training; a new one is started after each check that did
+not confirm.
 
 Episodes: spec.evaluation.episodes when the job has an evaluator (the user's evaluation size),
 else the stop rule's window (100).
@@ -25,6 +32,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,11 +44,10 @@ from tianji.control.contracts.confirm import (
     CHECKPOINT_WAIT_S,
     CKPT,
     EVAL_TIMEOUT_S,
-    MIN_STEP_CAP,
     RETRY_S,
     SEED,
-    STEP_CAP_FACTOR,
     parse_result,
+    step_cap,
 )
 from tianji.control.contracts.rolereport import WINDOW
 
@@ -59,15 +66,17 @@ class TargetCheck:
         self.epsilon = ev.epsilon if ev.enabled and job.spec.algorithm.name == "dqn" else None
         self.stage: Optional[str] = None  # None, "checkpoint" (asked for), "evaluating"
         self.since = 0.0
+        self.triggered = 0.0  # when the current check was asked for
         self.version = 0  # learner-0-0's version at the trigger
         self.checkpoint: Optional[Path] = None
         self.copy: Optional[int] = None  # the sealed in-memory copy the evaluation reads
-        self.proc: Optional[subprocess.Popen] = None
         self.log: Optional[IO] = None
         self.checks: list[dict] = []  # every evaluation, passed or not
         self.passed: Optional[dict] = None
         self.retry_at = 0.0
         self.retry_version = 0  # a new check waits for a policy newer than the last one evaluated
+        self.spare: Optional[Evaluation] = None  # started ahead, waiting for its checkpoint
+        self.running: Optional[Evaluation] = None  # the one evaluating
 
     @property
     def busy(self) -> bool:
@@ -80,6 +89,7 @@ class TargetCheck:
     def trigger(self, now: float, version: int, learner_pids: list[int]) -> None:
         """Ask the learners for a checkpoint of their policy now (learner-0-0's is evaluated)."""
         self.stage, self.since, self.version = "checkpoint", now, version
+        self.triggered = now
         for pid in learner_pids:
             try:
                 os.kill(pid, signal.SIGUSR1)
@@ -90,6 +100,7 @@ class TargetCheck:
 
     def poll(self, now: float, acc) -> Optional[dict]:
         """Advance the check; the confirming evaluation once it passes (also kept in `passed`)."""
+        self._warm(acc)
         if self.stage == "checkpoint":
             self._await_checkpoint(now, acc)
         elif self.stage == "evaluating":
@@ -113,32 +124,49 @@ class TargetCheck:
         if now - self.since > CHECKPOINT_WAIT_S:
             self._give_up(now, f"no checkpoint at version >= {self.version} within {CHECKPOINT_WAIT_S:g} s")
 
-    def _start(self, path: Path, now: float, mean_length: Optional[float]) -> None:
-        self.checkpoint, self.stage, self.since = path, "evaluating", now
-        source = f"/dev/fd/{self.copy}" if self.copy is not None else str(path)
-        cap = max(MIN_STEP_CAP, int(STEP_CAP_FACTOR * (mean_length or 0)))
-        cmd = [sys.executable, "-m", "tianji.local.targetcheck", source, "--episodes", str(self.episodes),
-               "--seed", str(SEED), "--step-cap", str(cap)]
-        if self.epsilon is not None:
-            cmd += ["--epsilon", str(self.epsilon)]
+    def _warm(self, acc) -> None:
+        """Start the next check's process ahead, once the learner has trained (not in the start-up
+        rush, and never for a job without a target)."""
+        if self.spare is not None or self.running is not None or self.passed is not None \
+                or self.job.spec.stop.mean_return is None:
+            return
+        rep = acc.procs.get(LEARNER)
+        if rep is not None and int(rep.extra.get("version", 0) or 0) >= 1:
+            self.spare = self._evaluation()
+
+    def _evaluation(self) -> Evaluation:
         if self.log is None:
             self.log = open(self.run_dir / "logs" / "target-check.log", "ab")
+        return Evaluation(self.env, self.log, self.creds)
+
+    def _start(self, path: Path, now: float, mean_length: Optional[float]) -> None:
+        self.checkpoint, self.stage, self.since = path, "evaluating", now
+        request = {"episodes": self.episodes, "seed": SEED, "step_cap": step_cap(mean_length),
+                   "epsilon": self.epsilon}
+        if self.copy is None:
+            request["path"] = str(path)
+        ev, self.spare = self.spare or self._evaluation(), None
         try:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
-                                         start_new_session=True, pass_fds=() if self.copy is None else (self.copy,),
-                                         **(self.creds.popen() if self.creds else {}))
+            ev.submit(request, self.copy)
+        except OSError as e:  # it died waiting (killed, out of memory): this check fails, the next starts afresh
+            ev.close()
+            self._give_up(now, f"the evaluation process is gone ({e}; logs/target-check.log)")
+            return
         finally:
             self._close_copy()
+        self.running = ev
 
     def _await_evaluation(self, now: float) -> Optional[dict]:
-        if self.proc.poll() is None:
+        code = self.running.proc.poll()
+        if code is None:
             if now - self.since > EVAL_TIMEOUT_S:
-                self.close()
+                self.running.close()
+                self.running = None
                 self._give_up(now, f"the evaluation took over {EVAL_TIMEOUT_S:g} s")
             return None
-        out = self.proc.stdout.read()
-        self.proc.stdout.close()
-        code, self.proc = self.proc.returncode, None
+        out = self.running.proc.stdout.read()
+        self.running.close()
+        self.running = None
         try:
             res = _result(out, code)
         except ValueError as e:
@@ -146,7 +174,8 @@ class TargetCheck:
             return None
         check = {"checkpoint": self.checkpoint.name, "policy_version": res["policy_version"],
                  "episodes": res["episodes"], "mean_return": res["mean_return"], "std_return": res["std_return"],
-                 "mean_length": res["mean_length"], "seed": SEED, "t": round(time.time(), 3)}
+                 "mean_length": res["mean_length"], "seed": SEED, "t": round(time.time(), 3),
+                 "seconds": round(now - self.triggered, 3)}  # the trigger to the verdict: the check's own cost
         self.checks.append(check)
         target = self.job.spec.stop.mean_return
         if check["mean_return"] >= target:
@@ -175,15 +204,46 @@ class TargetCheck:
 
     def close(self) -> None:
         self._close_copy()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc is not None:
-            self.proc.stdout.close()
-            self.proc = None
+        for ev in (self.running, self.spare):
+            if ev is not None:
+                ev.close()
+        self.running = self.spare = None
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+class Evaluation:
+    """One confirming evaluation's process (`--serve`): started at once, it isolates itself and
+    imports what an evaluation needs, then waits for `submit`; its one JSON line is on `proc.stdout`."""
+
+    def __init__(self, env: dict[str, str], log: IO, creds=None):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tianji.local.targetcheck", "--serve", str(theirs.fileno())],
+                stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True, pass_fds=(theirs.fileno(),),
+                **(creds.popen() if creds else {}))
+        except BaseException:
+            self.sock.close()
+            raise
+        finally:
+            theirs.close()
+
+    def submit(self, request: dict, fd: Optional[int]) -> None:
+        """Send the evaluation's arguments and, where there is one, the checkpoint's descriptor (OSError
+        if the process is gone). A small message: the socket holds it until the process reads it."""
+        if self.proc.poll() is not None:
+            raise OSError(f"exit code {self.proc.returncode}")
+        socket.send_fds(self.sock, [json.dumps(request).encode()], [] if fd is None else [fd])
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
 
 
 def sealed_copy(path: Path, sha256: Optional[str]) -> Optional[int]:
@@ -238,18 +298,54 @@ def isolate() -> None:
         security.untraced()
 
 
+def _serve(channel: int) -> dict:
+    """`--serve`: import what an evaluation needs, then wait for the launcher's one request on the
+    socket `channel` (Evaluation.submit) and evaluate it. Its arguments are checked, as data."""
+    import torch
+
+    import tianji.algos.models  # noqa: F401 - imported now, before the request: the check's own time is the evaluation
+    import tianji.envs  # noqa: F401
+    from tianji.runtime.evaluation import evaluate
+
+    torch.set_num_threads(1)
+    with socket.socket(fileno=channel) as sock:
+        data, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+    if not data:
+        raise SystemExit(0)  # the launcher closed it unused (the run ended)
+    req = json.loads(data)
+    if not isinstance(req, dict):
+        raise ValueError(f"bad request: {data[:200]!r}")
+    ints = {k: req.get(k) for k in ("episodes", "seed", "step_cap")}
+    if any(type(v) is not int or v < 0 for v in ints.values()) or ints["episodes"] < 1:
+        raise ValueError(f"bad request: {data[:200]!r}")
+    eps = req.get("epsilon")
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))):
+        raise ValueError(f"bad epsilon {eps!r}")
+    source = f"/dev/fd/{fds[0]}" if fds else req.get("path")
+    if not isinstance(source, str):
+        raise ValueError("the request names no checkpoint")
+    return evaluate(Path(source), ints["episodes"], ints["seed"], eps, step_cap=ints["step_cap"])
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """The confirming evaluation's own process: not inspectable by the run's other processes
     (runtime/security.forbid_inspection, and no debugger attached before that), then
-    runtime/evaluation.evaluate of CHECKPOINT (a path, or /dev/fd/N), its result as one JSON line."""
+    runtime/evaluation.evaluate of CHECKPOINT (a path, or /dev/fd/N), or of the checkpoint that
+    comes over the socket of `--serve FD`; its result as one JSON line."""
     p = argparse.ArgumentParser(prog="python -m tianji.local.targetcheck")
-    p.add_argument("checkpoint")
-    p.add_argument("--episodes", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("checkpoint", nargs="?")
+    p.add_argument("--serve", type=int, metavar="FD", help="wait for one request on this Unix socket")
+    p.add_argument("--episodes", type=int)
+    p.add_argument("--seed", type=int)
     p.add_argument("--epsilon", type=float, default=None)
     p.add_argument("--step-cap", type=int, default=None, help="cut an episode after this many steps")
     a = p.parse_args(argv)
+    if a.serve is None and (a.checkpoint is None or a.episodes is None or a.seed is None):
+        p.error("CHECKPOINT, --episodes and --seed are required without --serve")
     isolate()
+    if a.serve is not None:
+        print(json.dumps(_serve(a.serve)))
+        return 0
     from tianji.runtime.evaluation import evaluate
 
     print(json.dumps(evaluate(Path(a.checkpoint), a.episodes, a.seed, a.epsilon, step_cap=a.step_cap)))

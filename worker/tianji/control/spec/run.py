@@ -226,7 +226,8 @@ class EvaluationConfig(_Model):
         10,
         ge=1,
         le=1000,
-        description="episodes per evaluation, the same count from each of the most envs (at most 8) that divide it",
+        description="episodes per evaluation, the same count from each of the most envs (at most 8, or 128 for a "
+        "native vector env such as CartPole's) that divide it",
     )
     epsilon: float = Field(
         0.05,

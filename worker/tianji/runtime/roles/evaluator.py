@@ -24,7 +24,7 @@ import numpy as np
 from tianji.algos.models import build_model
 from tianji.control.contracts.rolereport import eval_summary
 from tianji.envs import env_info, make_vec_env
-from tianji.runtime.evaluation import eval_env_count, play_episodes
+from tianji.runtime.evaluation import eval_env_count, eval_env_limit, play_episodes
 from tianji.runtime.roles.actor import ParamFollower
 from tianji.runtime.roles.base import Role
 
@@ -35,7 +35,6 @@ log = logging.getLogger("tianji")
 # takes the next block of seeds (EVAL_SEED_BLOCKS of them, then again from the first).
 EVAL_SEED_BASE = 2 ** 31
 EVAL_SEED_BLOCKS = 100
-MAX_EVAL_ENVS = 8  # as `tianji eval`: episodes are split over at most this many envs
 IDLE_POLL_S = 0.1
 
 
@@ -49,7 +48,7 @@ class Evaluator(ParamFollower, Role):
             raise ValueError("spec.evaluation.intervalSeconds is not set: this job has no evaluator")
         self.algo = s.algorithm.name
         self.epsilon = self.cfg.epsilon if self.algo == "dqn" else 0.0
-        self.env = make_vec_env(s.env, eval_env_count(self.cfg.episodes, MAX_EVAL_ENVS))
+        self.env = make_vec_env(s.env, eval_env_count(self.cfg.episodes, eval_env_limit(s.env)))
         self.info = env_info(self.env)
         self.model = build_model(s.algorithm, s.model, self.info, s.env.seed, s.env.imports)
         self.model.eval()
