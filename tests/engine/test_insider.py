@@ -141,7 +141,10 @@ def test_a_hostile_actor_poisons_only_itself(running_tianji):
         s["reports"].send_multipart(_claim(rd, 500))  # 500 in 500 steps: possible, and false
         version = last_record(rd)["policy_version"]
         s["fragments"].send_multipart(_fragment("actor-0-1", version, seq=now_us() + 86_400 * 10 ** 6))
-        s["fragments"].send_multipart(_fragment("actor-0-0", version + 1000))
+        # Numbered 5 s ahead: the honest actor-0-0 sends a fragment every few milliseconds, and one it
+        # numbered after this was made but delivered first would make this a replay, refused before
+        # its version is looked at. Refused for its version, it advances nothing.
+        s["fragments"].send_multipart(_fragment("actor-0-0", version + 1000, seq=now_us() + 5 * 10 ** 6))
         stranger = ctx.socket(zmq.PUSH)
         stranger.setsockopt(zmq.LINGER, 0)
         security.Curve(None, security.Keyring("stranger", security.new_keys(), ring.peers)).client(

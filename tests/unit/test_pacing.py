@@ -226,3 +226,32 @@ def test_a_deeper_quota_keeps_one_batch_producing_while_the_next_trains():
     spec = parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
                       "spec": {"algorithm": {"name": "ppo"}, "staleness": {"creditWindow": 2}}}).spec
     assert quota_depth(spec) == 3
+
+
+def test_an_actor_resting_on_a_spent_quota_wakes_on_the_next_version():
+    """The quota's rest ends when a new version reopens the quota, not at the end of the poll period
+    (resting it out held each version's first fragment back 10-22 ms); a rate rest runs its course."""
+    import time as _time
+
+    from tianji.runtime.roles.actor import Actor
+
+    class Sub:
+        def __init__(self):
+            self.polls = 0
+
+        def poll(self, timeout):
+            self.polls += 1
+            return self.polls == 2  # the next version comes in on the second poll
+
+    def probe():
+        actor.quota_version += 1
+
+    actor = Actor.__new__(Actor)
+    actor.stopping, actor.quota_version, actor.sub = False, 5, Sub()
+    actor.probe_params, actor.maybe_report = probe, lambda: None
+    actor._rest(30.0, until_new_version=True)  # returns at the version, never after 30 s
+    assert actor.quota_version == 6 and actor.sub.polls == 2
+    actor.sub = Sub()
+    t = _time.monotonic()
+    actor._rest(0.2)  # a rate rest: the version changes, the rest goes on
+    assert _time.monotonic() - t >= 0.2 and actor.quota_version == 7 and actor.sub.polls > 2
