@@ -3,9 +3,8 @@
 N episodes from the largest number of envs (at most eval_env_limit: 8, or 128 for an env with
 a native vector implementation such as CartPole's) that divides N, the same count from each
 (EpisodeQuota): 20 episodes are 4 from each of 5 envs (or 1 from each of 20 CartPoles), 7 are
-7 from one. DQN acts
-ε-greedily (DQN_EVAL_EPSILON unless told), PPO at its mode. `tianji eval` and the evaluator
-role both use it.
+7 from one. DQN acts ε-greedily (DQN_EVAL_EPSILON unless told), PPO at its mode. `tianji eval`
+and the evaluator role both use it.
 
 The checkpoint carries its job manifest, so the model and env are rebuilt
 exactly; it is read with `torch.load(weights_only=True)` (checkpoint.load).
