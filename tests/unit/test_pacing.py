@@ -255,3 +255,17 @@ def test_an_actor_resting_on_a_spent_quota_wakes_on_the_next_version():
     t = _time.monotonic()
     actor._rest(0.2)  # a rate rest: the version changes, the rest goes on
     assert _time.monotonic() - t >= 0.2 and actor.quota_version == 7 and actor.sub.polls > 2
+
+
+@pytest.mark.parametrize("staleness, room", [({"maxPolicyLag": 3, "creditWindow": 1}, True),
+                                              ({"maxPolicyLag": 2, "creditWindow": 1}, True),
+                                              ({"maxPolicyLag": 1, "creditWindow": 1}, False),
+                                              ({"maxPolicyLag": 2, "creditWindow": 2}, False)])
+def test_a_version_ends_a_rate_rest_only_where_the_lag_it_adds_is_admitted(staleness, room):
+    """Running the quota ahead at once makes a bottleneck learner consume a version later (Pong: lag
+    2.0): where maxPolicyLag is at or below the lag overlapping makes, those samples would be stale."""
+    from tianji.runtime.pacing import lag_room
+
+    spec = parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
+                      "spec": {"algorithm": {"name": "ppo"}, "staleness": staleness}}).spec
+    assert lag_room(spec) is room

@@ -152,6 +152,15 @@ class VersionQuota:
         return False
 
 
+def lag_room(spec) -> bool:
+    """Does maxPolicyLag admit a version of lag beyond what overlapping makes (overlap_lag)? Where it
+    does, a version-clocked actor may run its quota ahead at once (a new version ends even the token
+    bucket's rest: the learner, when it is the bottleneck, then consumes a version later); where it
+    does not, such samples would be dropped as stale, and a late ONNX session too."""
+    lag = spec.max_policy_lag
+    return lag is None or lag > (overlap_lag(spec) or 0)
+
+
 def quota_depth(spec) -> int:
     """Shares an actor keeps ahead of its learner (VersionQuota): the batch training and the
     creditWindow batches queued behind it. Strict jobs have no quota. ENV_BENCH_DEPTH overrides it

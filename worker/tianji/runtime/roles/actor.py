@@ -19,10 +19,12 @@ STARTUP_TRICKLE_S.
 Relaxed PPO is also clocked by versions (pacing.VersionQuota): per version it holds, an actor
 sends its share of a batch and keeps at most creditWindow + 1 shares ahead of the learner, then
 rests until the next version (or, when that is late, sends another share): one batch trains while
-the next is produced, consumed at lag 1, and nothing queues into lag 2 or into stale drops. The
-version is its clock: a new one ends any rest at once, the token bucket's too. A rest run to its
-end held each version's first fragment back 10-22 ms; the learner, waiting for it, sat idle half
-the time and consumed at lag 0.4 (traced on CartPole, bench/pipeline_trace.py).
+the next is produced. The version is its clock: a new one ends any rest at once, the token
+bucket's too where maxPolicyLag admits the lag that adds (above creditWindow x publishEvery).
+A rest run to its end held each version's first fragment back 10-22 ms; the learner, waiting
+for it, sat idle half the time and consumed at lag 0.4 (traced on CartPole,
+bench/pipeline_trace.py). Now CartPole consumes at lag 0.9-1.6, and Pong's CPU preset, where
+the learner is the bottleneck, at 2.0.
 
 `spec.dependencies: strict` (the paper's strictly ordered baseline, for bench/ablation.py) turns
 this into the classic synchronous loop on the same sockets: an actor waits for parameters it has
@@ -48,9 +50,8 @@ import zmq
 from tianji.algos.models import load_arrays, state_arrays
 from tianji.control.contracts.addressing import buffer_for_actor, learner_for_actor
 from tianji.control.planner.plan import pace_fps
-from tianji.control.spec.lagbound import overlap_lag
 from tianji.runtime import envguard, framestack
-from tianji.runtime.pacing import VersionQuota, quota_depth, quota_share, release_after, startup_frames
+from tianji.runtime.pacing import VersionQuota, lag_room, quota_depth, quota_share, release_after, startup_frames
 from tianji.runtime.roles.base import Role
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.validate import (
@@ -158,9 +159,8 @@ class Actor(ParamFollower, Role):
         # the interpreter): built beside a busy Pong loop a session lagged whole fragments, the actor
         # acted with versions up to 5 behind the one it held, and 15 % of its frames were dropped as
         # stale while the learner waited for them.
-        late_is_stale = s.max_policy_lag is not None and s.max_policy_lag <= (overlap_lag(s) or 0)
         self.rollout = Rollout(s, seed, frames_scale=topo.groups * topo.actors, background_choice=True,
-                               wait_swaps=s.algorithm.name == "ppo" or late_is_stale)
+                               wait_swaps=s.algorithm.name == "ppo" or not lag_room(s))
         self.model, self.info = self.rollout.model, self.rollout.info
         b = buffer_for_actor(self.index, topo.buffers)
         learner = learner_for_actor(self.index, topo.buffers, topo.learners)
@@ -181,6 +181,9 @@ class Actor(ParamFollower, Role):
         self.quota = (VersionQuota(quota_share(s, self.peers), quota_depth(s))
                       if s.algorithm.name == "ppo" and s.staleness.pace_actors and not self.strict else None)
         self.quota_version: Optional[int] = None
+        # A new version ends a rate's rest too (step) where the lag that can add is admitted: a learner
+        # that is the bottleneck then consumes shares a version later (Pong's CPU preset: lag 2.0).
+        self.rate_wakes = self.quota is not None and lag_room(s)
         self.fragment_s = 0.0  # this actor's time to roll out one fragment (moving average): its share's pace
         self.startup_frames = startup_frames(s, self.peers)
         self.sent_frames = 0  # frames of the fragments the push socket took (a buffer not up yet loses none)
@@ -223,7 +226,7 @@ class Actor(ParamFollower, Role):
         self.probe_params()
         wait = self.pacer.wait_time()
         if wait > 0:  # version-clocked (PPO): a new version is the clock, and ends a rate's rest too
-            self._rest(wait, until_new_version=self.quota is not None)
+            self._rest(wait, until_new_version=self.rate_wakes)
 
     def _quota_spent(self) -> bool:
         """This version's share is sent and its successor is not late yet (pacing.VersionQuota)."""
