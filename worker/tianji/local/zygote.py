@@ -52,11 +52,9 @@ TITLE_ROOM = 4096  # bytes of argv the zygote is started with: a forked worker's
 REPARENT_TIMEOUT_S = 5.0
 ENV_DISABLE = "TIANJI_ZYGOTE"  # "0": spawn each worker as its own process (imports torch every time)
 ENV_FD_CHANNEL = "TIANJI_ZYGOTE_FDS"  # the zygote's end of the socket descriptors come over
-# Not torch._dynamo (about 800 modules, 0.9-1.2 s of CPU): only a learner needs it (torch.optim's
-# add_param_group imports it when the optimizer is built), and it does so while the actors, forked
-# without waiting for it, start and fill the first batch: launch to first update 2.75 s, not 2.87
-# (median of 5 CartPole runs, TIANJI_TRACE).
-PRELOAD = ("numpy", "zmq", "torch", "gymnasium", "msgpack", "tianji.runtime.worker",
+# torch._dynamo: the first optimizer a learner builds imports it (~800 modules, sympy among them: 1.2 s
+# of CPU), which held the first update back by 7-9 s on a busy 2-core machine.
+PRELOAD = ("numpy", "zmq", "torch", "torch._dynamo", "gymnasium", "msgpack", "tianji.runtime.worker",
            "tianji.runtime.roles.actor", "tianji.runtime.roles.buffer", "tianji.runtime.roles.learner")
 
 
