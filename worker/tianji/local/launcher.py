@@ -45,7 +45,7 @@ from tianji.local.preflight import check_entry_points, note_on_stderr
 from tianji.local.runfiles import MetricsLog, Warner
 from tianji.local.summary import ended_line, run_summary
 from tianji.local.supervisor import NO_HEARTBEAT, Child, count_failure, exit_text, failed, failure_text, idle_run
-from tianji.local.targetcheck import TargetCheck
+from tianji.local.targetcheck import TargetCheck, learner_version
 from tianji.local.worker_logs import last_exception
 from tianji.observability.exporter import JobExporter
 from tianji.observability.learnerstats import lag_histogram, learner_stats
@@ -385,8 +385,7 @@ class Launcher:
     def _check_target(self, now: float) -> None:
         """The actors' mean met stop.meanReturn: only a trigger. The saved policy must meet it too
         (local/targetcheck.py); `_cross_target` follows once it has."""
-        rep = self.acc.procs.get(("learner", 0, 0))
-        version = int(rep.extra.get("version", 0) or 0) if rep is not None else 0
+        version = learner_version(self.acc)
         if self.target_check.ready(now, version):
             pids = [c.proc.pid for c in self.children if c.role == "learner" and c.proc is not None
                     and c.last_report is not None and c.proc.poll() is None]  # set up: SIGUSR1 is handled

@@ -54,6 +54,12 @@ from tianji.control.contracts.rolereport import WINDOW
 LEARNER = ("learner", 0, 0)
 
 
+def learner_version(acc) -> int:
+    """learner-0-0's policy version, as its last report gave it (0 before any)."""
+    rep = acc.procs.get(LEARNER)
+    return int(rep.extra.get("version", 0) or 0) if rep is not None else 0
+
+
 class TargetCheck:
     """The launcher's confirming evaluations: `trigger` when the stop rule is met, `poll` each turn
     of the main loop; `passed` holds the evaluation that confirmed the target."""
@@ -130,8 +136,7 @@ class TargetCheck:
         if self.spare is not None or self.running is not None or self.passed is not None \
                 or self.job.spec.stop.mean_return is None:
             return
-        rep = acc.procs.get(LEARNER)
-        if rep is not None and int(rep.extra.get("version", 0) or 0) >= 1:
+        if learner_version(acc) >= 1:
             self.spare = self._evaluation()
 
     def _evaluation(self) -> Evaluation:
