@@ -14,6 +14,8 @@ error in its JSON and the next one runs:
       pipelined (creditWindow + 1 shares ahead, the default), side by side, every role traced
       (bench/pipeline_trace.py: the learner's busy and starved time, the actors' delays)
                                                                 -> pipeline-pong-ppo.json
+  (t) on its own (--steps t): CartPole PPO (CPU learner) on the idle cores, every role traced,
+      the example against one change per arm                    -> trace-cartpole-ppo.json
   (v) on its own (--steps v): bench/planner_validation.py on this machine's quiet CPUs: random
       CartPole topologies predicted and run, then the plan against random ones on time to
       target                                                    -> planner-validation.json,
@@ -65,6 +67,16 @@ WARMUP_S = 3.0  # (b): rows this long after the first consumed sample are warm-u
 DRY_RUN_FRAMES = 2048  # --dry-run: a run stops after this many frames (64 small fragments)...
 DRY_RUN_MAX_S = 240.0  # ...or this many seconds
 DRY_RUN_S = 5.0  # --dry-run: (d)'s length
+CARTPOLE = ROOT / "examples" / "cartpole-ppo.yaml"
+CARTPOLE_TRACE_S = 14.0  # (t): each arm
+# (t): (name, overrides, TIANJI_CPU_LIMITS); the first is the example as it is
+CARTPOLE_ARMS = (
+    ("default", (), None),
+    ("learner-2-threads", ("spec.resources.learner.cpu=2", "spec.resources.learner.threads=2"), None),
+    ("unpaced", ("spec.staleness.paceActors=false",), None),
+    ("no-cpu-limits", (), "off"),
+    ("actors-6", ("spec.topology.actors=6",), None),
+)
 
 # Small shapes for --dry-run: the real code paths, a few seconds each on a 2-core CPU.
 TINY = {
@@ -248,14 +260,16 @@ def steady_rates(rows: list[dict]) -> dict:
 
 
 def tianji_run(ctx: Context, name: str, overrides: list[str], seconds: float, extra: tuple = (),
-               env_extra: dict | None = None) -> dict:
-    """One `tianji run` of Pong PPO for `seconds` (no other stop rule, no evaluator); its summary and rows."""
+               env_extra: dict | None = None, job: Path = JOBS["ppo"]) -> dict:
+    """One `tianji run` of `job` (Pong PPO) for `seconds` (no other stop rule, no evaluator); its summary
+    and rows."""
     run_dir = ctx.work / name
     stop = ["spec.stop.meanReturn=null", "spec.stop.envFrames=null", "spec.evaluation.intervalSeconds=null"]
     if ctx.dry:  # a dry run ends on frames, however long a loaded box takes to start the processes
         stop[1], seconds = f"spec.stop.envFrames={DRY_RUN_FRAMES}", DRY_RUN_MAX_S
-    cmd = tianji("run", str(JOBS["ppo"]), "--run-dir", str(run_dir), "--quiet", "--max-seconds", f"{seconds:g}",
-                 *extra, *sets([*stop, *ctx.tiny("ppo"), *overrides]))
+    tiny = ctx.tiny("ppo") if job == JOBS["ppo"] else []
+    cmd = tianji("run", str(job), "--run-dir", str(run_dir), "--quiet", "--max-seconds", f"{seconds:g}",
+                 *extra, *sets([*stop, *tiny, *overrides]))
     r = run_cmd(cmd, seconds + RUN_OVERHEAD_S + 30.0, ctx.work / f"{name}.log", env_extra)
     summary = _read_json(run_dir / "summary.json")
     out = {"overrides": overrides, "max_seconds": seconds, "rc": r["rc"], "timed_out": r["timed_out"],
@@ -358,6 +372,36 @@ def step_pipeline(ctx: Context) -> dict:
     return {"table": doc["table"]}
 
 
+# ----------------------------------------------------------------- (t) CartPole on idle CPUs, traced
+def step_cartpole_trace(ctx: Context) -> dict:
+    """CartPole PPO (the embedded default, CPU learner) on a machine with idle cores, every role
+    traced: where an update's period goes when the cores are not the limit (the validation's
+    points ran at a third of the profile's rates there). Arms change one thing each."""
+    from bench.pipeline_trace import analyse
+    from tianji.local.cpulimits import ENV as ENV_CPU_LIMITS
+    from tianji.runtime.trace import ENV_TRACE
+
+    seconds = DRY_RUN_S if ctx.dry else CARTPOLE_TRACE_S
+    points = []
+    for arm, overrides, env in CARTPOLE_ARMS[:1] if ctx.dry else CARTPOLE_ARMS:
+        if ctx.left() < seconds + RUN_OVERHEAD_S:
+            points.append({"arm": arm, "skipped": "out of budget"})
+            continue
+        trace = ctx.work / f"trace-cartpole-{arm}"
+        res = tianji_run(ctx, f"cartpole-{arm}", list(overrides), seconds, job=CARTPOLE,
+                         env_extra={ENV_TRACE: str(trace), **({ENV_CPU_LIMITS: env} if env else {})})
+        res.update(arm=arm, steady=steady_rates(res.get("rows", [])), trace=analyse(trace))
+        points.append(res)
+    doc = {"step": "t", "job": "examples/cartpole-ppo.yaml", "seconds": seconds,
+           "table": [{"arm": p["arm"], **p["steady"], "policy_lag_mean": (p.get("policy_lag") or {}).get("mean"),
+                      "learner": (p["trace"].get("learner") or {}), "actors": (p["trace"].get("actors") or {}),
+                      "buffer_to_learner_s": p["trace"].get("buffer_to_learner_s")}
+                     for p in points if "steady" in p and "error" not in p],
+           "points": [{k: v for k, v in p.items() if k != "trace"} for p in points]}
+    ctx.write("trace-cartpole-ppo.json", doc)
+    return {"table": [{k: r.get(k) for k in ("arm", "consumed_sps", "produced_fps")} for r in doc["table"]]}
+
+
 # ----------------------------------------------------------------- (v) planner validation, quiet
 def step_validation(ctx: Context) -> dict:
     """bench/planner_validation.py on this machine's CPUs, which nothing else uses: random CartPole
@@ -448,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float,
                     help="seconds for all steps (default 480; --dry-run: 900, a bound only: its steps are short)")
     ap.add_argument("--steps", default="abecd",
-                    help="which steps to run, in the order a b e c d v (default abecd; v is a call of its own)")
+                    help="which steps to run, in the order a b e t c d v (default abecd; t and v: calls of their own)")
     ap.add_argument("--dry-run", action="store_true", help="every step briefly on the CPU, small batches")
     a = ap.parse_args(argv)
     ctx = Context(a, argv)
@@ -456,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
           f"gpu {ctx.machine.get('gpu')}", file=sys.stderr, flush=True)
     report: dict = {"steps": {}}
     cd = None
-    for key, fn in (("a", step_profiles), ("b", step_scaling), ("e", step_pipeline), ("c", step_planned),
-                    ("d", step_sb3), ("v", step_validation)):
+    for key, fn in (("a", step_profiles), ("b", step_scaling), ("e", step_pipeline), ("t", step_cartpole_trace),
+                    ("c", step_planned), ("d", step_sb3), ("v", step_validation)):
         if key not in a.steps:
             continue
         t = time.monotonic()

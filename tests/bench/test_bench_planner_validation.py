@@ -52,3 +52,18 @@ def test_the_quiet_gate_refuses_a_busy_machine_and_waits_out_its_own_load(monkey
     assert pv.main(["--n", "1", "--settle-s", "0"]) == 2
     captured = capsys.readouterr()
     assert "refused: 1-minute load average" in captured.err and captured.out == ""
+
+
+def test_the_warm_up_runs_the_first_point_untimed_and_reports_it_apart(monkeypatch):
+    calls = []
+    monkeypatch.setattr(pv.scaling, "run_point",
+                        lambda path, sets, seconds: calls.append((path, sets, seconds)) or
+                        {"produced_fps": 10.04, "consumed_sps": 9.96, "received_fps": 1.0})
+    t = {"algo": "dqn", "groups": 2, "actors": 3, "num_envs": 8, "threads": 1, "sync": "average"}
+    out = pv.warm_up(t, 25.0)
+    (path, sets, seconds), = calls
+    assert path.endswith("examples/cartpole-dqn.yaml") and seconds == pv.WARMUP_S
+    assert sets == pv.base(25.0) + pv.point_sets(t)  # the first point's own job, so its code paths are warm
+    assert out == {"topology": t, "seconds": pv.WARMUP_S, "produced_fps": 10.0, "consumed_sps": 10.0}
+    monkeypatch.setattr(pv.scaling, "run_point", lambda path, sets, seconds: {"error": "no steady window"})
+    assert pv.warm_up(t, 25.0) == {"topology": t, "seconds": pv.WARMUP_S, "error": "no steady window"}

@@ -68,17 +68,21 @@ def test_device_check_dry_run(tmp_path):
         assert "stable-baselines3" in sb3["skipped"]
 
 
-def test_device_check_validation_step_dry_run(tmp_path):
-    """(v), a device call of its own: the planner's out-of-sample validation on the machine's CPUs,
-    one short point here (its quiet gate lifted: this machine is shared)."""
+def test_device_check_cpu_steps_dry_run(tmp_path):
+    """(t) and (v), device calls of their own: CartPole traced on the machine's CPUs, and the
+    planner's out-of-sample validation there, one short point here (its quiet gate lifted: this
+    machine is shared)."""
     out = tmp_path / "device"
     env = {**os.environ, "PYTHON": sys.executable}
-    cmd = ["bash", str(ROOT / "bench" / "device" / "run.sh"), "--dry-run", "--steps", "v", "--out", str(out)]
+    cmd = ["bash", str(ROOT / "bench" / "device" / "run.sh"), "--dry-run", "--steps", "tv", "--out", str(out)]
     p = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     run = json.loads((out / "run.json").read_text())
     assert run["steps"]["v"]["status"] == "ok", run["steps"]
     assert run["steps"]["v"]["validation"]["rc"] == 0
+    assert run["steps"]["t"]["status"] == "ok", run["steps"]
+    (arm,) = json.loads((out / "trace-cartpole-ppo.json").read_text())["points"]  # the example, traced
+    assert arm["arm"] == "default" and arm["env_frames"] > 0 and arm["steady"]["consumed_sps"] > 0, arm
     (point,) = json.loads((out / "planner-validation.json").read_text())["points"]  # predicted, then run
     assert point["predicted"]["consumed_sps"] > 0 and point["topology"]["algo"] == "ppo"
     # measured, or (a 20-s run on a loaded 2-core machine) said why not: never a silent gap
