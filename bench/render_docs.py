@@ -387,6 +387,13 @@ def _topology(t: dict, planned: bool) -> str:
         f": {t['groups']} group(s) ({g}), {t['actors']} actor(s), {t['buffers']} buffer(s), {t['learners']} learner(s)")
 
 
+def _missed(r: dict, budget_s: float) -> str:
+    """Why a time-to-target run has no time: out of the job's frames (its stop.envFrames), or of seconds."""
+    if r.get("exit_reason") == "frames":
+        return f"not in its {kilo(r['env_frames'])} frames ({num(r['wall_seconds'], 1)} s)"
+    return f"not in {num(budget_s)} s"
+
+
 def render_time_to_target(files: list[dict]) -> list[str]:
     d, = files
     rows = []
@@ -395,7 +402,7 @@ def render_time_to_target(files: list[dict]) -> list[str]:
             sets = [s.split("=", 1) for s in r["set"]]
             extra = ", ".join(f"{k.split('.')[-2]}.{k.split('.')[-1]}={v}" for k, v in sets
                               if k.startswith(("spec.env.numEnvs", "spec.resources.learner.threads")))
-            secs = num(r["seconds_to_target"], 1) if r["reached_target"] else f"not in {num(d['budget_s'])} s"
+            secs = num(r["seconds_to_target"], 1) if r["reached_target"] else _missed(r, d["budget_s"])
             rows.append([algo, _topology(r["topology"], planned) + (f"; {extra}" if extra else ""),
                          f"**{secs}**" if planned else secs, kilo(r["env_frames"])])
     return provenance(d) + [""] + table(["algo", "topology", "seconds to target", "env frames"], rows)
