@@ -265,9 +265,11 @@ def test_an_env_that_raises_in_step_is_a_restarted_worker_fault(tmp_path, user_p
                               "kwargs": {"marker": str(marker), "after": 60}})
     # FailOnce has no time limit: a greedy policy's loops make the first confirming checks fail
     # (1000-step episodes) for longer than ReachGoal-v0's, so its frame budget is not the point here.
-    run, s = train(running_tianji, job, "spec.stop.envFrames=600000")
+    run, s = train(running_tianji, job, "spec.stop.envFrames=1000000")  # 600k ran out once in CI, under load
     assert marker.exists() and s["restarts"]["actor"] >= 1, s
-    assert s["reached_target"], s  # the restarted actor carried on
+    seen = {k: s.get(k) for k in ("exit_reason", "env_frames", "mean_return", "wall_seconds", "target_checks",
+                                  "target_evaluation", "policy_version")}
+    assert s["reached_target"], seen  # the restarted actor carried on
     notice = "actor-0-0 exited (exit code 1): RuntimeError: bad_envs: simulated fault in step; restart 1"
     assert notice in run.output(), run.output()
     actor_log = (run.run_dir / "logs" / "actor-0-0.log").read_text()
