@@ -261,11 +261,14 @@ def test_custom_env_with_a_user_model_trains_to_its_target(tmp_path, user_path, 
 @pytest.mark.slow
 def test_an_env_that_raises_in_step_is_a_restarted_worker_fault(tmp_path, user_path, running_tianji):
     marker = tmp_path / "fault-raised"
+    # FailOnce is ReachGoalEnv, which has no time limit of its own: ReachGoal-v0's 50 steps come as a
+    # wrapper. Without one, a policy that fell into a loop under load (5,000-step episodes, mean return
+    # -53 with two busy cores beside the run) never recovered within 1M frames.
     job = job_with(tmp_path, {"id": "bad_envs:FailOnce", "imports": ["reach_goal"],
-                              "kwargs": {"marker": str(marker), "after": 60}})
-    # FailOnce has no time limit: a greedy policy's loops make the first confirming checks fail
-    # (1000-step episodes) for longer than ReachGoal-v0's, so its frame budget is not the point here.
-    run, s = train(running_tianji, job, "spec.stop.envFrames=1000000")  # 600k ran out once in CI, under load
+                              "kwargs": {"marker": str(marker), "after": 60},
+                              "wrappers": [{"entryPoint": "gymnasium.wrappers:TimeLimit",
+                                            "kwargs": {"max_episode_steps": 50}}]})
+    run, s = train(running_tianji, job, "spec.stop.envFrames=600000")
     assert marker.exists() and s["restarts"]["actor"] >= 1, s
     seen = {k: s.get(k) for k in ("exit_reason", "env_frames", "mean_return", "wall_seconds", "target_checks",
                                   "target_evaluation", "policy_version")}
