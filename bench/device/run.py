@@ -375,8 +375,8 @@ def step_pipeline(ctx: Context) -> dict:
 # ----------------------------------------------------------------- (t) CartPole on idle CPUs, traced
 def step_cartpole_trace(ctx: Context) -> dict:
     """CartPole PPO (the embedded default, CPU learner) on a machine with idle cores, every role
-    traced: where an update's period goes when the cores are not the limit (the validation's
-    points ran at a third of the profile's rates there). Arms change one thing each."""
+    traced: where an update's period goes when the cores are not the limit. Arms change one
+    thing each; the first is the example as it is (on a fresh machine also its first run)."""
     from bench.pipeline_trace import analyse
     from tianji.local.cpulimits import ENV as ENV_CPU_LIMITS
     from tianji.runtime.trace import ENV_TRACE
