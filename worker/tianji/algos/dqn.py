@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tianji.algos import BatchStager, apply_gradients, autocast, resolve_precision
+from tianji.algos.adam import Adam
 from tianji.control.spec import DQNConfig
 
 
@@ -44,7 +45,7 @@ class DQNLearner:
         self.model, self.cfg = model, cfg
         self.device = next(model.parameters()).device
         self.target = copy.deepcopy(model).requires_grad_(False)
-        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        self.opt = Adam(model.parameters(), lr=cfg.lr)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.stage = BatchStager(self.device)
         self.steps = 0

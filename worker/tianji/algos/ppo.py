@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from tianji.algos import BatchStager, apply_gradients, autocast, distributions, resolve_precision
+from tianji.algos.adam import Adam
 from tianji.algos.normalize import scale_rewards
 from tianji.algos.vtrace import vtrace
 from tianji.control.spec import PPOConfig
@@ -71,7 +72,7 @@ class PPOLearner:
     def __init__(self, model: nn.Module, cfg: PPOConfig, seed: int):
         self.model, self.cfg = model, cfg
         self.device = next(model.parameters()).device
-        self.opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
+        self.opt = Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
         self.precision = resolve_precision(cfg.precision, self.device)
         self.stage = BatchStager(self.device)
         self.continuous = getattr(model, "continuous", False)

@@ -52,9 +52,9 @@ TITLE_ROOM = 4096  # bytes of argv the zygote is started with: a forked worker's
 REPARENT_TIMEOUT_S = 5.0
 ENV_DISABLE = "TIANJI_ZYGOTE"  # "0": spawn each worker as its own process (imports torch every time)
 ENV_FD_CHANNEL = "TIANJI_ZYGOTE_FDS"  # the zygote's end of the socket descriptors come over
-# torch._dynamo: the first optimizer a learner builds imports it (~800 modules, sympy among them: 1.2 s
-# of CPU), which held the first update back by 7-9 s on a busy 2-core machine.
-PRELOAD = ("numpy", "zmq", "torch", "torch._dynamo", "gymnasium", "msgpack", "tianji.runtime.worker",
+# Not torch._dynamo (~800 modules, 1.2 s of CPU before any worker forked): the learners' optimizer
+# (tianji.algos.adam) never imports it.
+PRELOAD = ("numpy", "zmq", "torch", "gymnasium", "msgpack", "tianji.runtime.worker",
            "tianji.runtime.roles.actor", "tianji.runtime.roles.buffer", "tianji.runtime.roles.learner")
 
 
