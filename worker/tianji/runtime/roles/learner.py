@@ -395,6 +395,8 @@ class Learner(Role):
         # otherwise slow honest batches to one per update), then one update per turn.
         t_wait = time.monotonic()
         if self.pending or self.batch_in.poll(timeout=50):
+            if not self.pending:  # it waited for this batch: idle until it came (pacing's starved rule)
+                self.window["idle"] += time.monotonic() - t_wait
             for _ in range(MAX_DRAIN):
                 if len(self.pending) > self.spec.credit_window or not self.batch_in.poll(0):
                     break
