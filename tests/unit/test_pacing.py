@@ -1,6 +1,8 @@
 """Actor pacing feedback (runtime/pacing.py) and the wire checks on what carries it (runtime/validate.py)."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 from tianji.control.spec import parse_job
@@ -195,8 +197,9 @@ def test_quota_share_and_release_follow_the_spec_and_the_learners_advert():
                           "spec": {"algorithm": {"name": "ppo", "batchSize": 4096, "minibatchSize": 64},
                                    "env": {"numEnvs": 8, "fragmentLength": 32}, "staleness": st}}).spec
     assert quota_share(spec(), 2) == 8  # 16 fragments a batch, two actors
-    assert quota_share(spec(), 3) == 6  # rounded up: the batch completes without a release
+    assert quota_share(spec(), 3) == Fraction(16, 3)  # exactly: 5 or 6 each, 16 a version in all
     assert quota_share(spec(publishEvery=2), 2) == 16
+    assert quota_share(spec(), 48) == Fraction(1, 3)  # more actors than fragments: one every third version
     assert release_after(4096, 2048.0) == 4.0  # twice the 2 s update the advert implies
     assert release_after(4096, 1e9) == RELEASE_MIN_S and release_after(4096, 0.0) == RELEASE_UNKNOWN_S
     # A fast learner (CartPole: 256 samples at 8,000/s) and an actor whose share takes 60 ms: a
@@ -269,3 +272,49 @@ def test_a_version_ends_a_rate_rest_only_where_the_lag_it_adds_is_admitted(stale
     spec = parse_job({"apiVersion": "tianji.dev/v1alpha1", "kind": "TianJiJob", "metadata": {"name": "x"},
                       "spec": {"algorithm": {"name": "ppo"}, "staleness": staleness}}).spec
     assert lag_room(spec) is room
+
+
+def _due(quotas, versions: int) -> list[int]:
+    """Fragments the actors of `quotas` send per version, each sending whatever is due at once."""
+    sent = []
+    for v in range(versions):
+        n = 0
+        for q in quotas:
+            q.new_version(now=float(v))
+            while q.budget >= 1:
+                assert q.open(float(v), 1e9)
+                q.add()
+                n += 1
+        sent.append(n)
+    return sent
+
+
+def test_a_fractional_share_spreads_a_batch_over_staggered_peers():
+    """6 actors, 2 fragments a batch: one fragment each every third version, two actors a version,
+    where whole shares had all six send every version (3x what the learner takes)."""
+    from tianji.runtime.pacing import VersionQuota, quota_phase
+
+    share = Fraction(2, 6)
+    quotas = [VersionQuota(share, depth=2, phase=quota_phase(share, i)) for i in range(6)]
+    sent = _due(quotas, 30)
+    assert sent[0] == 4  # the first version: two batches (depth 2), as with whole shares
+    assert sent[1:] == [2] * 29  # then exactly a batch a version, from two of the six
+    # 3 actors, 16 fragments a batch: 5 or 6 each, 16 in all every version (rounded up: 18)
+    share = Fraction(16, 3)
+    quotas = [VersionQuota(share, depth=2, phase=quota_phase(share, i)) for i in range(3)]
+    assert _due(quotas, 12) == [32] + [16] * 11
+    with pytest.raises(ValueError):
+        VersionQuota(share, phase=Fraction(1))
+
+
+def test_a_fractional_share_is_released_at_its_own_pace_when_the_version_is_late():
+    """Nothing due this version is not lateness; once the version is late the actor releases one
+    fragment, then one per release_s / share."""
+    from tianji.runtime.pacing import VersionQuota
+
+    q = VersionQuota(Fraction(1, 3), depth=1)
+    q.new_version(now=0.0)  # 1/3 due: nothing yet
+    assert not q.open(0.5, 1.0)
+    assert q.open(1.0, 1.0) and q.released == 1  # late: one fragment
+    q.add()
+    assert not q.open(2.9, 1.0) and q.open(3.0, 1.0)  # then one per 3 s (release_s / share)

@@ -35,6 +35,7 @@ queue at what the next update takes. Pure and socket-free (tested directly).
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 from typing import Optional
 
 from tianji.control.spec.lagbound import overlap_lag
@@ -122,30 +123,43 @@ class VersionQuota:
     restarted buffer, a dead or slow peer whose share the batch still lacks), the quota reopens
     `release_s` after the version arrived, one fragment per `release_s / share` (a whole missing
     share in another `release_s`; a version merely late costs a few fragments, not a share).
-    `share` counts fragments: this actor's part of publishEvery batches, rounded up.
+
+    `share` counts fragments, exactly: this actor's part of publishEvery batches (quota_share), a
+    fraction where the peers outnumber a batch's fragments or do not divide them. A fraction
+    accrues: with 6 actors and 2 fragments a batch each actor sends one fragment every third
+    version. Rounded up to a whole fragment, each would send one every version, 3x what the
+    learner takes: on 16 idle cores 6 such actors made 28k frames/s for a learner taking 9.4k,
+    and the buffer dropped 96k samples as stale in 14 s (docs/device/trace-cartpole-ppo.json).
+    `phase` staggers the peers (quota_phase): each starts that far into its next fragment, so
+    every version gets its batch from some of them, not all of them every third version. A
+    fragment goes out when a whole one is due; `cap`, the most due at once, is `depth` shares
+    and the phase, and at least one fragment.
     """
 
-    def __init__(self, share: int, depth: int = 1):
-        if share < 1 or depth < 1:
-            raise ValueError(f"share and depth must be >= 1, got share={share!r} depth={depth!r}")
-        self.share, self.depth = share, depth
-        self.budget = 0  # fragments still to send before the next version; below 0: released beyond it
+    def __init__(self, share: Fraction | int, depth: int = 1, phase: Fraction | int = 0):
+        share, phase = Fraction(share), Fraction(phase)
+        if share <= 0 or depth < 1 or not 0 <= phase < 1:
+            raise ValueError(f"share > 0, depth >= 1 and 0 <= phase < 1, got {share!r}, {depth!r}, {phase!r}")
+        self.share, self.depth, self.phase = share, depth, phase
+        self.cap = max(depth * share + phase, Fraction(1))
+        self.budget = Fraction(0)  # fragments due before the next version; below 0: released beyond it
         self.since: Optional[float] = None  # when the current version arrived (None: none yet, nothing held back)
         self.released = 0  # fragments let out beyond the budget because the next version was late
 
     def new_version(self, now: float, advanced: int = 1) -> None:
         """A version `advanced` versions past the last one arrived (the first: `depth` shares)."""
-        grant = self.depth * self.share if self.since is None else max(self.budget, 0) + max(advanced, 1) * self.share
-        self.budget, self.since = min(grant, self.depth * self.share), now
+        first = self.depth * self.share + self.phase
+        grant = first if self.since is None else max(self.budget, 0) + max(advanced, 1) * self.share
+        self.budget, self.since = min(grant, self.cap), now
 
     def add(self, fragments: int = 1) -> None:
         self.budget -= fragments
 
     def open(self, now: float, release_s: float) -> bool:
         """May another fragment go out?"""
-        if self.since is None or self.budget > 0:
+        if self.since is None or self.budget >= 1:
             return True
-        extra = -self.budget  # fragments already released for this version
+        extra = max(-self.budget, 0)  # fragments already released for this version
         if now - self.since >= release_s * (1 + extra / self.share):
             self.released += 1
             return True
@@ -169,11 +183,17 @@ def quota_depth(spec) -> int:
     return int(forced) if forced.isdigit() and int(forced) >= 1 else spec.credit_window + 1
 
 
-def quota_share(spec, peers: int) -> int:
-    """Fragments one of `peers` actors sends per published version (VersionQuota)."""
+def quota_share(spec, peers: int) -> Fraction:
+    """Fragments one of `peers` actors sends per published version (VersionQuota), exactly."""
     frag = spec.env.num_envs * spec.env.fragment_length
     batches = spec.staleness.publish_every * max(1, spec.algorithm.batch_size // frag)
-    return -(-batches // max(peers, 1))
+    return Fraction(batches, max(peers, 1))
+
+
+def quota_phase(share: Fraction, peer_index: int) -> Fraction:
+    """How far into its next fragment the `peer_index`-th actor of a learner starts (VersionQuota):
+    spread evenly, so that every version has about `share` x peers fragments due."""
+    return (peer_index * share) % 1
 
 
 def release_after(batch_size: int, capacity_sps: float, share_s: float = 0.0) -> float:

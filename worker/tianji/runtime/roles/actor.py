@@ -51,7 +51,15 @@ from tianji.algos.models import load_arrays, state_arrays
 from tianji.control.contracts.addressing import buffer_for_actor, learner_for_actor
 from tianji.control.planner.plan import pace_fps
 from tianji.runtime import envguard, framestack
-from tianji.runtime.pacing import VersionQuota, lag_room, quota_depth, quota_share, release_after, startup_frames
+from tianji.runtime.pacing import (
+    VersionQuota,
+    lag_room,
+    quota_depth,
+    quota_phase,
+    quota_share,
+    release_after,
+    startup_frames,
+)
 from tianji.runtime.roles.base import Role
 from tianji.runtime.rollout import Rollout
 from tianji.runtime.validate import (
@@ -167,7 +175,8 @@ class Actor(ParamFollower, Role):
         self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4,
                                 peer=f"buffer-{self.group}-{b}")
         self.follow_params(self.group, learner)
-        self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == learner)
+        mine = [a for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == learner]
+        self.peers = len(mine)
         # dependencies: strict (the paper's baseline): rounds of one rollout, then a wait for the new policy
         self.strict = s.dependencies == "strict"
         self.rollout_fragments = ppo_batch_fragments(s) // (topo.actors // topo.buffers) if self.strict else 0
@@ -178,7 +187,8 @@ class Actor(ParamFollower, Role):
         self.learner_paced = False  # a capacity advert has arrived
         self.capacity = 0.0  # the learner's latest advert (samples per busy second)
         # Relaxed PPO, once paced: at most this actor's share of a batch per version (pacing.VersionQuota)
-        self.quota = (VersionQuota(quota_share(s, self.peers), quota_depth(s))
+        share = quota_share(s, self.peers)
+        self.quota = (VersionQuota(share, quota_depth(s), quota_phase(share, mine.index(self.index)))
                       if s.algorithm.name == "ppo" and s.staleness.pace_actors and not self.strict else None)
         self.quota_version: Optional[int] = None
         # A new version ends a rate's rest too (step) where the lag that can add is admitted: a learner
@@ -234,7 +244,7 @@ class Actor(ParamFollower, Role):
         if q is None or not self.learner_paced:
             return False
         released = q.released
-        share_s = self.fragment_s * q.share
+        share_s = self.fragment_s * float(max(q.share, 1))  # a fraction of a share still takes a whole fragment
         if q.open(time.monotonic(), release_after(self.spec.algorithm.batch_size, self.capacity, share_s)):
             if q.released > released and (q.released <= 3 or q.released % 100 == 0):
                 log.info("%s: version %d's successor is late; sending beyond its share [%d fragments so far]",
