@@ -1,7 +1,10 @@
 """Fair share per sender at a buffer (runtime/fairshare.py): a flooding sender drops only its own data."""
-import numpy as np
+import random
 
-from tianji.runtime.fairshare import ACTIVE_S, WINDOW, AdmissionShare, SenderQueues
+import numpy as np
+import pytest
+
+from tianji.runtime.fairshare import ACTIVE_S, WINDOW, AdmissionShare, SenderQueues, share_limit
 
 
 def frag(tag: float, version: int = 0) -> dict:
@@ -47,3 +50,18 @@ def test_off_policy_shares_apply_only_while_the_insert_budget_is_contested():
     assert s.admit("flood", 10, now=1.0 + ACTIVE_S + 1)  # no longer contested
     honest = sum(1 for x in s.recent if x == "honest")
     assert len(s.recent) == WINDOW and honest == 1
+
+
+@pytest.mark.parametrize("actors", [2, 3, 5, 6, 7])
+def test_equal_senders_are_never_over_share_while_contested(actors):
+    s = AdmissionShare()
+    rng = random.Random(actors)
+    order = [f"actor-{i}" for i in range(actors)]
+    s.refused(now=0.0)
+    for _ in range(40):  # rounds in which every sender sends once, in a random order
+        rng.shuffle(order)
+        for a in order:
+            assert s.admit(a, 64, now=1.0), (a, s.counts)
+            s.admitted(a)
+    assert not s.over_share and len(s.recent) == WINDOW
+    assert share_limit(actors) * actors >= WINDOW  # the shares can hold the window together
