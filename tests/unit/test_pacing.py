@@ -318,3 +318,15 @@ def test_a_fractional_share_is_released_at_its_own_pace_when_the_version_is_late
     assert q.open(1.0, 1.0) and q.released == 1  # late: one fragment
     q.add()
     assert not q.open(2.9, 1.0) and q.open(3.0, 1.0)  # then one per 3 s (release_s / share)
+
+
+def test_every_actor_has_a_quota_rank_among_its_learners_actors():
+    """Ranks 0, 1, ... per learner in index order, for an actor added beyond spec.topology.actors too."""
+    from types import SimpleNamespace
+
+    from tianji.runtime.pacing import quota_rank
+
+    topo = SimpleNamespace(actors=6, buffers=2, learners=2)  # even actors feed learner 0, odd learner 1
+    assert [quota_rank(a, topo) for a in range(6)] == [0, 0, 1, 1, 2, 2]
+    assert quota_rank(7, topo) == 3  # an autoscaled seventh actor of learner 1
+    assert [quota_rank(a, SimpleNamespace(actors=3, buffers=1, learners=1)) for a in range(3)] == [0, 1, 2]

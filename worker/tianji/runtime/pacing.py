@@ -38,6 +38,7 @@ import os
 from fractions import Fraction
 from typing import Optional
 
+from tianji.control.contracts.addressing import learner_for_actor
 from tianji.control.spec.lagbound import overlap_lag
 
 MIN_HEADROOM = 0.5
@@ -188,6 +189,14 @@ def quota_share(spec, peers: int) -> Fraction:
     frag = spec.env.num_envs * spec.env.fragment_length
     batches = spec.staleness.publish_every * max(1, spec.algorithm.batch_size // frag)
     return Fraction(batches, max(peers, 1))
+
+
+def quota_rank(actor: int, topology) -> int:
+    """The place of `actor` among the actors that feed its learner, in index order (quota_phase's
+    `peer_index`). Counted below its own index, so an actor the autoscaler added beyond
+    spec.topology.actors has one too."""
+    learner = learner_for_actor(actor, topology.buffers, topology.learners)
+    return sum(1 for a in range(actor) if learner_for_actor(a, topology.buffers, topology.learners) == learner)
 
 
 def quota_phase(share: Fraction, peer_index: int) -> Fraction:

@@ -56,6 +56,7 @@ from tianji.runtime.pacing import (
     lag_room,
     quota_depth,
     quota_phase,
+    quota_rank,
     quota_share,
     release_after,
     startup_frames,
@@ -175,8 +176,7 @@ class Actor(ParamFollower, Role):
         self.push = self.socket(zmq.PUSH, self.addrs.connect("fragments", self.group, b), bind=False, hwm=4,
                                 peer=f"buffer-{self.group}-{b}")
         self.follow_params(self.group, learner)
-        mine = [a for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == learner]
-        self.peers = len(mine)
+        self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == learner)
         # dependencies: strict (the paper's baseline): rounds of one rollout, then a wait for the new policy
         self.strict = s.dependencies == "strict"
         self.rollout_fragments = ppo_batch_fragments(s) // (topo.actors // topo.buffers) if self.strict else 0
@@ -188,7 +188,7 @@ class Actor(ParamFollower, Role):
         self.capacity = 0.0  # the learner's latest advert (samples per busy second)
         # Relaxed PPO, once paced: at most this actor's share of a batch per version (pacing.VersionQuota)
         share = quota_share(s, self.peers)
-        self.quota = (VersionQuota(share, quota_depth(s), quota_phase(share, mine.index(self.index)))
+        self.quota = (VersionQuota(share, quota_depth(s), quota_phase(share, quota_rank(self.index, topo)))
                       if s.algorithm.name == "ppo" and s.staleness.pace_actors and not self.strict else None)
         self.quota_version: Optional[int] = None
         # A new version ends a rate's rest too (step) where the lag that can add is admitted: a learner
