@@ -7,10 +7,14 @@ Draws --n topologies at random (seeded): algorithm (CartPole PPO or DQN, the exa
 settings), groups 1-2, actors per group 1-3, envs per actor 4 or 8, learner threads 1-2,
 groupSync average or allreduce (with 2 groups). Each is one `tianji run` of --seconds
 (bench/scaling.py's run_point: steady rates from the run's metrics, after a warm-up), and
-predicted by `tianji.control.planner.sharedhost.predict_on_host` from a profile taken at the start of
-this same run (`tianji profile`, 2 s per component, one per algorithm and envs per actor)
-and the busy background measured just before the point. Nothing is fitted to any of the
-runs: the model's figures come from the profile alone. One untimed run of the first point
+predicted by `tianji.control.planner.sharedhost.predict_on_host` from a profile taken just
+before the point (`tianji profile`, 2 s per component; `--profile once`: one per algorithm and
+envs per actor, at its first point) and the busy background measured just before the point.
+Nothing is fitted to any of the runs: the model's figures come from the profile alone. A
+profile per point because this host's own speed drifts: on the 2-core VM (2026-11-29) the
+CartPole DQN learner's update measured 32.0k samples/s per core in one profile and 19.9-21.1k
+ten minutes later, idle both times, and two PPO profiles minutes apart 6.0k and 9.7k for the
+same learner; a profile taken once charges that drift to the model. One untimed run of the first point
 comes first (`warmup` in the output): a fresh machine's first run starts from a cold page cache.
 
     python -m bench.planner_validation --time-to-target [--random 3] [--budget-s 150] [--algos ppo]
@@ -33,7 +37,8 @@ refuses to report: exit 2, saying the load, the limit and the point, nothing wri
 
 Reported (JSON on stdout and DIR/planner-validation.json, plot DIR/planner-validation.png):
 per point the predicted and measured produced frames/s and consumed samples/s, their
-relative errors (pred − meas)/meas, and the bottleneck kinds; over all points the median
+relative errors (pred − meas)/meas, the bottleneck kinds, the profile's per-core rates and the
+CPU each role's processes got (`measured.shares`, cores per process); over all points the median
 and max absolute error and the kind accuracy (bench/scaling.py's measured_kind reads kinds
 from rates alone, so it cannot see time spent in all-reduce: a point the model calls
 communication-bound and the rates call sample-bound is counted wrong, as it is).
@@ -100,21 +105,23 @@ def base(seconds: float) -> list[str]:
     return ["spec.stop.meanReturn=null", "spec.stop.envFrames=null", f"spec.stop.seconds={seconds}"]
 
 
-def profile_for(cache: dict, t: dict, seconds: float):
-    """The profile of this algorithm and envs per actor, measured once per run (2 s per component)."""
+def profile_for(cache: dict, t: dict, seconds: float, fresh: bool = False):
+    """The profile of this algorithm and envs per actor (2 s per component): measured now when
+    `fresh`, else once per run, at its first point."""
     from tianji.control.planner.plan import Profile
     from tianji.control.spec import load_job
     from tianji.runtime.profiling.profiler import measure_profile
 
     key = (t["algo"], t["num_envs"])
-    if key not in cache:
+    if fresh or key not in cache:
         job = load_job(str(ROOT / EXAMPLES[t["algo"]]), base(seconds) + [f"spec.env.numEnvs={t['num_envs']}"])
         cache[key] = measure_profile(job, 2.0)
     return Profile.from_json(cache[key])
 
 
-def run_one(t: dict, prof, seconds: float, gate) -> dict:
-    """One point: `gate(what)` (quiet) first, then the prediction and the run."""
+def run_one(t: dict, profile, seconds: float, gate) -> dict:
+    """One point: `gate(what)` (quiet) first, then `profile()` (the point's Profile), the
+    prediction and the run."""
     from tianji.control.planner.sharedhost import predict_on_host
     from tianji.control.spec import load_job
 
@@ -122,15 +129,20 @@ def run_one(t: dict, prof, seconds: float, gate) -> dict:
     sets = base(seconds) + point_sets(t)
     job = load_job(path, sets)
     load = gate(f"point {t}")
+    prof = profile()
     bg = scaling.probe_background()
     pred = predict_on_host(job, prof, float(os.cpu_count() or 1), bg, learner_threads=t["threads"])
     row = {"topology": t, "load1_before": load, "background": round(bg, 2),
+           "profile": {"actor_fps_per_core": round(prof.actor_fps_per_core, 1),
+                       "learner_sps_per_core": round(prof.learner_sps_per_core, 1)},
            "predicted": {k: round(pred[k], 1) for k in METRICS} | {"bottleneck": pred["bottleneck"]}}
     meas = scaling.run_point(path, sets, seconds)
     if "error" in meas:
         return row | {"error": meas["error"][-500:]}
     row["measured"] = {k: round(meas[k], 1) for k in METRICS} | {
         "bottleneck": scaling.measured_kind(meas, job.spec.replay_ratio), "seconds": meas["seconds"]}
+    if "shares" in meas:  # cores per process of each role over the steady window: where the model's split went wrong
+        row["measured"]["shares"] = {r: round(v, 3) for r, v in meas["shares"].items()}
     row["rel_error"] = {k: round((pred[k] - meas[k]) / meas[k], 3) for k in METRICS if meas[k] > 0}
     print(f"  {t}: measured {row['measured']} predicted {row['predicted']}", file=sys.stderr)
     return row
@@ -228,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--algos", default="ppo,dqn")
+    ap.add_argument("--profile", choices=("each", "once"), default="each",
+                    help="profile before every point (default), or once per algorithm and envs per actor")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--time-to-target", action="store_true", help="planned vs random topologies on time to target")
     ap.add_argument("--random", type=int, default=3, help="--time-to-target: random topologies per algorithm")
@@ -267,9 +281,11 @@ def validate(a, algos: list[str], argv, gate) -> int:
     load0 = loadavg()
     drawn = [draw(rng, algos) for _ in range(a.n)]
     warmup = warm_up(drawn[0], a.seconds)
-    rows = [run_one(t, profile_for(cache, t, a.seconds), a.seconds, gate) for t in drawn]
+    fresh = a.profile == "each"
+    rows = [run_one(t, lambda t=t: profile_for(cache, t, a.seconds, fresh), a.seconds, gate) for t in drawn]
     res = {"bench": "planner-validation", **stamp("planner_validation", argv), "seed": a.seed,
-           "seconds_per_point": a.seconds, "max_load_per_core": a.max_load, **summarise(rows), "points": rows,
+           "seconds_per_point": a.seconds, "max_load_per_core": a.max_load, "profile": a.profile,
+           **summarise(rows), "points": rows,
            "warmup": warmup,
            "profiles": {f"{k[0]}-{k[1]}envs": v for k, v in cache.items()},
            "host": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": loadavg()},

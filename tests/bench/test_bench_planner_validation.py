@@ -2,6 +2,7 @@
 model predicts, and its summary is the median / max / kind accuracy of the recorded points."""
 from __future__ import annotations
 
+import functools
 import random
 
 from bench import planner_validation as pv
@@ -67,3 +68,25 @@ def test_the_warm_up_runs_the_first_point_untimed_and_reports_it_apart(monkeypat
     assert out == {"topology": t, "seconds": pv.WARMUP_S, "produced_fps": 10.0, "consumed_sps": 10.0}
     monkeypatch.setattr(pv.scaling, "run_point", lambda path, sets, seconds: {"error": "no steady window"})
     assert pv.warm_up(t, 25.0) == {"topology": t, "seconds": pv.WARMUP_S, "error": "no steady window"}
+
+
+def test_each_point_is_predicted_from_a_profile_taken_after_its_gate(monkeypatch):
+    """The host's speed drifts between minutes: a point's profile comes after its quiet gate,
+    fresh per point by default, and once per algorithm and envs with `--profile once`."""
+    events, measured = [], iter(range(100))
+    monkeypatch.setattr("tianji.runtime.profiling.profiler.measure_profile",
+                        lambda job, seconds: events.append("profile") or
+                        default_profile(job).to_json() | {"learner_sps_per_core": 1000.0 + next(measured)})
+    monkeypatch.setattr(pv.scaling, "probe_background", lambda: 0.0)
+    monkeypatch.setattr(pv.scaling, "run_point", lambda path, sets, seconds: events.append("run") or
+                        {"produced_fps": 100.0, "consumed_sps": 100.0, "received_fps": 100.0, "seconds": 10.0,
+                         "shares": {"learner": 0.9}})
+    monkeypatch.setattr(pv.scaling, "measured_kind", lambda meas, r: "sample-bound")
+    gate = lambda what: events.append("gate") or 0.1  # noqa: E731
+    t = {"algo": "ppo", "groups": 1, "actors": 2, "num_envs": 4, "threads": 1, "sync": "average"}
+    for fresh, want in ((True, [1000.0, 1001.0]), (False, [1002.0, 1002.0])):
+        cache, events[:] = {}, []
+        rows = [pv.run_one(t, functools.partial(pv.profile_for, cache, t, 25.0, fresh), 25.0, gate) for _ in range(2)]
+        assert [r["profile"]["learner_sps_per_core"] for r in rows] == want
+        assert events == (["gate", "profile", "run"] * 2 if fresh else ["gate", "profile", "run", "gate", "run"])
+        assert rows[0]["measured"]["shares"] == {"learner": 0.9}
