@@ -17,6 +17,11 @@ ten minutes later, idle both times, and two PPO profiles minutes apart 6.0k and 
 same learner; a profile taken once charges that drift to the model. One untimed run of the first point
 comes first (`warmup` in the output): a fresh machine's first run starts from a cold page cache.
 
+    python -m bench.planner_validation --rescore DIR/planner-validation.json
+
+`--rescore` re-predicts a recorded run's points with this checkout's model, from each point's
+own profile: two models compared on the same measurements.
+
     python -m bench.planner_validation --time-to-target [--random 3] [--budget-s 150] [--algos ppo]
 
 `--time-to-target` asks the paper's Fig. 6 question instead: the planner's topology
@@ -37,7 +42,7 @@ refuses to report: exit 2, saying the load, the limit and the point, nothing wri
 
 Reported (JSON on stdout and DIR/planner-validation.json, plot DIR/planner-validation.png):
 per point the predicted and measured produced frames/s and consumed samples/s, their
-relative errors (pred − meas)/meas, the bottleneck kinds, the profile's per-core rates and the
+relative errors (pred − meas)/meas, the bottleneck kinds, the point's profile and the
 CPU each role's processes got (`measured.shares`, cores per process); over all points the median
 and max absolute error and the kind accuracy (bench/scaling.py's measured_kind reads kinds
 from rates alone, so it cannot see time spent in all-reduce: a point the model calls
@@ -133,8 +138,7 @@ def run_one(t: dict, profile, seconds: float, gate) -> dict:
     bg = scaling.probe_background()
     pred = predict_on_host(job, prof, float(os.cpu_count() or 1), bg, learner_threads=t["threads"])
     row = {"topology": t, "load1_before": load, "background": round(bg, 2),
-           "profile": {"actor_fps_per_core": round(prof.actor_fps_per_core, 1),
-                       "learner_sps_per_core": round(prof.learner_sps_per_core, 1)},
+           "profile": prof.to_json(),  # the point's own: a later model re-predicts it exactly
            "predicted": {k: round(pred[k], 1) for k in METRICS} | {"bottleneck": pred["bottleneck"]}}
     meas = scaling.run_point(path, sets, seconds)
     if "error" in meas:
@@ -146,6 +150,44 @@ def run_one(t: dict, profile, seconds: float, gate) -> dict:
     row["rel_error"] = {k: round((pred[k] - meas[k]) / meas[k], 3) for k in METRICS if meas[k] > 0}
     print(f"  {t}: measured {row['measured']} predicted {row['predicted']}", file=sys.stderr)
     return row
+
+
+def point_profile(recorded: dict, row: dict):
+    """The Profile a recorded point was predicted from: its own (`--profile each`), else its
+    algorithm's and envs' profile of the run with the point's per-core rates."""
+    from dataclasses import replace
+
+    from tianji.control.planner.plan import Profile
+
+    own = row.get("profile") or {}
+    if "message_seconds" in own:
+        return Profile.from_json(own)
+    t = row["topology"]
+    prof = Profile.from_json(recorded["profiles"][f"{t['algo']}-{t['num_envs']}envs"])
+    return replace(prof, **{k: own[k] for k in ("actor_fps_per_core", "learner_sps_per_core") if k in own})
+
+
+def rescore(recorded: dict) -> dict:
+    """Re-predict a recorded validation's points with this checkout's model (nothing runs): the
+    same measurements against another model, side by side with what was predicted then."""
+    from tianji.control.planner.sharedhost import predict_on_host
+    from tianji.control.spec import load_job
+
+    cores = float(recorded.get("host", {}).get("cpus") or os.cpu_count() or 1)
+    rows = []
+    for r in recorded["points"]:
+        if "measured" not in r:
+            continue
+        t = r["topology"]
+        job = load_job(str(ROOT / EXAMPLES[t["algo"]]), base(recorded["seconds_per_point"]) + point_sets(t))
+        pred = predict_on_host(job, point_profile(recorded, r), cores, r.get("background", 0.0),
+                               learner_threads=t["threads"])
+        m = r["measured"]
+        rows.append({"topology": t, "measured": m, "recorded_error": r.get("rel_error"),
+                     "predicted": {k: round(pred[k], 1) for k in METRICS} | {"bottleneck": pred["bottleneck"]},
+                     "rel_error": {k: round((pred[k] - m[k]) / m[k], 3) for k in METRICS if m[k] > 0}})
+    return {"rescored": recorded.get("command"), "recorded_median_abs_error": recorded.get("median_abs_error"),
+            **summarise(rows), "points": rows}
 
 
 def warm_up(t: dict, seconds: float) -> dict:
@@ -240,6 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--algos", default="ppo,dqn")
+    ap.add_argument("--rescore", metavar="FILE", help="re-predict a recorded planner-validation.json with this "
+                    "checkout's model and print the errors (runs nothing)")
     ap.add_argument("--profile", choices=("each", "once"), default="each",
                     help="profile before every point (default), or once per algorithm and envs per actor")
     ap.add_argument("--out-dir", default=".")
@@ -251,6 +295,9 @@ def main(argv=None) -> int:
     ap.add_argument("--settle-s", type=float, default=SETTLE_S,
                     help="quiet gate: most seconds to wait for the load to fall below --max-load")
     a = ap.parse_args(argv)
+    if a.rescore:
+        emit(rescore(json.loads(Path(a.rescore).read_text())), indent=1)
+        return 0
     algos = [x for x in a.algos.split(",") if x]
     if not algos or set(algos) - set(EXAMPLES) or a.n < 1 or not a.seconds > 0:
         ap.error(f"--algos from {sorted(EXAMPLES)}, --n >= 1, --seconds > 0")

@@ -90,3 +90,8 @@ def test_each_point_is_predicted_from_a_profile_taken_after_its_gate(monkeypatch
         assert [r["profile"]["learner_sps_per_core"] for r in rows] == want
         assert events == (["gate", "profile", "run"] * 2 if fresh else ["gate", "profile", "run", "gate", "run"])
         assert rows[0]["measured"]["shares"] == {"learner": 0.9}
+    # --rescore re-predicts from each point's own profile: this model gives back its own predictions.
+    recorded = {"points": rows, "seconds_per_point": 25.0, "host": {"cpus": pv.os.cpu_count()}, "command": "c"}
+    again = pv.rescore(recorded)
+    assert [r["predicted"] for r in again["points"]] == [r["predicted"] for r in rows]
+    assert again["points_run"] == 2 and again["recorded_median_abs_error"] is None

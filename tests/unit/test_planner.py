@@ -560,6 +560,25 @@ def test_host_turns_two_cores_learner_and_two_busy_actors():
     assert ab == pytest.approx(1.9 / 4) and lb == pytest.approx(1.9 / 3)
 
 
+def test_actors_that_keep_producing_take_cores_from_a_multi_thread_learners_phase():
+    # Paced actors go on producing during the learner's phase: a 2-thread learner on 2 cores
+    # beside 2 actors busy 0.25 core each gets what they and the buffer leave.
+    _, _, l2 = costmodel.host_turns(2.0, 2, 1, 1, 2.0, 0.1, actor_demand=0.25)
+    assert l2 == pytest.approx(2.0 - 0.5 - 0.1)
+    # A 1-thread learner on the same cores loses nothing: there is room for all of them.
+    _, _, l1 = costmodel.host_turns(2.0, 2, 1, 1, 1.0, 0.1, actor_demand=0.25)
+    assert l1 == pytest.approx(1.0)
+    # In the model: the 2-thread learner's prediction falls with the actors' busy share, the
+    # 1-thread one's does not move.
+    pr = prof(actor=12_000, learner=6_000, curve={1: 1.0, 2: 1.1})
+    ppo = lambda threads: job(topology={"groups": 1, "actors": 2, "buffers": 1, "learners": 1},  # noqa: E731
+                              resources={"learner": {"cpu": threads, "threads": threads}})
+    two = predict_on_host(ppo(2), pr, 2.0, learner_threads=2)
+    busy = two["produced_fps"] / 12_000  # the 2 actors' cores, at the fixed point
+    assert 0.1 < busy < 1.0 and two["learner_share"] == pytest.approx(2.0 - busy - 0.05, abs=0.02)
+    assert predict_on_host(ppo(1), pr, 2.0, learner_threads=1)["learner_share"] == pytest.approx(1.0)
+
+
 def test_on_a_shared_host_actors_and_learner_take_turns():
     d = dict(DQN, staleness={"replayRatio": 2.0, "paceActors": False})
     pr = prof(actor=20_000, learner=40_000, curve=None)

@@ -211,6 +211,7 @@ def host_turns(
     learner_threads: float,
     buffer_demand: float,
     background: float = 0.0,
+    actor_demand: float = 0.0,
 ) -> tuple[float, float, float]:
     """CPU shares (actor, buffer, learner; cores per process) when a job's roles share one host.
 
@@ -238,11 +239,24 @@ def host_turns(
     T = g·(T_A + T_learn) per batch of each (prediction.predict with turns=g). Averaging groups
     (groupSync average) never wait for each other: the arguments are then all groups'
     processes, which share each phase, and each group takes T = T_A + T_learn.
+
+    `actor_demand` (cores per actor) is what the actors keep using during the learner's phase:
+    paced actors go on producing the next batch while the learner trains. It only matters where
+    the learner's threads and the actors' work together exceed the cores: a 2-thread learner
+    of one group beside 2 actors on 2 cores got 1.47-1.59 cores and ran at 0.35-0.45x its
+    profiled samples per CPU second (docs/benchmarks.md, "On quiet machines"), where the turns
+    alone would give it both.
     """
     n_bg = int(math.ceil(background))
     bgd = [background / n_bg] * n_bg if n_bg else []
     ash = max_min_shares([1.0] * actors + [buffer_demand] * buffers + bgd, cores)
-    lsh = max_min_shares([learner_threads] * learners + [buffer_demand] * buffers + bgd, cores)
+    lsh = max_min_shares(
+        [learner_threads] * learners
+        + [buffer_demand] * buffers
+        + bgd
+        + [actor_demand] * (actors if actor_demand > 0 else 0),
+        cores,
+    )
     a = ash[0]
     b = min(ash[actors], lsh[learners]) if buffers else 0.0
     return a, b, lsh[0]

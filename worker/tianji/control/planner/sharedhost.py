@@ -37,8 +37,11 @@ def predict_on_host(
     processes of other work and the buffers' busy share:
 
         actor phase:    n_a actors of a group (demand 1 core each)  -> share a of a core each
-        learner phase:  n_l learners of a group (demand t threads)   -> share l each
+        learner phase:  n_l learners of a group (demand t threads),
+                        beside the actors' busy share                -> share l each
 
+    The actors keep producing during the learner's phase (paced, for the next batch): their busy
+    share (production over their per-core rate) competes there too (costmodel.host_turns).
     A buffer's capacity (for T_C) is the share it would get busy (demand 1) in those phases.
     A learner given l of its t threads runs at s_L(t)·l/t. Returns prediction.predict's dict
     plus the shares used (actor_share, learner_share: per process within its phase)."""
@@ -54,17 +57,18 @@ def predict_on_host(
     side_by_side = g > 1 and t.group_sync.mode == "average"
     k, turns = (g, 1) if side_by_side else (1, g)
     links = one_host_links(job, profile)
-    d_b = 0.1
+    d_b, d_a = 0.1, 0.0
     pred: dict = {}
-    for _ in range(5):  # the buffers' share depends on the rates: a few rounds reach the fixed point
-        sa, sb, sl = costmodel.host_turns(cores, k * na, k * nb, k * nl, float(threads), d_b, bg)
-        cb = costmodel.host_turns(cores, k * na, k * nb, k * nl, float(threads), 1.0, bg)[1]  # were it busy
+    for _ in range(5):  # the buffers' and actors' shares depend on the rates: a few rounds reach the fixed point
+        sa, sb, sl = costmodel.host_turns(cores, k * na, k * nb, k * nl, float(threads), d_b, bg, d_a)
+        cb = costmodel.host_turns(cores, k * na, k * nb, k * nl, float(threads), 1.0, bg, d_a)[1]  # were it busy
         shape = Shape(g, na, nb, nl, 1.0, max(cb, _EPS), float(threads), 0)
         pred = predict(
             job, profile, shape, links, actor_share=sa, learner_rate_sps=full * min(1.0, sl / threads), turns=turns
         )
         msgs = (pred["produced_fps"] + pred["consumed_sps"]) / profile.fragment_samples / (g * nb)
         d_b = min(1.0, max(0.05, msgs * profile.message_seconds))
+        d_a = min(1.0, pred["produced_fps"] / (g * na) / profile.actor_fps_per_core)  # each actor's busy cores
     pred.update(
         {
             "actor_share": sa,
