@@ -251,11 +251,7 @@ def host_turns(
     bgd = [background / n_bg] * n_bg if n_bg else []
     ash = max_min_shares([1.0] * actors + [buffer_demand] * buffers + bgd, cores)
     lsh = max_min_shares(
-        [learner_threads] * learners
-        + [buffer_demand] * buffers
-        + bgd
-        + [actor_demand] * (actors if actor_demand > 0 else 0),
-        cores,
+        [learner_threads] * learners + [buffer_demand] * buffers + bgd + [actor_demand] * actors, cores
     )
     a = ash[0]
     b = min(ash[actors], lsh[learners]) if buffers else 0.0
