@@ -43,10 +43,11 @@ bench/peers/.venv-%/.installed: bench/peers/requirements/%.txt
 cluster:
 	@command -v go >/dev/null 2>&1 || { echo "make cluster: needs Go >= 1.26.7 (go not found on PATH)"; exit 2; }
 	bash cluster/build.sh
-	@# Real nodes' OCI runtime and nft (docs/local-cluster.md), from the distribution.
-	@command -v runc >/dev/null 2>&1 && command -v nft >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
-	  apt-get install -y -q --no-install-recommends runc nftables >/dev/null || \
-	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends runc nftables >/dev/null; }
+	@# Real nodes' OCI runtime, nft and iptables (NetworkPolicy's hook; docs/local-cluster.md), from the distribution.
+	@command -v runc >/dev/null 2>&1 && command -v nft >/dev/null 2>&1 && command -v iptables >/dev/null 2>&1 || \
+	  ! command -v apt-get >/dev/null 2>&1 || \
+	  apt-get install -y -q --no-install-recommends runc nftables iptables >/dev/null || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends runc nftables iptables >/dev/null; }
 
 # A local cluster (2 nodes as network namespaces, pods as processes; RUNTIME=crun: containers from
 # the images in buildah storage) for people; see docs/local-cluster.md. TIANJI_CLUSTER_INDEX=N

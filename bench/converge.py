@@ -240,6 +240,15 @@ def pair_ratios(res: dict, seeds: list[int]) -> dict:
     return out
 
 
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """`NAME=spec.a=1,spec.b=2` -> (NAME, ["spec.a=1", "spec.b=2"]); ("", []) when malformed."""
+    name, _, rest = text.partition("=")
+    sets = [x.strip() for x in rest.split(",") if x.strip()]
+    if not name.isidentifier() or not sets or not all(x.startswith("spec.") and "=" in x for x in sets):
+        return "", []
+    return name, sets
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--algos", default="ppo,dqn")
@@ -256,6 +265,9 @@ def main() -> None:
     ap.add_argument("--quota-depth", type=int, default=None, metavar="N",
                     help="also run TianJi with actors N shares of a batch ahead (TIANJI_BENCH_QUOTA_DEPTH; "
                          "default creditWindow + 1)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=PATH=V[,PATH=V...]",
+                    help="also run TianJi with these spec overrides, interleaved per seed (repeatable), e.g. "
+                         "lr2=spec.algorithm.lr=2e-3")
     ap.add_argument("--no-sb3-tianji-settings", action="store_true",
                     help="PPO: leave out SB3 run at the example's epochs/batch/lr (rl-zoo's settings only)")
     ap.add_argument("--out", help="also write the JSON here (docs/results/converge-ppo.json: bench.render_docs "
@@ -274,6 +286,12 @@ def main() -> None:
     if a.quota_depth is not None:
         variants[f"depth{a.quota_depth}"] = ([], {"TIANJI_BENCH_QUOTA_DEPTH": str(a.quota_depth)})
         chosen.append(f"depth{a.quota_depth}")
+    for v in a.variant:
+        name, sets = parse_variant(v)
+        if not name or name in variants:
+            ap.error(f"--variant {v!r}: NAME=spec.path=value[,spec.path=value...] with a new NAME")
+        variants[name] = (sets, None)
+        chosen.append(name)
     for algo in a.algos.split(","):
         res: dict = {}
         for seed in seeds:  # interleave systems per seed: shared-machine noise hits both alike

@@ -104,6 +104,8 @@ class NodeHandle:
     def start(self) -> None:
         if self.real:
             realnode.start(self)
+            if self.cluster.network_policy is not None:
+                self.cluster.network_policy.node_started(self)
             return
         c = self.cluster
         network.up_node(c.net, self.name, self.number)

@@ -58,3 +58,10 @@ def test_sb3_runs_in_the_peers_environment_once_make_peers_made_it(tmp_path, mon
     assert "make peers" in converge.sb3_run("ppo", 1, 1.0, 1)["unavailable"]
     (venv / ".installed").touch()
     assert converge.sb3_python() == str(venv / "bin" / "python")
+
+
+def test_a_variant_names_its_spec_overrides_and_a_malformed_one_is_refused():
+    assert converge.parse_variant("lr2=spec.algorithm.lr=2e-3,spec.algorithm.epochs=8") == (
+        "lr2", ["spec.algorithm.lr=2e-3", "spec.algorithm.epochs=8"])
+    for bad in ("lr2", "lr2=", "=spec.algorithm.lr=1", "lr2=algorithm.lr=1", "lr 2=spec.a=1", "x=spec.a"):
+        assert converge.parse_variant(bad) == ("", []), bad

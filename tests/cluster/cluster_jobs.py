@@ -63,6 +63,20 @@ def worker_metrics(pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) ->
             if line.startswith(prefixes)}
 
 
+def metrics_inside(c, pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) -> dict[str, float]:
+    """worker_metrics read from inside the pod (`kubectl exec`, its 127.0.0.1): for a cluster that
+    enforces the job's NetworkPolicy, which keeps this machine's own processes out of the pod."""
+    port = next(p["containerPort"] for c_ in pod["spec"]["containers"] for p in c_.get("ports") or []
+                if p["name"] == "metrics")
+    code = f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/metrics', timeout=5).read().decode())"
+    res = c.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--", "python", "-c", code,
+                    check=False)
+    if res.returncode != 0:
+        raise OSError(f"kubectl exec: {res.stderr.strip()[-300:]}")
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in res.stdout.splitlines()
+            if line.startswith(prefixes)}
+
+
 def _metrics_of_pods(c, ns: str) -> list[str]:
     out = []
     for p in pods(c, ns):
@@ -126,15 +140,17 @@ def training(c, ns: str, frames: int = 5_000) -> dict:
                     f"{frames} frames counted", interval=2.0, on_timeout=lambda: diagnostics(c, ns))
 
 
-def trains_again(c, ns: str, old_uid: str) -> dict:
+def trains_again(c, ns: str, old_uid: str, inside: bool = False) -> dict:
     """The re-created learner (another uid) runs, consumes batches its buffer sends and publishes
-    new versions: the buffer and actors found it again by its DNS name."""
+    new versions: the buffer and actors found it again by its DNS name. `inside`: its metrics
+    are read from inside its pod (metrics_inside)."""
     def progress():
         p = get(c, "pod", "-n", ns, f"{JOB}-learner-0-0")
         if not p or p["metadata"]["uid"] == old_uid or p["status"].get("phase") != "Running":
             return None
         try:
-            m = worker_metrics(p, ("tianji_policy_version{", "tianji_samples_consumed_total{"))
+            wanted = ("tianji_policy_version{", "tianji_samples_consumed_total{")
+            m = metrics_inside(c, p, wanted) if inside else worker_metrics(p, wanted)
         except OSError:
             return None
         m = {k.split("{")[0]: v for k, v in m.items()}

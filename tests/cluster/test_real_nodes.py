@@ -14,7 +14,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -206,8 +206,16 @@ def test_a_tianji_job_trains_on_real_nodes_from_the_registry(real, operator, ns)
     """The checkout's worker image (checkoutimage.py), pulled from the registry by both real nodes'
     containerd: CartPole trains to its target in pods under the kubelet, and `kubectl exec` and
     `kubectl port-forward` reach the learner while it trains. The namespace enforces Pod Security
-    `restricted`, as the quick start's does."""
+    `restricted`, as the quick start's does. Where the cluster enforces NetworkPolicy, the job
+    trains behind the operator's policy while a pod of another namespace dials its learner in vain."""
     real.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    enforced = real.network_policy.enforced
+    outsider = _outsider(real, ns) if enforced else contextlib.nullcontext()
+    with outsider as dial:
+        _trains_on_real_nodes(real, ns, dial)
+
+
+def _trains_on_real_nodes(real: LocalCluster, ns: str, dial) -> None:
     real.kubectl("apply", "-n", ns, "-f", "-", input=example({"image": real.checkout_image(), **ON_REAL_NODES}))
     learner = wait_for(lambda: next((p for p in pods(real, ns) if p["metadata"]["labels"].get(
         "tianji.dev/role") == "learner" and all(c.get("ready") for c in p["status"].get(
@@ -232,9 +240,47 @@ def test_a_tianji_job_trains_on_real_nodes_from_the_registry(real, operator, ns)
             scrape, 30, "the learner's /metrics through port-forward", on_timeout=lambda: real.kubectl(
                 "exec", "-n", ns, name, "--", "python", "-c", inside, check=False).stdout + real.kubectl(
                 "logs", "-n", ns, name, check=False).stdout[-3000:])
+    if dial is not None:  # NetworkPolicy enforced: the job trains behind its own policy
+        _kept_out_of(real, ns, learner, dial)
     st = wait_phase(real, ns, ("Succeeded", "Failed"), 600)
     assert st["phase"] == "Succeeded" and condition(st, "Succeeded")["reason"] == "StopConditionReached", st
     assert st["meanReturn"] >= 475, st
+
+
+def _kept_out(dialed: subprocess.CompletedProcess) -> bool:
+    """The probe's connect failed: refused or dropped (not connected and then silent)."""
+    said = dialed.stdout
+    return dialed.returncode != 0 and "no answer" not in said and ("refused" in said or "timeout" in said)
+
+
+@contextlib.contextmanager
+def _outsider(real: LocalCluster, ns: str) -> Iterator[Callable[[str], subprocess.CompletedProcess]]:
+    """A pod in another namespace than `ns`, whose network works (it reaches a server of its own
+    namespace); yields its dial(ADDR)."""
+    other = f"{ns}-x"
+    real.kubectl("create", "namespace", other)
+    try:
+        _serve(real, other, "node-3")
+        _pod(real, other, "cli", ["pause"], "node-3")
+        _running(real, other, "cli")
+        dial = lambda to: real.kubectl("exec", "-n", other, "cli", "--", "/probe", "dial", to, "1", check=False)
+        assert wait_for(lambda: dial(f"srv.{other}.svc.cluster.local:8080").returncode == 0, 30,
+                        "the outsider reaching its own namespace")
+        yield dial
+    finally:
+        real.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def _kept_out_of(real: LocalCluster, ns: str, learner: dict, dial) -> None:
+    """Each of the learner's ports refuses or drops the outsider, while the learner still runs."""
+    assert get(real, "networkpolicy", "-n", ns)["items"], "the operator wrote no NetworkPolicy"
+    ip = learner["status"]["podIP"]
+    for port in learner["spec"]["containers"][0]["ports"]:
+        res = dial(f"{ip}:{port['containerPort']}")
+        assert _kept_out(res), (port, res.stdout)
+    now = get(real, "pod", "-n", ns, learner["metadata"]["name"])
+    assert now and now["status"].get("podIP") == ip and now["status"].get("phase") == "Running", \
+        "the learner ended while it was dialled: nothing was shown"
 
 
 def test_a_worker_over_its_memory_limit_is_oom_killed_and_counted(real, operator, ns):
@@ -275,7 +321,8 @@ def test_a_real_node_lost_under_the_learner_moves_it_and_the_job_reaches_its_tar
             on_timeout=lambda: diagnostics(real, ns))
         assert moved["spec"]["nodeName"] in ("node-2", "node-3") and moved["metadata"]["uid"] != learner[
             "metadata"]["uid"]
-        trains_again(real, ns, learner["metadata"]["uid"])
+        # Read from inside the pod: an enforced NetworkPolicy keeps this machine's processes out.
+        trains_again(real, ns, learner["metadata"]["uid"], inside=True)
         assert_never_succeeded_untrained(real, ns)
         st = wait_phase(real, ns, ("Succeeded", "Failed"), 480)
         assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475, diagnostics(real, ns)
@@ -287,12 +334,13 @@ def test_a_real_node_lost_under_the_learner_moves_it_and_the_job_reaches_its_tar
 
 
 def test_network_policy_is_enforced_or_the_cluster_says_why_not(real, ns):
-    """kube-network-policies needs nftables' queue expression; a kernel without it refuses the rule."""
+    """kube-network-policies decides each new connection; nftables' queue rule or, where the kernel
+    has no such expression, iptables' NFQUEUE target hands it over. A kernel with neither is named."""
     enforcer = real.network_policy
     said = (real.root / "network-policy").read_text()
     assert said.strip() == enforcer.status()
     if not enforcer.enforced:
-        assert "nftables cannot queue packets here" in said and "queue num" in said
+        assert "nftables cannot queue packets here" in said and "NFQUEUE target is refused" in said
         pytest.skip(f"NetworkPolicy {said.strip()}")
     _serve(real, ns)
     real.kubectl("apply", "-f", "-", input=yaml.safe_dump({
@@ -309,7 +357,7 @@ def test_network_policy_is_enforced_or_the_cluster_says_why_not(real, ns):
         assert wait_for(lambda: dial(ns).returncode == 0, 30, "the job's own namespace reaching it")
         time.sleep(2)  # the policy's rules are in place once the first allowed dial went through
         res = dial(other)
-        assert res.returncode != 0 and ("refused" in res.stdout or "timeout" in res.stdout), res.stdout
+        assert _kept_out(res), res.stdout
     finally:
         real.kubectl("delete", "namespace", other, "--wait=false", check=False)
 
