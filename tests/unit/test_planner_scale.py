@@ -295,3 +295,20 @@ def test_time_to_target_is_charged_from_the_curve_it_cites(plans, name, cpus, gp
     for u in p.unused:
         if u["what"].startswith("a group more") and u["gain"] is not None:
             assert curve.source() in u["why"]
+
+
+def test_gpu_plans_that_starve_their_learners_go_when_one_that_feeds_them_exists():
+    """search._gpus_fed: 3 groups of 3 actors starve their GPU learners (90k frames/s for 135k);
+    2 groups of 5 feed theirs: only the fed one stays. With no fed GPU plan, nothing is dropped;
+    CPU plans are never dropped for it."""
+    from tianji.control.planner.prediction import Shape
+    from tianji.control.planner.search import Candidate, _gpus_fed
+
+    def cand(g, na, gl, tr_a, tr_l):
+        return Candidate(Shape(g, na, 1, 1, 1.0, 0.5, 1.0, gl), {"tr_a": tr_a, "tr_l": tr_l})
+
+    starved, fed, cpu_short = cand(3, 3, 1, 90e3, 135e3), cand(2, 5, 1, 100e3, 90e3), cand(2, 2, 0, 20e3, 30e3)
+    assert _gpus_fed([starved, fed, cpu_short], 1.0) == [fed, cpu_short]
+    assert _gpus_fed([starved, cpu_short], 1.0) == [starved, cpu_short]
+    # Replay ratio 2 (each frame trained on twice): 90k frames/s feed 135k samples/s, both are fed.
+    assert _gpus_fed([starved, fed], 2.0) == [starved, fed]

@@ -153,15 +153,20 @@ class PPOLearner:
         c = self.cfg
         dev = self.device
         t = self._stage(b)
+        # One non-finite input spoils the whole batch, not only the minibatches it lands in: every
+        # step's loss is made NaN, so each step is skipped after the all-reduce on every
+        # data-parallel learner alike (apply_gradients), and they stay in step.
+        spoiled = any(v.is_floating_point() and not bool(torch.isfinite(v).all()) for v in t.values()
+                      if isinstance(v, torch.Tensor))
         obs = t["obs"]
         T, N = obs.shape[:2]
         rewards = t["rewards"]
         valid = t["valid"].reshape(-1)
         flat_obs = obs.reshape(T * N, *obs.shape[2:])
         # learner-owned statistics (normalize.py), from the batch's raw valid observations
-        if getattr(self.model, "obs_rms", None) is not None:
+        if getattr(self.model, "obs_rms", None) is not None and not spoiled:
             self.model.obs_rms.update(flat_obs[valid])
-        if getattr(self.model, "ret_rms", None) is not None:
+        if getattr(self.model, "ret_rms", None) is not None and not spoiled:
             rewards = scale_rewards(self.model.ret_rms, rewards, t["dones"], c.gamma)
         adv, ret, rho_mean, explained_var = self._targets(t, flat_obs, rewards, T, N)
         idx_valid = torch.nonzero(valid).squeeze(-1)
@@ -186,6 +191,8 @@ class PPOLearner:
                 i = perm[s:s + mbs]
                 loss, pg, vl, ent, ratio, log_ratio = self.loss(mb_obs[i], mb_act[i], mb_logp[i], mb_adv[i],
                                                                 mb_ret[i])
+                if spoiled:
+                    loss = loss * float("nan")
                 if not apply_gradients(loss, self.model, self.opt, c.max_grad_norm, self.sync_grads, stats):
                     skipped += 1
                     continue

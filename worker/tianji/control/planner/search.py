@@ -141,4 +141,17 @@ def candidates(
                     if na is None:
                         continue
                     out.append(fed(job, p, Shape(g, na, nb, 1, ca, cb, cl, gl), budget, na_fit, curve))
-    return out
+    return _gpus_fed(out, r)
+
+
+def _gpus_fed(cands: list[Candidate], r: float) -> list[Candidate]:
+    """Leave out GPU plans whose actors cannot feed their learners where some GPU plan can: a GPU
+    left idle for want of actors is paid for and unused (more groups can still score higher on
+    consumed samples alone, with fewer actors each)."""
+
+    def starved(c: Candidate) -> bool:
+        return c.shape.gl > 0 and c.pred["tr_a"] * r < c.pred["tr_l"] * (1 - 1e-6)
+
+    if any(c.shape.gl > 0 and not starved(c) for c in cands):
+        return [c for c in cands if not starved(c)]
+    return cands
