@@ -76,7 +76,7 @@ lint: install
 
 # TIANJI_SKIP_CLUSTER=1: no Go build, and the cluster tier skips (a machine without root or Go).
 test: install lint $(if $(filter 1,$(TIANJI_SKIP_CLUSTER)),,cluster)
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=30 $(PYTEST_ARGS)
 
 # The real-control-plane tier alone (also part of `make test`).
 test-cluster: install cluster

@@ -162,7 +162,8 @@ def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env:
 def tianji_settings(algo: str) -> dict:
     """SB3's PPO arguments for the example's own settings: the same envs in all, rollout length, batch,
     epochs, minibatch, discounting, clip and lr schedule (rl-zoo's: 20 epochs, lr and clip annealed
-    over 100k steps; the example: 10 epochs, lr annealed over 400k frames, clip fixed)."""
+    over 100k steps; the example's: its own epochs and minibatch, lr annealed over its lrAnnealFrames,
+    clip fixed)."""
     from tianji.control.spec import load_job
 
     job = load_job(ROOT / "examples" / f"cartpole-{algo}.yaml")
@@ -292,6 +293,7 @@ def main() -> None:
             ap.error(f"--variant {v!r}: NAME=spec.path=value[,spec.path=value...] with a new NAME")
         variants[name] = (sets, None)
         chosen.append(name)
+        out.setdefault("variants", {})[f"tianji_{name}"] = sets
     for algo in a.algos.split(","):
         res: dict = {}
         for seed in seeds:  # interleave systems per seed: shared-machine noise hits both alike

@@ -121,10 +121,10 @@ def render_converge(files: list[dict]) -> list[str]:
     out = []
     for algo, r in d["results"].items():
         ms, runs = r["median_seconds"], r["runs"]
-        rows = [[LABELS.get(k, k), f"{ms[k]['solved']} / {ms[k]['runs']}", num(ms[k]["300.0"], 1),
+        rows = [[_label(d, k), f"{ms[k]['solved']} / {ms[k]['runs']}", num(ms[k]["300.0"], 1),
                  f"**{num(ms[k]['475.0'], 1)}**", ", ".join(num(x["seconds"].get("475.0"), 1) for x in runs[k])]
                 for k in runs]
-        pairs = [f"{LABELS.get(k.split('_over_')[0], k)} over {LABELS.get(k.split('_over_')[1], k)}: "
+        pairs = [f"{_label(d, k.split('_over_')[0])} over {_label(d, k.split('_over_')[1])}: "
                  f"{', '.join(num(x, 2) for x in p['ratios'])} (median **{num(p['median'], 2)}**)"
                  for k, p in r["pairs"].items()]
         out += [f"CartPole {algo.upper()}, seeds {', '.join(map(str, next(iter(r['pairs'].values()))['seeds']))}; "
@@ -209,7 +209,13 @@ def render_atari_peers(files: list[dict]) -> list[str]:
 
 
 LABELS = {"tianji_hand": "TianJi, the example", "sb3": "SB3, rl-zoo's settings",
-          "sb3_tianji_settings": "SB3, the example's settings (10 epochs, lr over 400k)"}
+          "sb3_tianji_settings": "SB3, the example's settings"}
+
+
+def _label(d: dict, key: str) -> str:
+    """A converge run's row name: known systems by name, --variant runs by their overrides."""
+    sets = d.get("variants", {}).get(key)
+    return LABELS.get(key) or (f"TianJi, the example with {', '.join(f'`{x}`' for x in sets)}" if sets else key)
 
 
 def render_learner_step(files: list[dict]) -> list[str]:
