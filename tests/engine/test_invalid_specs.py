@@ -121,7 +121,7 @@ def test_numbers_read_as_kubectl_reads_them(tmp_path):
     from tianji.control.spec import load_job
 
     p = tmp_path / "job.yaml"
-    p.write_text((EXAMPLES / "cartpole-ppo.yaml").read_text().replace("lr: 1.0e-3", "lr: 3e-4", 1))
+    p.write_text((EXAMPLES / "cartpole-ppo.yaml").read_text().replace("lr: 3.0e-3", "lr: 3e-4", 1))
     assert load_job(p).spec.algorithm.lr == 3e-4
     job = load_job(EXAMPLES / "cartpole-ppo.yaml", ["spec.algorithm.lr=5E-4", "spec.topology.actors=3.0",
                                                     "spec.stop.envFrames=1e6"])
@@ -218,7 +218,7 @@ def _annotation_not_a_string(tmp_path):
 
 
 def _duplicate_key(tmp_path):
-    return _write(tmp_path, PPO_TEXT.replace("    lr: 1.0e-3", "    lr: 1.0e-3\n    lr: 5")), \
+    return _write(tmp_path, PPO_TEXT.replace("    lr: 3.0e-3", "    lr: 3.0e-3\n    lr: 5")), \
         "spec.algorithm.lr: duplicate key 'lr'"
 
 
@@ -259,11 +259,11 @@ def _mean_return_nan(tmp_path):
 
 
 def _lr_nan(tmp_path):
-    return _write(tmp_path, PPO_TEXT.replace("lr: 1.0e-3", "lr: .NaN")), "spec.algorithm.lr: non-finite number '.NaN'"
+    return _write(tmp_path, PPO_TEXT.replace("lr: 3.0e-3", "lr: .NaN")), "spec.algorithm.lr: non-finite number '.NaN'"
 
 
 def _lr_overflowing_to_inf(tmp_path):
-    return _write(tmp_path, PPO_TEXT.replace("lr: 1.0e-3", "lr: 1e999")), "spec.algorithm.lr: non-finite number '1e999'"
+    return _write(tmp_path, PPO_TEXT.replace("lr: 3.0e-3", "lr: 1e999")), "spec.algorithm.lr: non-finite number '1e999'"
 
 
 def _seed_1e30(tmp_path):
@@ -392,4 +392,4 @@ def test_the_operators_validation_passes_a_good_spec_through():
 
     spec = yaml.safe_load(PPO_TEXT)["spec"]
     job = checked_job({"metadata": {"name": "cartpole-ppo", "namespace": "default"}, "spec": spec})
-    assert job.spec.algorithm.lr == 1e-3 and job.spec.stop.mean_return == 475
+    assert job.spec.algorithm.lr == 3e-3 and job.spec.stop.mean_return == 475
