@@ -51,30 +51,34 @@ DIAGNOSTIC_METRICS = ("tianji_policy_version", "tianji_samples_consumed_total", 
                       "tianji_learner_")
 
 
+def _metrics_port(pod: dict) -> int:
+    return next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports") or []
+                if p["name"] == "metrics")
+
+
+def _series(text: str, prefixes: tuple[str, ...]) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(prefixes)}
+
+
 def worker_metrics(pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) -> dict[str, float]:
     """A worker process's own series (name{labels} -> value) from its /metrics on its pod IP."""
     import urllib.request
 
-    port = next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports") or []
-                if p["name"] == "metrics")
-    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith(prefixes)}
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{_metrics_port(pod)}/metrics", timeout=5) as r:
+        return _series(r.read().decode(), prefixes)
 
 
 def metrics_inside(c, pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) -> dict[str, float]:
     """worker_metrics read from inside the pod (`kubectl exec`, its 127.0.0.1): for a cluster that
     enforces the job's NetworkPolicy, which keeps this machine's own processes out of the pod."""
-    port = next(p["containerPort"] for c_ in pod["spec"]["containers"] for p in c_.get("ports") or []
-                if p["name"] == "metrics")
-    code = f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/metrics', timeout=5).read().decode())"
+    url = f"http://127.0.0.1:{_metrics_port(pod)}/metrics"
+    code = f"import urllib.request as u; print(u.urlopen('{url}', timeout=5).read().decode())"
     res = c.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--", "python", "-c", code,
                     check=False)
     if res.returncode != 0:
         raise OSError(f"kubectl exec: {res.stderr.strip()[-300:]}")
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in res.stdout.splitlines()
-            if line.startswith(prefixes)}
+    return _series(res.stdout, prefixes)
 
 
 def _metrics_of_pods(c, ns: str) -> list[str]:
