@@ -168,3 +168,29 @@ def assert_never_succeeded_untrained(c, ns: str) -> None:
     st = status(c, ns)
     if st.get("phase") == "Succeeded":
         assert st["meanReturn"] >= 475 and st.get("policyVersion", 0) > 0, st
+
+
+def ends_at_a_confirmed_target(c, ns: str) -> dict:
+    """Succeeded at its target, not on a budget, confirmed by the saved policy's own evaluation."""
+    st = wait_phase(c, ns, ("Succeeded", "Failed"), 480)
+    assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(c, ns)
+    assert condition(st, "TargetReached")["status"] == "True", st.get("conditions")
+    assert st["targetEvaluation"]["mean_return"] >= 475, st["targetEvaluation"]  # the saved policy's own
+    return st
+
+
+def worker_pid(ns: str, pod: str) -> int:
+    """The pid of pod `pod`'s worker process: a process-mode node's pod or a real node's
+    container, both this machine's processes."""
+    want = {f"TIANJI_NAMESPACE={ns}".encode(), f"TIANJI_POD_NAME={pod}".encode()}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = set((proc / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if b"worker" in cmd and b"--role" in cmd and want <= env:
+            return int(proc.name)
+    raise AssertionError(f"no worker process of {ns}/{pod}")

@@ -2,7 +2,8 @@
 stopped mid-run (its agent and every process of it killed at once, as a machine that loses
 power), while the job trains examples/cartpole-ppo.yaml. The job must not stall: the learner
 comes back (on another node when its node is gone), trains on, and its peers find it; and it
-must never succeed untrained.
+must never succeed untrained. (A worker killed with SIGKILL, restarted in place by the kubelet,
+and a real node's power loss: test_real_nodes.py.)
 
 The cluster's default StorageClass (localcluster/provisioner.py: volumes every node reaches, as
 network storage) holds each learner's checkpoints on a claim of its own, so a re-created learner
@@ -10,17 +11,14 @@ resumes where it stopped, on whichever node. Every test waits for the target: th
 and never succeeds untrained.
 
 Also: a buffer pod and an actor pod deleted (each re-creation counted once, frames counted once),
-a learner's worker killed with SIGKILL (restarted in place, counted), a suspend and resume
+a suspend and resume
 (the learner resumes from its claim; nothing counted as a disruption), and `kubectl scale` while
 the learner pod is gone (the scale holds; the scale-up is no re-creation). A job that ends at its
 target does so on the confirming evaluation of its saved policy (`status.targetEvaluation`)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -30,6 +28,7 @@ from cluster_jobs import (
     assert_never_succeeded_untrained,
     condition,
     diagnostics,
+    ends_at_a_confirmed_target,
     example,
     pods,
     status,
@@ -70,15 +69,6 @@ def delete_pod(c, ns: str, pod: str, how: str) -> None:
                   '[{"op": "remove", "path": "/metadata/finalizers"}]')
 
 
-def _ends_at_a_confirmed_target(c, ns: str) -> dict:
-    """Succeeded at its target, not on a budget, confirmed by the saved policy's own evaluation."""
-    st = wait_phase(c, ns, ("Succeeded", "Failed"), 480)
-    assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(c, ns)
-    assert condition(st, "TargetReached")["status"] == "True", st.get("conditions")
-    assert st["targetEvaluation"]["mean_return"] >= 475, st["targetEvaluation"]  # the saved policy's own
-    return st
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("how", HOW)
 def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster, operator, namespace, how):
@@ -99,7 +89,7 @@ def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster
     resumed = trains_again(cluster, namespace, old["metadata"]["uid"])
     if how != "forced":  # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on
         assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
-    st = _ends_at_a_confirmed_target(cluster, namespace)
+    st = ends_at_a_confirmed_target(cluster, namespace)
     assert st["meanReturn"] >= 475 and st["policyVersion"] > 0, st
     assert st["restartsByRole"]["learner"]["pods"] >= 1, st["restartsByRole"]  # the re-creation counted
 
@@ -171,22 +161,6 @@ def test_a_deleted_buffer_pod_is_counted_once_and_the_job_reaches_its_target(clu
     assert st["restartsByRole"]["buffer"]["pods"] >= 1, st["restartsByRole"]
 
 
-def _worker_pid(ns: str, pod: str) -> int:
-    """The pid of pod `pod`'s worker process (the node agents run pods as this machine's processes)."""
-    want = {f"TIANJI_NAMESPACE={ns}".encode(), f"TIANJI_POD_NAME={pod}".encode()}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            env = set((proc / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if b"worker" in cmd and b"--role" in cmd and want <= env:
-            return int(proc.name)
-    raise AssertionError(f"no worker process of {ns}/{pod}")
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("how", HOW)
 def test_a_deleted_actor_pod_is_counted_once_and_the_job_reaches_its_target(cluster, operator, namespace, how):
@@ -198,25 +172,8 @@ def test_a_deleted_actor_pod_is_counted_once_and_the_job_reaches_its_target(clus
     gone = old["metadata"]["uid"]
     wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, actor)) and p["metadata"]["uid"] != gone, 120,
              "the StatefulSet to make the actor again", on_timeout=lambda: diagnostics(cluster, namespace))
-    st = _ends_at_a_confirmed_target(cluster, namespace)
+    st = ends_at_a_confirmed_target(cluster, namespace)
     assert st["restartsByRole"]["actor"]["pods"] == 1, st["restartsByRole"]
-
-
-@pytest.mark.timeout(900)
-def test_a_learner_killed_with_sigkill_restarts_in_place_counted(cluster, operator, namespace):
-    cluster.kubectl("apply", "-n", namespace, "-f", "-",
-                    input=example({**TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
-    training(cluster, namespace)
-    learner = f"{JOB}-learner-0-0"
-    uid = get(cluster, "pod", "-n", namespace, learner)["metadata"]["uid"]
-    os.kill(_worker_pid(namespace, learner), signal.SIGKILL)
-    wait_for(lambda: status(cluster, namespace).get("restartsByRole", {}).get("learner", {}).get("containers", 0) >= 1,
-             120, "the learner's container restart counted", on_timeout=lambda: diagnostics(cluster, namespace))
-    st = _ends_at_a_confirmed_target(cluster, namespace)
-    # One read: the ended job's pods go away, and may between two reads.
-    now = get(cluster, "pod", "-n", namespace, learner)
-    assert now is None or now["metadata"]["uid"] == uid  # in place, not re-created
-    assert st["restartsByRole"]["learner"] == {"containers": 1, "pods": 0}, st["restartsByRole"]
 
 
 @pytest.mark.timeout(900)
@@ -232,7 +189,7 @@ def test_a_suspended_job_resumes_from_its_checkpoint_and_reaches_its_target(clus
     version = status(cluster, namespace).get("policyVersion", 0)
     cluster.kubectl("patch", "tjj", JOB, "-n", namespace, "--type=merge", "-p",
                     json.dumps({"spec": {"runPolicy": {"suspend": False}}}))
-    st = _ends_at_a_confirmed_target(cluster, namespace)
+    st = ends_at_a_confirmed_target(cluster, namespace)
     assert st["policyVersion"] >= version, (version, st["policyVersion"])  # resumed, not from scratch
     by_role = st["restartsByRole"]
     assert all(v == {"containers": 0, "pods": 0} for v in by_role.values()), by_role  # the operator's own doing
@@ -252,6 +209,6 @@ def test_a_scale_while_the_learner_is_re_created_holds_and_the_job_reaches_its_t
     trains_again(cluster, namespace, old["metadata"]["uid"])
     wait_for(lambda: get(cluster, "statefulset", "-n", namespace, f"{JOB}-actor-0")["spec"]["replicas"] == 3, 120,
              "the actors' StatefulSet at 3", on_timeout=lambda: diagnostics(cluster, namespace))
-    st = _ends_at_a_confirmed_target(cluster, namespace)  # (an ended job's actors are scaled to 0)
+    st = ends_at_a_confirmed_target(cluster, namespace)  # (an ended job's actors are scaled to 0)
     by_role = st["restartsByRole"]
     assert by_role["learner"]["pods"] == 1 and by_role["actor"]["pods"] == 0, by_role

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -26,12 +27,14 @@ from cluster_jobs import (
     assert_never_succeeded_untrained,
     condition,
     diagnostics,
+    ends_at_a_confirmed_target,
     example,
     pods,
     status,
     training,
     trains_again,
     wait_phase,
+    worker_pid,
 )
 from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, running, wait_for
 from conftest import AGENT_ARGS
@@ -331,6 +334,71 @@ def test_a_real_node_lost_under_the_learner_moves_it_and_the_job_reaches_its_tar
         node.start()
         real.wait_nodes_ready(120)
         real.route_pods()
+
+
+@pytest.mark.timeout(900)
+def test_a_learner_killed_with_sigkill_is_restarted_in_place_by_the_kubelet_and_counted(real, operator, ns):
+    """The learner's worker, its container's first process, SIGKILLed from the machine as the
+    kernel's OOM killer or a crash would: the kubelet restarts the container in the same pod
+    (its restartCount, exit code 137), the operator counts one container restart and no
+    re-creation, and the job resumes from its checkpoint to the confirmed target."""
+    real.kubectl("apply", "-n", ns, "-f", "-", input=example(
+        {"image": real.checkout_image(), **ON_REAL_NODES, **TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
+    training(real, ns)
+    learner = f"{JOB}-learner-0-0"
+    uid = get(real, "pod", "-n", ns, learner)["metadata"]["uid"]
+    os.kill(worker_pid(ns, learner), signal.SIGKILL)
+    restarted = wait_for(lambda: (p := get(real, "pod", "-n", ns, learner)) and p["status"].get(
+        "containerStatuses", [{}])[0].get("restartCount", 0) >= 1 and p, 120, "the kubelet restarting the learner",
+        on_timeout=lambda: diagnostics(real, ns))
+    assert restarted["metadata"]["uid"] == uid, "re-created, not restarted in place"
+    last = restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert last["exitCode"] == 137, last
+    wait_for(lambda: status(real, ns).get("restartsByRole", {}).get("learner", {}).get("containers", 0) >= 1,
+             120, "the learner's container restart counted", on_timeout=lambda: diagnostics(real, ns))
+    st = ends_at_a_confirmed_target(real, ns)
+    assert st["restartsByRole"]["learner"] == {"containers": 1, "pods": 0}, st["restartsByRole"]
+
+
+def _host_ports(p: dict) -> set[int]:
+    return {port["hostPort"] for c in p["spec"]["containers"] for port in c.get("ports") or [] if port.get("hostPort")}
+
+
+@pytest.mark.timeout(900)
+def test_host_network_actors_take_one_real_node_each_and_the_third_waits_named(real, operator, ns):
+    """A hostNetwork job on the two real nodes, each with its own network namespace (its `eth0`
+    is the node IP) and the kubelet's own host ports; NetworkPolicy enforced where the cluster
+    does. A group's actors share one pod template, so they ask for the same host ports: the
+    scheduler puts at most one of them on a node (NodePorts). With 3 actors on 2 nodes, one stays
+    Pending, the job's Ready condition quotes why, and the job trains with the two, across nodes."""
+    small = {"learner": {"cpu": 0.5}, "buffer": {"cpu": 0.25}, "actor": {"cpu": 0.25}}  # ports bind, not CPU
+    real.kubectl("apply", "-n", ns, "-f", "-", input=example({
+        "image": real.checkout_image(), **ON_REAL_NODES, "resources": small, "topology": {"actors": 3},
+        "network": {"hostNetwork": True, "interface": "eth0"}}))
+    running = wait_for(lambda: (ps := [p for p in pods(real, ns) if p["status"].get("phase") == "Running"])
+                       and len(ps) == 4 and ps, 300, "learner, buffer and 2 actors running", interval=2.0,
+                       on_timeout=lambda: diagnostics(real, ns))
+    by_node: dict[str, list[dict]] = {}
+    for p in running:
+        assert p["spec"]["hostNetwork"] and p["status"]["podIP"] == p["status"]["hostIP"], p["status"]
+        by_node.setdefault(p["spec"]["nodeName"], []).append(p)
+    assert set(by_node) == {"node-2", "node-3"}, sorted(by_node)
+    actors = {n: [p for p in ps if p["metadata"]["labels"]["tianji.dev/role"] == "actor"] for n, ps in by_node.items()}
+    assert sorted(len(a) for a in actors.values()) == [1, 1], {n: [p["metadata"]["name"] for p in a]
+                                                               for n, a in actors.items()}
+    for node, ps in by_node.items():  # no two pods of a node share a host port
+        ports = [port for p in ps for port in _host_ports(p)]
+        assert ports and len(ports) == len(set(ports)), (node, ports)
+    # The status is written once a monitor tick, so it may still quote a pod that waited for its
+    # image a moment ago: wait for the tick that quotes the actor left waiting.
+    waiting = {p["metadata"]["name"] for p in pods(real, ns)} - {p["metadata"]["name"] for p in running}
+    assert len(waiting) == 1 and "actor" in next(iter(waiting)), waiting
+    ready = wait_for(lambda: (c := condition(status(real, ns), "Ready")) and c["reason"] == "Unschedulable"
+                     and next(iter(waiting)) in c["message"] and c, 60, f"Ready False/Unschedulable naming {waiting}",
+                     interval=2.0, on_timeout=lambda: condition(status(real, ns), "Ready"))
+    assert "free ports" in ready["message"], ready
+    st = wait_phase(real, ns, ("Succeeded", "Failed"), 600)
+    assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475, diagnostics(real, ns)
 
 
 def test_network_policy_is_enforced_or_the_cluster_says_why_not(real, ns):
