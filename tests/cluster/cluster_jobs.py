@@ -3,6 +3,7 @@ worker processes' own final reports (their termination-message files, kept by th
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -194,3 +195,33 @@ def worker_pid(ns: str, pod: str) -> int:
         if b"worker" in cmd and b"--role" in cmd and want <= env:
             return int(proc.name)
     raise AssertionError(f"no worker process of {ns}/{pod}")
+
+
+LINGER = "tianji.test/linger"  # a finalizer of the test's own: the object outlives its worker
+
+
+HOW = ["graceful", "lingering", "forced"]
+
+
+def delete_pod(c, ns: str, pod: str, how: str) -> None:
+    """graceful: `kubectl delete`; lingering: the same while a finalizer keeps the terminated
+    object 10 s after its worker stopped (nothing can take its name meanwhile); forced:
+    `--grace-period=0 --force` (the object goes at once; no last checkpoint, no final report)."""
+    if how == "lingering":
+        c.kubectl("patch", "pod", pod, "-n", ns, "--type=merge", "-p",
+                  json.dumps({"metadata": {"finalizers": [LINGER]}}))
+    if how == "forced":
+        c.kubectl("delete", "pod", pod, "-n", ns, "--grace-period=0", "--force", "--wait=false")
+        return
+    c.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
+    if how == "lingering":
+        wait_for(lambda: (p := get(c, "pod", "-n", ns, pod)) and all(
+            "terminated" in (cs.get("state") or {}) for cs in p["status"].get("containerStatuses") or [{}]),
+                 120, f"{pod}'s worker stopped under the finalizer", interval=1.0,
+                 on_timeout=lambda: diagnostics(c, ns))
+        time.sleep(10)  # the object lingers: the job goes on and nothing takes its name meanwhile
+        still = get(c, "pod", "-n", ns, pod)
+        assert still and still["metadata"].get("deletionTimestamp"), still
+        assert status(c, ns).get("phase") in ("Running", "Pending"), status(c, ns)
+        c.kubectl("patch", "pod", pod, "-n", ns, "--type=json", "-p",
+                  '[{"op": "remove", "path": "/metadata/finalizers"}]')

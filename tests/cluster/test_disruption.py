@@ -1,20 +1,17 @@
-"""Disruptions on the real control plane: a learner pod deleted mid-run, and a whole node
-stopped mid-run (its agent and every process of it killed at once, as a machine that loses
-power), while the job trains examples/cartpole-ppo.yaml. The job must not stall: the learner
-comes back (on another node when its node is gone), trains on, and its peers find it; and it
-must never succeed untrained. (A worker killed with SIGKILL, restarted in place by the kubelet,
-and a real node's power loss: test_real_nodes.py.)
+"""Disruptions on the real control plane, on process-mode nodes, while the job trains
+examples/cartpole-ppo.yaml: a buffer pod and an actor pod deleted mid-run (gracefully, lingering
+under a finalizer, or forced; each re-creation counted once, frames counted once), a suspend and
+resume (the learner resumes from its claim; nothing counted as a disruption), and `kubectl
+scale` while the learner pod is gone (the scale holds; the scale-up is no re-creation). The job
+must not stall, and must never succeed untrained. A job that ends at its target does so on the
+confirming evaluation of its saved policy (`status.targetEvaluation`).
+
+The learner's own disruptions run under the kubelet, in test_real_nodes.py: its pod deleted
+(the same three ways), its worker SIGKILLed, its node's power lost.
 
 The cluster's default StorageClass (localcluster/provisioner.py: volumes every node reaches, as
 network storage) holds each learner's checkpoints on a claim of its own, so a re-created learner
-resumes where it stopped, on whichever node. Every test waits for the target: the job recovers,
-and never succeeds untrained.
-
-Also: a buffer pod and an actor pod deleted (each re-creation counted once, frames counted once),
-a suspend and resume
-(the learner resumes from its claim; nothing counted as a disruption), and `kubectl scale` while
-the learner pod is gone (the scale holds; the scale-up is no re-creation). A job that ends at its
-target does so on the confirming evaluation of its saved policy (`status.targetEvaluation`)."""
+resumes where it stopped, on whichever node."""
 from __future__ import annotations
 
 import json
@@ -23,10 +20,10 @@ import time
 import pytest
 
 from cluster_jobs import (
+    HOW,
     JOB,
     TARGET_ONLY,
-    assert_never_succeeded_untrained,
-    condition,
+    delete_pod,
     diagnostics,
     ends_at_a_confirmed_target,
     example,
@@ -35,96 +32,8 @@ from cluster_jobs import (
     training,
     trains_again,
     wait_phase,
-    worker_metrics,
 )
 from clusterkit import get, wait_for
-
-LINGER = "tianji.test/linger"  # a finalizer of the test's own: the object outlives its worker
-
-
-HOW = ["graceful", "lingering", "forced"]
-
-
-def delete_pod(c, ns: str, pod: str, how: str) -> None:
-    """graceful: `kubectl delete`; lingering: the same while a finalizer keeps the terminated
-    object 10 s after its worker stopped (nothing can take its name meanwhile); forced:
-    `--grace-period=0 --force` (the object goes at once; no last checkpoint, no final report)."""
-    if how == "lingering":
-        c.kubectl("patch", "pod", pod, "-n", ns, "--type=merge", "-p",
-                  json.dumps({"metadata": {"finalizers": [LINGER]}}))
-    if how == "forced":
-        c.kubectl("delete", "pod", pod, "-n", ns, "--grace-period=0", "--force", "--wait=false")
-        return
-    c.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
-    if how == "lingering":
-        wait_for(lambda: (p := get(c, "pod", "-n", ns, pod)) and all(
-            "terminated" in (cs.get("state") or {}) for cs in p["status"].get("containerStatuses") or [{}]),
-                 120, f"{pod}'s worker stopped under the finalizer", interval=1.0,
-                 on_timeout=lambda: diagnostics(c, ns))
-        time.sleep(10)  # the object lingers: the job goes on and nothing takes its name meanwhile
-        still = get(c, "pod", "-n", ns, pod)
-        assert still and still["metadata"].get("deletionTimestamp"), still
-        assert status(c, ns).get("phase") in ("Running", "Pending"), status(c, ns)
-        c.kubectl("patch", "pod", pod, "-n", ns, "--type=json", "-p",
-                  '[{"op": "remove", "path": "/metadata/finalizers"}]')
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("how", HOW)
-def test_a_deleted_learner_pod_comes_back_and_the_job_reaches_its_target(cluster, operator, namespace, how):
-    # A periodic checkpoint every 5 s: what a forced delete loses (it writes no last one).
-    cluster.kubectl("apply", "-n", namespace, "-f", "-",
-                    input=example({**TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
-    st = training(cluster, namespace)
-    durable = condition(st, "Durable")
-    assert durable["status"] == "True" and durable["reason"] == "DefaultStorageClass", durable
-    learner = f"{JOB}-learner-0-0"
-    old = get(cluster, "pod", "-n", namespace, learner)
-    before = worker_metrics(old, ("tianji_policy_version{",))
-    delete_pod(cluster, namespace, learner, how)
-    new = wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, learner)) and
-                   p["metadata"]["uid"] != old["metadata"]["uid"] and p, 120, "the learner pod re-created",
-                   on_timeout=lambda: diagnostics(cluster, namespace))
-    assert new["spec"]["hostname"] == learner
-    resumed = trains_again(cluster, namespace, old["metadata"]["uid"])
-    if how != "forced":  # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on
-        assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
-    st = ends_at_a_confirmed_target(cluster, namespace)
-    assert st["meanReturn"] >= 475 and st["policyVersion"] > 0, st
-    assert st["restartsByRole"]["learner"]["pods"] >= 1, st["restartsByRole"]  # the re-creation counted
-
-
-@pytest.mark.timeout(1200)
-def test_a_stopped_node_is_named_and_its_pods_come_back_elsewhere(cluster, operator, namespace):
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(TARGET_ONLY))
-    training(cluster, namespace)
-    learner = get(cluster, "pod", "-n", namespace, f"{JOB}-learner-0-0")
-    node_name = learner["spec"]["nodeName"]
-    node = next(n for n in cluster.nodes if n.name == node_name)
-    on_node = sorted(p["metadata"]["name"] for p in pods(cluster, namespace) if p["spec"]["nodeName"] == node_name)
-    node.stop()
-    try:
-        # The lifecycle controller marks the node, evicts its pods; the operator releases the
-        # stuck ones and says which node it lost.
-        events = wait_for(lambda: [e for e in (get(cluster, "events", "-n", namespace) or {}).get("items", [])
-                                   if e.get("reason") == "NodeLost"], 240, "a NodeLost event",
-                          interval=2.0, on_timeout=lambda: diagnostics(cluster, namespace))
-        assert any(node_name in e["message"] for e in events), [e["message"] for e in events]
-        moved = wait_for(lambda: (p := get(cluster, "pod", "-n", namespace, f"{JOB}-learner-0-0")) and
-                         p["spec"].get("nodeName") not in (None, node_name) and p, 180,
-                         "the learner on another node", interval=2.0,
-                         on_timeout=lambda: diagnostics(cluster, namespace))
-        assert moved["metadata"]["uid"] != learner["metadata"]["uid"]
-        trains_again(cluster, namespace, learner["metadata"]["uid"])
-        assert_never_succeeded_untrained(cluster, namespace)
-        assert on_node, "the stopped node ran none of the job's pods"
-        # The actors on the surviving node dropped their half-open links to the lost learner
-        # (heartbeats: runtime/liveness.py) and follow its replacement: the job reaches its target.
-        st = wait_phase(cluster, namespace, ("Succeeded", "Failed"), 480)
-        assert st["phase"] == "Succeeded" and st["meanReturn"] >= 475, diagnostics(cluster, namespace)
-    finally:
-        node.start()
-        cluster.wait_nodes_ready(120)
 
 
 @pytest.mark.timeout(900)

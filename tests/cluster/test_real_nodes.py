@@ -22,13 +22,16 @@ import pytest
 import yaml
 
 from cluster_jobs import (
+    HOW,
     JOB,
     TARGET_ONLY,
     assert_never_succeeded_untrained,
     condition,
+    delete_pod,
     diagnostics,
     ends_at_a_confirmed_target,
     example,
+    metrics_inside,
     pods,
     status,
     training,
@@ -334,6 +337,33 @@ def test_a_real_node_lost_under_the_learner_moves_it_and_the_job_reaches_its_tar
         node.start()
         real.wait_nodes_ready(120)
         real.route_pods()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("how", HOW)
+def test_a_deleted_learner_pod_comes_back_under_the_kubelet_and_the_job_reaches_its_target(real, operator, ns, how):
+    """The learner pod deleted (graceful, lingering under a finalizer, or forced) while the job
+    trains: the kubelet stops its container, the operator makes the pod again, it resumes from
+    its checkpoint claim, its peers find it by name, and the job reaches its confirmed target."""
+    # A periodic checkpoint every 5 s: what a forced delete loses (it writes no last one).
+    real.kubectl("apply", "-n", ns, "-f", "-", input=example(
+        {"image": real.checkout_image(), **ON_REAL_NODES, **TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
+    st = training(real, ns)
+    durable = condition(st, "Durable")
+    assert durable["status"] == "True" and durable["reason"] == "DefaultStorageClass", durable
+    learner = f"{JOB}-learner-0-0"
+    old = get(real, "pod", "-n", ns, learner)
+    before = metrics_inside(real, old, ("tianji_policy_version{",))
+    delete_pod(real, ns, learner, how)
+    new = wait_for(lambda: (p := get(real, "pod", "-n", ns, learner)) and p["metadata"]["uid"] != old["metadata"][
+        "uid"] and p, 120, "the learner pod re-created", on_timeout=lambda: diagnostics(real, ns))
+    assert new["spec"]["hostname"] == learner
+    resumed = trains_again(real, ns, old["metadata"]["uid"], inside=True)
+    if how != "forced":  # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on
+        assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
+    st = ends_at_a_confirmed_target(real, ns)
+    assert st["meanReturn"] >= 475 and st["policyVersion"] > 0, st
+    assert st["restartsByRole"]["learner"]["pods"] >= 1, st["restartsByRole"]  # the re-creation counted
 
 
 @pytest.mark.timeout(900)
