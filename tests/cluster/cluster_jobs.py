@@ -11,12 +11,18 @@ import yaml
 
 from clusterkit import get, wait_for
 from helpers import merge_spec
+from localcluster.realnode import KIND_LABEL
 from tianji.control.contracts.accounting import Accounting
 from tianji.control.contracts.rolereport import parse_report
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cartpole-ppo.yaml"
 JOB = "cartpole-ppo"
+
+# The real cluster's real nodes (conftest.py's `real`) are tainted: only pods that ask land there.
+REAL_NODE_TAINT = "tianji.local/real-node=true:NoSchedule"
+ON_REAL = {"tolerations": [{"key": "tianji.local/real-node", "operator": "Exists", "effect": "NoSchedule"}]}
+ON_REAL_NODES = {"pods": {"all": {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}}}
 
 
 def example(patch: Optional[dict] = None, name: str = JOB) -> str:
@@ -25,6 +31,11 @@ def example(patch: Optional[dict] = None, name: str = JOB) -> str:
     doc["metadata"]["name"] = name
     merge_spec(doc["spec"], patch or {})
     return yaml.safe_dump(doc)
+
+
+def on_real_nodes(c, patch: Optional[dict] = None) -> str:
+    """example(patch) whose pods run the checkout's image on `c`'s real nodes."""
+    return example({"image": c.checkout_image(), **ON_REAL_NODES, **(patch or {})})
 
 
 def status(c, ns: str, name: str = JOB) -> dict:
@@ -129,7 +140,7 @@ def workers_view(reports: list[dict], name: str = JOB) -> dict[str, Any]:
     return acc.view(1.0)
 
 
-# ----------------------------------------------------------------- disruptions (test_disruption, test_real_nodes)
+# ----------------------------------------------------------------- disruptions (test_real_disruption, test_real_nodes)
 # Only the target ends these jobs (the example's frame and time budgets could end a job whose
 # learner had to start over before it got back to 475). Half the example's learning rate: the
 # example solves in about 30 s here, so a disruption at the first frames counted would otherwise

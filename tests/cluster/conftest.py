@@ -4,6 +4,9 @@ cluster`, two nodes run by the node agent) and the operator installed by `helm i
 charts/tianji-operator, running in a pod with the chart's ServiceAccount.
 
 One cluster and one release serve the whole session; each test works in its own namespace.
+A second cluster, `real`, has two real nodes (the kubelet and containerd, images pulled from its
+registry, NetworkPolicy enforced) beside a process-mode node for the operator; its tests are
+test_real_*.py, which run one after the other, so it lives from the first of them to the end.
 On these machines the tier never skips: missing programs fail it (`make cluster` builds them).
 `TIANJI_SKIP_CLUSTER=1` skips it, for machines without root or Go."""
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from cluster_jobs import REAL_NODE_TAINT
 from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator, running
+from localcluster import network
 from localcluster.cluster import BIN, LocalCluster, missing_programs
 from localcluster.pods import unavailable_reason
 
@@ -72,3 +77,43 @@ def namespace(cluster: LocalCluster) -> str:
     cluster.kubectl("create", "namespace", ns)
     yield ns
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _free_real_index() -> int:
+    taken = os.environ.get("TIANJI_CLUSTER_INDEX", "")  # the session's cluster may take it later
+    for i in range(15, 0, -1):
+        if str(i) != taken and not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
+            return i
+    raise RuntimeError("no free local-cluster address range")
+
+
+@pytest.fixture(scope="session")
+def real() -> LocalCluster:
+    """node-1 a process-mode node (the operator's pod, by the chart); node-2 and node-3 real,
+    tainted so that only pods that ask for them land there (cluster_jobs.ON_REAL_NODES)."""
+    if os.environ.get("TIANJI_SKIP_CLUSTER") == "1":
+        pytest.skip("TIANJI_SKIP_CLUSTER=1")
+    missing = missing_programs(real=True)
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: run `make cluster` (make test does)")
+    root = Path(tempfile.mkdtemp(prefix="tianji-real-"))
+    with running(LocalCluster(1, index=_free_real_index(), root=root, agent_args=AGENT_ARGS, real_nodes=2,
+                              real_taints=(REAL_NODE_TAINT,))) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def real_operator(real: LocalCluster) -> str:
+    """The chart's operator on the real cluster, in its pod on the process-mode node."""
+    install_operator(real, None)
+    yield RELEASE
+    helm(real, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
+
+
+@pytest.fixture
+def ns(real: LocalCluster) -> str:
+    """A namespace of the real cluster's, for one test."""
+    name = f"r-{uuid.uuid4().hex[:6]}"
+    real.kubectl("create", "namespace", name)
+    yield name
+    real.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -2,19 +2,17 @@
 cluster's registry (TianJi's workers from the checkout's image, checkoutimage.py), beside a
 process-mode node that runs the operator.
 
-A cluster of its own for this module: node-1 is a process-mode node (the operator's pod, by the
-chart), node-2 and node-3 are real, tainted so that only pods that ask for them land there."""
+The cluster of real nodes (conftest.py's `real`, one per session, shared with
+test_real_disruption.py): node-1 is a process-mode node (the operator's pod, by the chart), node-2
+and node-3 are real, tainted so that only pods that ask for them land there."""
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,68 +20,24 @@ import pytest
 import yaml
 
 from cluster_jobs import (
-    HOW,
     JOB,
+    ON_REAL,
+    ON_REAL_NODES,
     TARGET_ONLY,
     assert_never_succeeded_untrained,
     condition,
-    delete_pod,
     diagnostics,
-    ends_at_a_confirmed_target,
     example,
-    metrics_inside,
+    on_real_nodes,
     pods,
     status,
     training,
     trains_again,
     wait_phase,
-    worker_pid,
 )
-from clusterkit import OPERATOR_NS, RELEASE, get, helm, install_operator, running, wait_for
-from conftest import AGENT_ARGS
-from localcluster import network
-from localcluster.cluster import BIN, K8S_VERSION, LocalCluster, missing_programs
+from clusterkit import get, wait_for
+from localcluster.cluster import BIN, K8S_VERSION, LocalCluster
 from localcluster.realnode import KIND_LABEL, PROBE_IMAGE
-
-TAINT = "tianji.local/real-node=true:NoSchedule"
-ON_REAL = {"tolerations": [{"key": "tianji.local/real-node", "operator": "Exists", "effect": "NoSchedule"}]}
-
-
-def _free_index() -> int:
-    taken = os.environ.get("TIANJI_CLUSTER_INDEX", "")  # the session's cluster may take it later
-    for i in range(15, 0, -1):
-        if str(i) != taken and not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
-            return i
-    raise RuntimeError("no free local-cluster address range")
-
-
-@pytest.fixture(scope="module")
-def real() -> LocalCluster:
-    if os.environ.get("TIANJI_SKIP_CLUSTER") == "1":
-        pytest.skip("TIANJI_SKIP_CLUSTER=1")
-    missing = missing_programs(real=True)
-    if missing:
-        pytest.fail(f"missing {', '.join(missing)}: run `make cluster` (make test does)")
-    root = Path(tempfile.mkdtemp(prefix="tianji-real-"))
-    with running(LocalCluster(1, index=_free_index(), root=root, agent_args=AGENT_ARGS, real_nodes=2,
-                              real_taints=(TAINT,))) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def operator(real: LocalCluster) -> None:
-    """The chart's operator, in its pod on the process-mode node."""
-    install_operator(real, None)
-    yield
-    helm(real, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
-
-
-@pytest.fixture
-def ns(real: LocalCluster) -> str:
-    name = f"r-{uuid.uuid4().hex[:6]}"
-    real.kubectl("create", "namespace", name)
-    yield name
-    real.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def _pod(real: LocalCluster, ns: str, name: str, args: list[str], node: str, *, image: str = "",
@@ -193,10 +147,7 @@ def test_an_image_missing_from_the_registry_is_said(real, ns):
     assert image in said["message"] and "not found" in said["message"]
 
 
-ON_REAL_NODES = {"pods": {"all": {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}}}
-
-
-def test_a_tianji_job_whose_image_is_not_in_the_registry_says_so(real, operator, ns):
+def test_a_tianji_job_whose_image_is_not_in_the_registry_says_so(real, real_operator, ns):
     """The operator reports the kubelet's pull failure."""
     image = f"{real.registry_host}/tianji/worker-absent:1"
     real.kubectl("apply", "-n", ns, "-f", "-", input=example({"image": image, **ON_REAL_NODES}))
@@ -208,7 +159,7 @@ def test_a_tianji_job_whose_image_is_not_in_the_registry_says_so(real, operator,
 
 
 @pytest.mark.timeout(900)
-def test_a_tianji_job_trains_on_real_nodes_from_the_registry(real, operator, ns):
+def test_a_tianji_job_trains_on_real_nodes_from_the_registry(real, real_operator, ns):
     """The checkout's worker image (checkoutimage.py), pulled from the registry by both real nodes'
     containerd: CartPole trains to its target in pods under the kubelet, and `kubectl exec` and
     `kubectl port-forward` reach the learner while it trains. The namespace enforces Pod Security
@@ -222,7 +173,7 @@ def test_a_tianji_job_trains_on_real_nodes_from_the_registry(real, operator, ns)
 
 
 def _trains_on_real_nodes(real: LocalCluster, ns: str, dial) -> None:
-    real.kubectl("apply", "-n", ns, "-f", "-", input=example({"image": real.checkout_image(), **ON_REAL_NODES}))
+    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(real))
     learner = wait_for(lambda: next((p for p in pods(real, ns) if p["metadata"]["labels"].get(
         "tianji.dev/role") == "learner" and all(c.get("ready") for c in p["status"].get(
             "containerStatuses") or [{}])), None), 300,  # ready: its /metrics answers
@@ -289,11 +240,11 @@ def _kept_out_of(real: LocalCluster, ns: str, learner: dict, dial) -> None:
         "the learner ended while it was dialled: nothing was shown"
 
 
-def test_a_worker_over_its_memory_limit_is_oom_killed_and_counted(real, operator, ns):
+def test_a_worker_over_its_memory_limit_is_oom_killed_and_counted(real, real_operator, ns):
     """Actors limited to 128Mi (importing torch takes ~500 MB): the kernel kills them, the kubelet
     restarts them, and the operator counts the restarts and says which limit killed them."""
-    real.kubectl("apply", "-n", ns, "-f", "-", input=example(
-        {"image": real.checkout_image(), **ON_REAL_NODES, "resources": {"actor": {"memory": "128Mi"}}}))
+    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(
+        real, {"resources": {"actor": {"memory": "128Mi"}}}))
     st = wait_for(lambda: (s := status(real, ns)) and ((s.get("restartsByRole") or {}).get("actor") or {}).get(
         "containers", 0) >= 1 and s, 300, "an actor's restart counted", on_timeout=lambda: str(status(real, ns)))
     assert st["restarts"] >= 1, st
@@ -306,14 +257,14 @@ def test_a_worker_over_its_memory_limit_is_oom_killed_and_counted(real, operator
 
 
 @pytest.mark.timeout(1200)
-def test_a_real_node_lost_under_the_learner_moves_it_and_the_job_reaches_its_target(real, operator, ns):
+def test_a_real_node_lost_under_the_learner_moves_it_and_the_job_reaches_its_target(real, real_operator, ns):
     """test_disruption's stopped node, on kubelets: the learner's node loses power (every container
     of it with it), the operator names the node, the learner is made again on the other real node
     from its checkpoint claim, and the job reaches its target. Each real node has this machine's 2
     cores: the job asks 1.5 in all, so the surviving node can hold all of it."""
     small = {"learner": {"cpu": 0.5}, "buffer": {"cpu": 0.25}, "actor": {"cpu": 0.25}}
-    real.kubectl("apply", "-n", ns, "-f", "-", input=example(
-        {"image": real.checkout_image(), **ON_REAL_NODES, **TARGET_ONLY, "resources": small}))
+    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(
+        real, {**TARGET_ONLY, "resources": small}))
     training(real, ns)
     learner = get(real, "pod", "-n", ns, f"{JOB}-learner-0-0")
     node = next(n for n in real.nodes if n.name == learner["spec"]["nodeName"])
@@ -339,71 +290,19 @@ def test_a_real_node_lost_under_the_learner_moves_it_and_the_job_reaches_its_tar
         real.route_pods()
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("how", HOW)
-def test_a_deleted_learner_pod_comes_back_under_the_kubelet_and_the_job_reaches_its_target(real, operator, ns, how):
-    """The learner pod deleted (graceful, lingering under a finalizer, or forced) while the job
-    trains: the kubelet stops its container, the operator makes the pod again, it resumes from
-    its checkpoint claim, its peers find it by name, and the job reaches its confirmed target."""
-    # A periodic checkpoint every 5 s: what a forced delete loses (it writes no last one).
-    real.kubectl("apply", "-n", ns, "-f", "-", input=example(
-        {"image": real.checkout_image(), **ON_REAL_NODES, **TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
-    st = training(real, ns)
-    durable = condition(st, "Durable")
-    assert durable["status"] == "True" and durable["reason"] == "DefaultStorageClass", durable
-    learner = f"{JOB}-learner-0-0"
-    old = get(real, "pod", "-n", ns, learner)
-    before = metrics_inside(real, old, ("tianji_policy_version{",))
-    delete_pod(real, ns, learner, how)
-    new = wait_for(lambda: (p := get(real, "pod", "-n", ns, learner)) and p["metadata"]["uid"] != old["metadata"][
-        "uid"] and p, 120, "the learner pod re-created", on_timeout=lambda: diagnostics(real, ns))
-    assert new["spec"]["hostname"] == learner
-    resumed = trains_again(real, ns, old["metadata"]["uid"], inside=True)
-    if how != "forced":  # it resumed from the checkpoint it wrote on SIGTERM: its numbering goes on
-        assert resumed["tianji_policy_version"] >= max(before.values()), (before, resumed)
-    st = ends_at_a_confirmed_target(real, ns)
-    assert st["meanReturn"] >= 475 and st["policyVersion"] > 0, st
-    assert st["restartsByRole"]["learner"]["pods"] >= 1, st["restartsByRole"]  # the re-creation counted
-
-
-@pytest.mark.timeout(900)
-def test_a_learner_killed_with_sigkill_is_restarted_in_place_by_the_kubelet_and_counted(real, operator, ns):
-    """The learner's worker, its container's first process, SIGKILLed from the machine as the
-    kernel's OOM killer or a crash would: the kubelet restarts the container in the same pod
-    (its restartCount, exit code 137), the operator counts one container restart and no
-    re-creation, and the job resumes from its checkpoint to the confirmed target."""
-    real.kubectl("apply", "-n", ns, "-f", "-", input=example(
-        {"image": real.checkout_image(), **ON_REAL_NODES, **TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
-    training(real, ns)
-    learner = f"{JOB}-learner-0-0"
-    uid = get(real, "pod", "-n", ns, learner)["metadata"]["uid"]
-    os.kill(worker_pid(ns, learner), signal.SIGKILL)
-    restarted = wait_for(lambda: (p := get(real, "pod", "-n", ns, learner)) and p["status"].get(
-        "containerStatuses", [{}])[0].get("restartCount", 0) >= 1 and p, 120, "the kubelet restarting the learner",
-        on_timeout=lambda: diagnostics(real, ns))
-    assert restarted["metadata"]["uid"] == uid, "re-created, not restarted in place"
-    last = restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]
-    assert last["exitCode"] == 137, last
-    wait_for(lambda: status(real, ns).get("restartsByRole", {}).get("learner", {}).get("containers", 0) >= 1,
-             120, "the learner's container restart counted", on_timeout=lambda: diagnostics(real, ns))
-    st = ends_at_a_confirmed_target(real, ns)
-    assert st["restartsByRole"]["learner"] == {"containers": 1, "pods": 0}, st["restartsByRole"]
-
-
 def _host_ports(p: dict) -> set[int]:
     return {port["hostPort"] for c in p["spec"]["containers"] for port in c.get("ports") or [] if port.get("hostPort")}
 
 
 @pytest.mark.timeout(900)
-def test_host_network_actors_take_one_real_node_each_and_the_third_waits_named(real, operator, ns):
+def test_host_network_actors_take_one_real_node_each_and_the_third_waits_named(real, real_operator, ns):
     """A hostNetwork job on the two real nodes, each with its own network namespace (its `eth0`
     is the node IP) and the kubelet's own host ports; NetworkPolicy enforced where the cluster
     does. A group's actors share one pod template, so they ask for the same host ports: the
     scheduler puts at most one of them on a node (NodePorts). With 3 actors on 2 nodes, one stays
     Pending, the job's Ready condition quotes why, and the job trains with the two, across nodes."""
     small = {"learner": {"cpu": 0.5}, "buffer": {"cpu": 0.25}, "actor": {"cpu": 0.25}}  # ports bind, not CPU
-    real.kubectl("apply", "-n", ns, "-f", "-", input=example({
-        "image": real.checkout_image(), **ON_REAL_NODES, "resources": small, "topology": {"actors": 3},
+    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(real, {"resources": small, "topology": {"actors": 3},
         "network": {"hostNetwork": True, "interface": "eth0"}}))
     running = wait_for(lambda: (ps := [p for p in pods(real, ns) if p["status"].get("phase") == "Running"])
                        and len(ps) == 4 and ps, 300, "learner, buffer and 2 actors running", interval=2.0,

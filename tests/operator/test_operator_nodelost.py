@@ -1,6 +1,6 @@
 """Which pods the operator force-deletes off a lost node (operator/tianji_operator/timers/nodelost.py):
 only those whose graceful deletion is overdue past their own deadline; the cluster tier
-(tests/cluster/test_disruption.py) stops a real node."""
+(tests/cluster/test_real_nodes.py) cuts a real node's power."""
 from __future__ import annotations
 
 from tianji_operator import status as st
