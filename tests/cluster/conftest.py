@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,12 +72,17 @@ def operator(cluster: LocalCluster, prometheus) -> str:
     helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
 
 
+def _scratch_namespace(c: LocalCluster, prefix: str) -> Iterator[str]:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    c.kubectl("create", "namespace", name)
+    yield name
+    c.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 @pytest.fixture
-def namespace(cluster: LocalCluster) -> str:
-    ns = f"t-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
-    yield ns
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+def namespace(cluster: LocalCluster) -> Iterator[str]:
+    """A namespace of the session's cluster, for one test."""
+    yield from _scratch_namespace(cluster, "t")
 
 
 def _free_real_index() -> int:
@@ -111,9 +117,6 @@ def real_operator(real: LocalCluster) -> str:
 
 
 @pytest.fixture
-def ns(real: LocalCluster) -> str:
+def ns(real: LocalCluster) -> Iterator[str]:
     """A namespace of the real cluster's, for one test."""
-    name = f"r-{uuid.uuid4().hex[:6]}"
-    real.kubectl("create", "namespace", name)
-    yield name
-    real.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from _scratch_namespace(real, "r")
