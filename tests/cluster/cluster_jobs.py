@@ -20,8 +20,9 @@ EXAMPLE = ROOT / "examples" / "cartpole-ppo.yaml"
 JOB = "cartpole-ppo"
 
 # The real cluster's real nodes (conftest.py's `real`) are tainted: only pods that ask land there.
-REAL_NODE_TAINT = "tianji.local/real-node=true:NoSchedule"
-ON_REAL = {"tolerations": [{"key": "tianji.local/real-node", "operator": "Exists", "effect": "NoSchedule"}]}
+_REAL_NODE_KEY = "tianji.local/real-node"
+REAL_NODE_TAINT = f"{_REAL_NODE_KEY}=true:NoSchedule"
+ON_REAL = {"tolerations": [{"key": _REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}]}
 ON_REAL_NODES = {"pods": {"all": {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}}}
 
 
