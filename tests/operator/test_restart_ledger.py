@@ -11,7 +11,9 @@ the watch's index shows them, each charged once.
   scale-up is no re-creation;
 * what the pod watch delivered between ticks (`watch_pod`) is counted too: a pod re-created
   before the first tick, or several times between two, with the restarts its objects reached;
-  pods created before the job (a deleted namesake's) are not its own."""
+  pods created before the job (a deleted namesake's) are not its own;
+* a pod still terminating from before a suspend or resume (the ledger was reset) is not
+  recorded: its successor is the operator's own doing, no re-creation."""
 from __future__ import annotations
 
 from tianji_operator.children.builders import LABEL_ROLE
@@ -143,3 +145,23 @@ def test_a_deleted_namesake_jobs_pods_are_not_this_jobs():
 def test_the_watch_record_keeps_a_few_uids_per_name():
     watched = watch(*(pod(ACTOR, f"a{i}") for i in range(20)))
     assert list(watched[ACTOR]) == [f"a{i}" for i in range(12, 20)]
+
+
+def test_a_pod_still_terminating_from_before_a_resume_is_no_recreation():
+    """The actors' StatefulSet scaled to 0 on suspend; on resume (podsSeen {}, the watch's record
+    cleared, `since` the resume) the old actor pod is still going away, then its successor comes."""
+    resumed = "2026-11-27T00:10:00Z"
+    old = pod(ACTOR, "a1", restarts=1, deleting=True, created="2026-11-27T00:00:05Z")
+    ledger = Ledger({"podsSeen": {}})
+    ledger.observe([old, pod(LEARNER, "l2", role="learner", created=resumed)], {ACTOR, LEARNER}, {}, resumed)
+    status = ledger.fields()
+    assert ACTOR not in status["podsSeen"] and status["restarts"] == 0
+    watched = watch(old, pod(ACTOR, "a2", created=resumed))
+    ledger = Ledger(status)
+    ledger.observe([pod(ACTOR, "a2", created=resumed), pod(LEARNER, "l2", role="learner", created=resumed)],
+                   {ACTOR, LEARNER}, watched, resumed)
+    assert not ledger.recreated and ledger.fields()["restartsByRole"]["actor"] == {"containers": 0, "pods": 0}
+    # deleted after the resume, it is the job's own pod: its successor is a re-creation
+    ledger.observe([pod(ACTOR, "a2", deleting=True, created=resumed)], {ACTOR, LEARNER}, watched, resumed)
+    ledger.observe([pod(ACTOR, "a3", created=resumed)], {ACTOR, LEARNER}, watched, resumed)
+    assert ledger.recreated == [ACTOR] and ledger.fields()["restartsByRole"]["actor"]["pods"] == 1

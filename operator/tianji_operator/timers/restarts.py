@@ -29,7 +29,8 @@ starts empty: a re-creation between the last tick of the old operator and the fi
 one is still counted by uid; only intermediate uids in that gap are not.
 
 The ledger is reset (podsSeen {}) when a job is suspended or resumed: pods deleted and made
-again by the operator's own hand are not disruptions.
+again by the operator's own hand are not disruptions. A pod still terminating then (created
+before the suspend or resume) is not recorded, so its successor is no re-creation.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class Ledger:
             n, prev = _restart_count(p), self.seen.get(name)
             if prev is not None and uid in (prev.get("before") or ()):
                 continue  # the replaced object's last events, delivered after its successor's
+            if prev is None and _leftover(meta, since):
+                continue  # going away from before a suspend or resume (or a namesake job): not ours
             gone, gone_restarts = _between((watched or {}).get(name) or {}, uid, prev, since)
             held = 0
             if prev is None and not gone:
@@ -153,6 +156,14 @@ def expected_pods(name: str, topology: Any, sets: dict[int, Any], evaluator: boo
     if evaluator:
         out.add(pod_name(name, "evaluator", 0, 0))
     return out
+
+
+def _leftover(meta: Mapping[str, Any], since: Optional[str]) -> bool:
+    """A pod being deleted that was created before `since`: one the operator's suspend or resume
+    replaced, or a deleted namesake job's, still terminating. Recorded, its successor would be a
+    re-creation."""
+    created = str(meta.get("creationTimestamp") or "")
+    return bool(meta.get("deletionTimestamp")) and since is not None and bool(created) and created < since
 
 
 def _entry(uid: str, restarts: int, prev: Optional[dict], gone: list[str]) -> dict:
