@@ -1,8 +1,10 @@
 """Helpers of the cluster tier's job tests: the job's status and pods through kubectl, and the
-worker processes' own final reports (their termination-message files, kept by the node agents)."""
+worker processes' own final reports (their termination messages: as the API server delivers a
+real node's pods, or the files a process-mode node agent keeps)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -20,10 +22,12 @@ EXAMPLE = ROOT / "examples" / "cartpole-ppo.yaml"
 JOB = "cartpole-ppo"
 
 # The real cluster's real nodes (conftest.py's `real`) are tainted: only pods that ask land there.
+# Its operator asks for every worker pod (the chart's `operator.workerDefaults`, as an admin
+# gives a node pool), so a job's manifest names only its image.
 _REAL_NODE_KEY = "tianji.local/real-node"
 REAL_NODE_TAINT = f"{_REAL_NODE_KEY}=true:NoSchedule"
 ON_REAL = {"tolerations": [{"key": _REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}]}
-ON_REAL_NODES = {"pods": {"all": {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}}}
+REAL_WORKER_DEFAULTS = {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}
 
 
 def example(patch: Optional[dict] = None, name: str = JOB) -> str:
@@ -35,8 +39,9 @@ def example(patch: Optional[dict] = None, name: str = JOB) -> str:
 
 
 def on_real_nodes(c, patch: Optional[dict] = None) -> str:
-    """example(patch) whose pods run the checkout's image on `c`'s real nodes."""
-    return example({"image": c.checkout_image(), **ON_REAL_NODES, **(patch or {})})
+    """example(patch) whose pods run the checkout's image (pushed to `c`'s registry), which the
+    real cluster's operator places on its real nodes (REAL_WORKER_DEFAULTS)."""
+    return example({"image": c.checkout_image(), **(patch or {})})
 
 
 def status(c, ns: str, name: str = JOB) -> dict:
@@ -118,7 +123,7 @@ def diagnostics(c, ns: str) -> str:
 
 def final_reports(c, ns: str, name: str = JOB) -> tuple[list[dict], list[Path]]:
     """(final reports, termination files without one) of every worker container the job ran, on
-    every node (not the confirm pod's: its termination message is an evaluation, no report; not
+    every process-mode node (not the confirm pod's: its termination message is an evaluation, no report; not
     the actors' init containers')."""
     reports, missing = [], []
     for f in sorted(c.root.glob(f"nodes/*/pods/{ns}_{name}-*/termination/worker-*")):
@@ -131,6 +136,68 @@ def final_reports(c, ns: str, name: str = JOB) -> tuple[list[dict], list[Path]]:
             rep = None
         (reports.append(rep) if isinstance(rep, dict) else missing.append(f))
     return reports, missing
+
+
+class TerminationMessages:
+    """Every worker container's termination message, as the API server delivers the job's pods
+    while the block runs: a real node's kubelet copies /dev/termination-log into the pod's status,
+    and the pod object goes soon after (cleanPodPolicy), so the messages are read as they pass.
+    Not the confirm pod's (an evaluation, no report) nor init containers'."""
+
+    def __init__(self, c, ns: str, name: str = JOB):
+        from kubernetes import client, config
+
+        self.api = client.CoreV1Api(config.new_client_from_config(config_file=str(c.kubeconfig)))
+        self.ns, self.name = ns, name
+        self.seen: dict[tuple[str, str], str] = {}  # (pod uid, container id) -> message
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> TerminationMessages:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _watch(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        rv = None
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(self.api.list_namespaced_pod, self.ns, label_selector=f"tianji.dev/job={self.name}",
+                                   timeout_seconds=3, resource_version=rv):
+                    self._record(self.api.api_client.sanitize_for_serialization(ev["object"]))
+                rv = w.resource_version
+            except ApiException as e:
+                if e.status != 410:
+                    raise
+                rv = None  # expired: list again (messages are keyed, so nothing counts twice)
+
+    def _record(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        if meta["name"].startswith(f"{self.name}-confirm"):
+            return
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            for st in ((cs.get("state") or {}).get("terminated"), (cs.get("lastState") or {}).get("terminated")):
+                if st and cs.get("name") == "worker":
+                    key = (meta["uid"], st.get("containerID") or st.get("startedAt") or "")
+                    self.seen[key] = st.get("message") or ""
+
+    def reports(self) -> tuple[list[dict], list[tuple[str, str]]]:
+        """(the final reports, the terminated worker containers without one)."""
+        reports, missing = [], []
+        for key, text in sorted(self.seen.items()):
+            try:
+                rep = json.loads(text) if text.strip() else None
+            except ValueError:
+                rep = None
+            (reports.append(rep) if isinstance(rep, dict) else missing.append(key))
+        return reports, missing
 
 
 def workers_view(reports: list[dict], name: str = JOB) -> dict[str, Any]:

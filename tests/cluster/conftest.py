@@ -11,6 +11,7 @@ On these machines the tier never skips: missing programs fail it (`make cluster`
 `TIANJI_SKIP_CLUSTER=1` skips it, for machines without root or Go."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_jobs import REAL_NODE_TAINT
+from cluster_jobs import REAL_NODE_TAINT, REAL_WORKER_DEFAULTS
 from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator, running
 from localcluster import network
 from localcluster.cluster import BIN, LocalCluster, missing_programs
@@ -96,7 +97,8 @@ def _free_real_index() -> int:
 @pytest.fixture(scope="session")
 def real() -> LocalCluster:
     """node-1 a process-mode node (the operator's pod, by the chart); node-2 and node-3 real,
-    tainted so that only pods that ask for them land there (cluster_jobs.ON_REAL_NODES)."""
+    tainted so that only pods that ask for them land there (the operator's worker pods do:
+    cluster_jobs.REAL_WORKER_DEFAULTS)."""
     if os.environ.get("TIANJI_SKIP_CLUSTER") == "1":
         pytest.skip("TIANJI_SKIP_CLUSTER=1")
     missing = missing_programs(real=True)
@@ -110,8 +112,9 @@ def real() -> LocalCluster:
 
 @pytest.fixture(scope="session")
 def real_operator(real: LocalCluster) -> str:
-    """The chart's operator on the real cluster, in its pod on the process-mode node."""
-    install_operator(real, None)
+    """The chart's operator on the real cluster, in its pod on the process-mode node; its
+    `workerDefaults` put every worker pod on the real nodes."""
+    install_operator(real, None, ("--set-json", f"operator.workerDefaults={json.dumps(REAL_WORKER_DEFAULTS)}"))
     yield RELEASE
     helm(real, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
 

@@ -4,7 +4,8 @@ process-mode node that runs the operator.
 
 The cluster of real nodes (conftest.py's `real`, one per session, shared with
 test_real_disruption.py): node-1 is a process-mode node (the operator's pod, by the chart), node-2
-and node-3 are real, tainted so that only pods that ask for them land there."""
+and node-3 are real, tainted so that only pods that ask for them land there: the operator's
+worker pods do (its chart's `workerDefaults`), so the README's quick start runs here as written."""
 from __future__ import annotations
 
 import contextlib
@@ -20,10 +21,11 @@ import pytest
 import yaml
 
 from cluster_jobs import (
+    EXAMPLE,
     JOB,
     ON_REAL,
-    ON_REAL_NODES,
     TARGET_ONLY,
+    TerminationMessages,
     assert_never_succeeded_untrained,
     condition,
     diagnostics,
@@ -34,8 +36,9 @@ from cluster_jobs import (
     training,
     trains_again,
     wait_phase,
+    workers_view,
 )
-from clusterkit import get, wait_for
+from clusterkit import OPERATOR_NS, RELEASE, get, wait_for
 from localcluster.cluster import BIN, K8S_VERSION, LocalCluster
 from localcluster.realnode import KIND_LABEL, PROBE_IMAGE
 
@@ -150,7 +153,7 @@ def test_an_image_missing_from_the_registry_is_said(real, ns):
 def test_a_tianji_job_whose_image_is_not_in_the_registry_says_so(real, real_operator, ns):
     """The operator reports the kubelet's pull failure."""
     image = f"{real.registry_host}/tianji/worker-absent:1"
-    real.kubectl("apply", "-n", ns, "-f", "-", input=example({"image": image, **ON_REAL_NODES}))
+    real.kubectl("apply", "-n", ns, "-f", "-", input=example({"image": image}))
     ready = wait_for(lambda: (c := condition(status(real, ns), "Ready")) and c["reason"] == "ImagePullFailed"
                      and c, 120, "Ready=False ImagePullFailed", on_timeout=lambda: str(status(real, ns)))
     assert ready["status"] == "False" and image in ready["message"]
@@ -158,22 +161,58 @@ def test_a_tianji_job_whose_image_is_not_in_the_registry_says_so(real, real_oper
     assert events and image in events[0]["message"]
 
 
+SA = f"system:serviceaccount:{OPERATOR_NS}:{RELEASE}-tianji-operator"
+
+
+def _can_i(c: LocalCluster, *args: str) -> bool:
+    res = c.kubectl("auth", "can-i", *args, f"--as={SA}", check=False)
+    assert res.stdout.strip() in ("yes", "no"), res
+    return res.stdout.strip() == "yes"
+
+
+def test_the_operator_can_do_what_it_needs_and_nothing_else(real, real_operator, ns):
+    sa = real.kubectl("get", "serviceaccounts", "-n", OPERATOR_NS, "-o", "name").stdout.split()
+    assert f"serviceaccount/{RELEASE}-tianji-operator" in sa, sa
+    for verb, what in (("create", "pods"), ("delete", "pods"), ("create", "statefulsets.apps"),
+                       ("patch", "statefulsets.apps"), ("patch", "tianjijobs.tianji.dev/status"),
+                       ("create", "configmaps"), ("create", "services"), ("list", "pods")):
+        assert _can_i(real, verb, what, "-n", ns), (verb, what)
+    for verb, what in (("delete", "nodes"), ("create", "clusterroles.rbac.authorization.k8s.io"),
+                       ("list", "secrets"), ("update", "pods"), ("delete", "statefulsets.apps"),
+                       ("create", "deployments.apps"), ("delete", "namespaces")):
+        assert not _can_i(real, verb, what, "-n", ns), (verb, what)
+    for sub in ("exec", "attach", "portforward"):  # (`pods/exec` would name a pod "exec")
+        assert not _can_i(real, "create", "pods", f"--subresource={sub}", "-n", ns), sub
+
+
 @pytest.mark.timeout(900)
-def test_a_tianji_job_trains_on_real_nodes_from_the_registry(real, real_operator, ns):
-    """The checkout's worker image (checkoutimage.py), pulled from the registry by both real nodes'
-    containerd: CartPole trains to its target in pods under the kubelet, and `kubectl exec` and
-    `kubectl port-forward` reach the learner while it trains. The namespace enforces Pod Security
-    `restricted`, as the quick start's does. Where the cluster enforces NetworkPolicy, the job
-    trains behind the operator's policy while a pod of another namespace dials its learner in vain."""
+def test_the_quick_start_trains_on_real_nodes_from_the_registry(real, real_operator, ns):
+    """The README's Kubernetes quick start: the example with `spec.image` set as the README's
+    `sed` sets it, to the checkout's worker image (checkoutimage.py) in the cluster's registry,
+    pulled by both real nodes' containerd. CartPole trains to its target in pods under the kubelet
+    in a namespace that enforces Pod Security `restricted`, the operator acting with nothing but
+    its chart's RBAC; `kubectl exec` and `kubectl port-forward` reach the learner while it trains.
+    Where the cluster enforces NetworkPolicy, the job trains behind the operator's policy while a
+    pod of another namespace dials its learner in vain. Once the pods are gone, `kubectl get tjj`
+    shows what the worker processes counted themselves (their termination messages)."""
     real.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
     enforced = real.network_policy.enforced
     outsider = _outsider(real, ns) if enforced else contextlib.nullcontext()
-    with outsider as dial:
+    with outsider as dial, TerminationMessages(real, ns) as messages:
         _trains_on_real_nodes(real, ns, dial)
+        wait_for(lambda: not pods(real, ns), 120, "the job's pods to go (cleanPodPolicy Running)")
+    _get_tjj_shows_the_final_reports(real, ns, messages)
+
+
+def _quick_start_manifest(real: LocalCluster) -> str:
+    """examples/cartpole-ppo.yaml through the README's `sed "s|^spec:|spec:\n  image: ...|"`."""
+    text = EXAMPLE.read_text()
+    assert text.count("\nspec:\n") == 1, "the README's sed sets spec.image after the line `spec:`"
+    return text.replace("\nspec:\n", f"\nspec:\n  image: {real.checkout_image()}\n")
 
 
 def _trains_on_real_nodes(real: LocalCluster, ns: str, dial) -> None:
-    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(real))
+    real.kubectl("apply", "-n", ns, "-f", "-", input=_quick_start_manifest(real))
     learner = wait_for(lambda: next((p for p in pods(real, ns) if p["metadata"]["labels"].get(
         "tianji.dev/role") == "learner" and all(c.get("ready") for c in p["status"].get(
             "containerStatuses") or [{}])), None), 300,  # ready: its /metrics answers
@@ -202,6 +241,27 @@ def _trains_on_real_nodes(real: LocalCluster, ns: str, dial) -> None:
     st = wait_phase(real, ns, ("Succeeded", "Failed"), 600)
     assert st["phase"] == "Succeeded" and condition(st, "Succeeded")["reason"] == "StopConditionReached", st
     assert st["meanReturn"] >= 475, st
+
+
+def _get_tjj_shows_the_final_reports(real: LocalCluster, ns: str, messages: TerminationMessages) -> None:
+    reports, missing = messages.reports()
+    assert reports and not missing, missing
+    assert {r.get("role") for r in reports} >= {"learner", "buffer", "actor"}, reports
+    want = workers_view(reports)
+
+    def agrees() -> bool:
+        s = status(real, ns)
+        return (s.get("envFrames"), s.get("episodes"), s.get("meanReturn")) == (
+            want["env_frames"], want["episodes"], want["mean_return"])
+
+    wait_for(agrees, 60, f"status to count the final reports {want['env_frames']} / {want['episodes']}")
+    table = real.kubectl("get", "tjj", JOB, "-n", ns, "--no-headers",
+                         "-o", "custom-columns=F:.status.envFrames,E:.status.episodes,M:.status.meanReturn"
+                         ).stdout.split()
+    assert [int(table[0]), int(table[1]), float(table[2])] == [want["env_frames"], want["episodes"],
+                                                                want["mean_return"]]
+    default_view = real.kubectl("get", "tjj", "-n", ns).stdout
+    assert "Succeeded" in default_view and str(want["env_frames"]) in default_view, default_view
 
 
 def _kept_out(dialed: subprocess.CompletedProcess) -> bool:
