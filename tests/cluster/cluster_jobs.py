@@ -11,11 +11,13 @@ from typing import Any, Optional
 
 import yaml
 
-from clusterkit import get, wait_for
+from cluster_prometheus import prometheus_url
+from clusterkit import get, install_operator, wait_for
 from helpers import merge_spec
 from localcluster.realnode import KIND_LABEL
 from tianji.control.contracts.accounting import Accounting
 from tianji.control.contracts.rolereport import parse_report
+from tianji_operator.config import DEFAULT_SCRAPERS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cartpole-ppo.yaml"
@@ -30,6 +32,18 @@ ON_REAL = {"tolerations": [{"key": _REAL_NODE_KEY, "operator": "Exists", "effect
 REAL_WORKER_DEFAULTS = {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}
 
 
+def install_real_operator(c) -> None:
+    """The chart's operator on the real cluster, in its pod on the process-mode node, with the
+    values an admin of such a cluster gives: `workerDefaults` put every worker pod on the real
+    nodes; `metricsScrapers` admit, besides the chart's default peers, this machine's address on
+    the cluster's bridge to the `metrics` port (the tests' Prometheus and readers run here, as a
+    Prometheus outside the cluster would); `prometheusAllowList` names that Prometheus."""
+    host = {"ipBlock": {"cidr": f"{c.net.gateway}/32"}}
+    install_operator(c, prometheus_url(c), (
+        "--set-json", f"operator.workerDefaults={json.dumps(REAL_WORKER_DEFAULTS)}",
+        "--set-json", f"operator.metricsScrapers={json.dumps([*DEFAULT_SCRAPERS, host])}"))
+
+
 def example(patch: Optional[dict] = None, name: str = JOB) -> str:
     """examples/cartpole-ppo.yaml as YAML text, with `patch` merged into its spec."""
     doc = yaml.safe_load(EXAMPLE.read_text())
@@ -38,10 +52,10 @@ def example(patch: Optional[dict] = None, name: str = JOB) -> str:
     return yaml.safe_dump(doc)
 
 
-def on_real_nodes(c, patch: Optional[dict] = None) -> str:
+def on_real_nodes(c, patch: Optional[dict] = None, name: str = JOB) -> str:
     """example(patch) whose pods run the checkout's image (pushed to `c`'s registry), which the
     real cluster's operator places on its real nodes (REAL_WORKER_DEFAULTS)."""
-    return example({"image": c.checkout_image(), **(patch or {})})
+    return example({"image": c.checkout_image(), **(patch or {})}, name)
 
 
 def status(c, ns: str, name: str = JOB) -> dict:

@@ -1,17 +1,18 @@
-"""The real-control-plane tier: a local cluster (cluster/localcluster: etcd, kube-apiserver,
+"""The real-control-plane tier: local clusters (cluster/localcluster: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler and CoreDNS built from their Go modules by `make
-cluster`, two nodes run by the node agent) and the operator installed by `helm install` of
-charts/tianji-operator, running in a pod with the chart's ServiceAccount.
+cluster`), each test in a namespace of its own.
 
-One cluster and one release serve the whole session; each test works in its own namespace.
-A second cluster, `real`, has two real nodes (the kubelet and containerd, images pulled from its
-registry, NetworkPolicy enforced) beside a process-mode node for the operator; its tests are
-test_real_*.py, which run one after the other, so it lives from the first of them to the end.
+`cluster`: two process-mode nodes (the node agent), for test_local_cluster.py's checks of that
+mode itself (`make cluster-up`'s default); it lives for that module.
+`real`: two real nodes (the kubelet and containerd, images pulled from its registry,
+NetworkPolicy enforced) beside a process-mode node for the operator, installed by `helm install`
+of charts/tianji-operator and running in a pod with the chart's ServiceAccount; TianJi's jobs
+run there. Its tests are test_real_*.py, which run one after the other, so it lives from the
+first of them to the end of the session.
 On these machines the tier never skips: missing programs fail it (`make cluster` builds them).
 `TIANJI_SKIP_CLUSTER=1` skips it, for machines without root or Go."""
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import uuid
@@ -20,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster_jobs import REAL_NODE_TAINT, REAL_WORKER_DEFAULTS
-from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, install_operator, running
+from cluster_jobs import REAL_NODE_TAINT, install_real_operator
+from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, running
 from localcluster import network
 from localcluster.cluster import BIN, LocalCluster, missing_programs
 from localcluster.pods import unavailable_reason
@@ -36,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.cluster)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster() -> LocalCluster:
     if os.environ.get("TIANJI_SKIP_CLUSTER") == "1":
         pytest.skip("TIANJI_SKIP_CLUSTER=1")
@@ -51,26 +52,6 @@ def cluster() -> LocalCluster:
     root = Path(tempfile.mkdtemp(prefix="tianji-cluster-"))
     with running(LocalCluster(2, index=free_index(), root=root, agent_args=AGENT_ARGS)) as c:
         yield c
-
-
-@pytest.fixture(scope="session")
-def prometheus(cluster: LocalCluster):
-    from cluster_prometheus import ClusterPrometheus
-    from clusterkit import rendered_service_monitor
-
-    p = ClusterPrometheus(cluster, cluster.root / "prometheus",
-                          service_monitor=rendered_service_monitor(cluster)).start()
-    yield p
-    p.stop()
-
-
-@pytest.fixture(scope="session")
-def operator(cluster: LocalCluster, prometheus) -> str:
-    """`helm install` of the chart, as the README says (plus shorter intervals and the test
-    Prometheus allowed); waits for the operator pod to be Ready."""
-    install_operator(cluster, prometheus.url)  # (Prometheus first: it is up when the operator asks)
-    yield RELEASE
-    helm(cluster, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
 
 
 def _scratch_namespace(c: LocalCluster, prefix: str) -> Iterator[str]:
@@ -112,11 +93,21 @@ def real() -> LocalCluster:
 
 @pytest.fixture(scope="session")
 def real_operator(real: LocalCluster) -> str:
-    """The chart's operator on the real cluster, in its pod on the process-mode node; its
-    `workerDefaults` put every worker pod on the real nodes."""
-    install_operator(real, None, ("--set-json", f"operator.workerDefaults={json.dumps(REAL_WORKER_DEFAULTS)}"))
+    """The chart's operator on the real cluster (cluster_jobs.install_real_operator)."""
+    install_real_operator(real)
     yield RELEASE
     helm(real, "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout=120s", check=False)
+
+
+@pytest.fixture(scope="session")
+def prometheus(real: LocalCluster, real_operator: str):
+    """A real Prometheus for the real cluster's jobs (cluster_prometheus.py), on this machine."""
+    from cluster_prometheus import ClusterPrometheus
+    from clusterkit import rendered_service_monitor
+
+    p = ClusterPrometheus(real, real.root / "prometheus", service_monitor=rendered_service_monitor(real)).start()
+    yield p
+    p.stop()
 
 
 @pytest.fixture

@@ -300,6 +300,19 @@ def _kept_out_of(real: LocalCluster, ns: str, learner: dict, dial) -> None:
         "the learner ended while it was dialled: nothing was shown"
 
 
+@pytest.mark.timeout(300)
+def test_a_pod_that_fits_no_node_keeps_the_job_pending_and_says_why(real, real_operator, ns):
+    """No node offers an RDMA device: the real scheduler's message, quoted in the job's status."""
+    spec = {"network": {"hostNetwork": True, "rdma": "rdma/hca"}}
+    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(real, spec))
+    ready = wait_for(lambda: (c := condition(status(real, ns), "Ready")) and
+                     c["reason"] == "Unschedulable" and "rdma/hca" in c["message"] and c, 180,
+                     "Ready False/Unschedulable naming rdma/hca", interval=2.0,
+                     on_timeout=lambda: diagnostics(real, ns))
+    assert ready["status"] == "False", ready
+    assert status(real, ns)["phase"] == "Pending"
+
+
 def test_a_worker_over_its_memory_limit_is_oom_killed_and_counted(real, real_operator, ns):
     """Actors limited to 128Mi (importing torch takes ~500 MB): the kernel kills them, the kubelet
     restarts them, and the operator counts the restarts and says which limit killed them."""

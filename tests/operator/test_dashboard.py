@@ -2,7 +2,7 @@
 PromQL expression reads a metric TianJi exports, with labels it has: the workers'
 (`tianji.observability.metrics`) or the operator's per-job gauges (tianji_job_*, which stand in
 for kube-state-metrics: tianji_operator.metrics). Whether each expression selects data on a live
-job: tests/cluster/test_dashboard_live.py."""
+job: tests/cluster/test_real_dashboard.py."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,7 @@
 """The dashboard asked of a Prometheus as Grafana would (tianji.observability.grafana,
 .dashboard), the checker that names a panel selecting nothing, and `tianji dashboard`'s PNG,
 against a tiny fake HTTP Prometheus (tests/fake_prometheus.py). The live proof on a real
-Prometheus and a real job: tests/cluster/test_dashboard_live.py."""
+Prometheus and a real job: tests/cluster/test_real_dashboard.py."""
 from __future__ import annotations
 
 import copy

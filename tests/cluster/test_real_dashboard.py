@@ -1,6 +1,7 @@
-"""The chart's Grafana dashboard on live data: during a CartPole job on the local cluster, a real
-Prometheus scrapes the job's pods as the chart's PodMonitor selects them and the operator as its
-ServiceMonitor does (cluster_prometheus.py); every panel's every expression, substituted as
+"""The chart's Grafana dashboard on live data: during a CartPole job on the local cluster's real
+nodes, a real Prometheus scrapes the job's pods as the chart's PodMonitor selects them (through
+their enforced NetworkPolicy, which the chart's `metricsScrapers` open to it) and the operator as
+its ServiceMonitor does (cluster_prometheus.py); every panel's every expression, substituted as
 Grafana would (tianji.observability.grafana), selects what it should, with plausible values.
 TIANJI_DASHBOARD_PNG=path also renders the dashboard of this run there (docs/images/dashboard.png)."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_jobs import JOB, diagnostics, example, status
+from cluster_jobs import JOB, diagnostics, on_real_nodes, status
 from clusterkit import wait_for
 from tianji.cli import main
 from tianji.observability import dashboard as dboard
@@ -39,31 +40,31 @@ def finite(series) -> list[float]:
 
 
 @pytest.mark.timeout(900)
-def test_every_dashboard_panel_shows_the_live_job(cluster, operator, prometheus, namespace, tmp_path, capsys):
+def test_every_dashboard_panel_shows_the_live_job(real, real_operator, prometheus, ns, tmp_path, capsys):
     t0 = time.time()
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=example(SPEC))
-    sel = f'job="{JOB}", namespace="{namespace}"'
+    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(real, SPEC))
+    sel = f'job="{JOB}", namespace="{ns}"'
     first = wait_for(lambda: (r := newest(prometheus, f'avg(tianji_episode_return_mean{{{sel}, role="actor"}} and '
                                                       f'tianji_episodes_total{{{sel}, role="actor"}} > 0)')) > 0 and r,
-                     240, "a first mean return", interval=2.0, on_timeout=lambda: diagnostics(cluster, namespace))
+                     240, "a first mean return", interval=2.0, on_timeout=lambda: diagnostics(real, ns))
     # Learning shows: the actors' mean return at least doubles (PPO on CartPole starts near 20).
     wait_for(lambda: newest(prometheus, f'avg(tianji_episode_return_mean{{{sel}, role="actor"}})') >= 2 * first,
              300, f"the mean return to double from {first:.1f}", interval=3.0,
-             on_timeout=lambda: diagnostics(cluster, namespace))
+             on_timeout=lambda: diagnostics(real, ns))
     wait_for(lambda: newest(prometheus, f'sum(tianji_job_actors_ready{{{sel}}})') == 2, 60,
-             "the operator's actors-ready gauge scraped", on_timeout=lambda: diagnostics(cluster, namespace))
+             "the operator's actors-ready gauge scraped", on_timeout=lambda: diagnostics(real, ns))
     time.sleep(max(0.0, t0 + TRAIN_S - time.time()))
-    assert status(cluster, namespace)["phase"] == "Running"
+    assert status(real, ns)["phase"] == "Running"
 
     dash = dboard.load()
     prom = dboard.Prometheus(prometheus.url)
-    chosen = {"namespace": namespace, "job": JOB, "group": "All"}
+    chosen = {"namespace": ns, "job": JOB, "group": "All"}
     options = dboard.variable_options(prom, dash, chosen)  # the pickers offer this job, as Grafana lists them
-    assert namespace in options["namespace"] and JOB in options["job"] and options["group"] == ["0"], options
+    assert ns in options["namespace"] and JOB in options["job"] and options["group"] == ["0"], options
     end = time.time()
     range_s = end - t0
     results = dboard.query(prom, dash, chosen, range_s=range_s, scrape_s=parse_duration(prometheus.interval), end=end)
-    st = status(cluster, namespace)
+    st = status(real, ns)
     problems = dboard.check(results, facts={"ppo"})
     assert not problems, "\n".join(problems)
     assert len(results) == len([p for p in dboard.panels(dash) if p["type"] != "row"])
@@ -87,7 +88,7 @@ def test_every_dashboard_panel_shows_the_live_job(cluster, operator, prometheus,
 
     # `tianji dashboard` draws the same run (TIANJI_DASHBOARD_PNG: keep the picture, for docs/).
     png = Path(os.environ.get("TIANJI_DASHBOARD_PNG") or tmp_path / "dashboard.png")
-    rc = main(["dashboard", "--prometheus", prometheus.url, "--job", JOB, "--namespace", namespace, "--png", str(png),
+    rc = main(["dashboard", "--prometheus", prometheus.url, "--job", JOB, "--namespace", ns, "--png", str(png),
                "--range", f"{math.ceil(time.time() - t0)}s", "--scrape-interval", prometheus.interval])
     assert rc == 0 and png.stat().st_size > 50_000
     assert capsys.readouterr().out.strip().endswith("no data in 1: DQN mean Q")  # a PPO job has no DQN Q
