@@ -7,6 +7,7 @@ cluster that `up` started, never cluster 0 by default while another one was mean
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -79,6 +80,14 @@ def parse_args(argv: list[str] | None = None, environ: dict[str, str] | None = N
     return a
 
 
+def cluster_of(a: argparse.Namespace, root: Path) -> LocalCluster:
+    """The cluster `up` starts: `--nodes` process-mode nodes, or as many real ones (tainted,
+    realnode.TAINT) beside one process-mode node for the operator's pod, as the tests have it."""
+    real = a.node_kind == "real"
+    return LocalCluster(1 if real else a.nodes, index=a.index, root=root, agent_args=(f"--runtime={a.runtime}",),
+                        real_nodes=a.nodes if real else 0, real_taints=(realnode.TAINT,) if real else ())
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     root = a.dir or Path(f"/tmp/tianji-cluster-{a.index}")
@@ -111,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if (root / "logs").is_dir():
         _kill_all(root)
-    c = LocalCluster(0 if real else a.nodes, index=a.index, root=root, agent_args=(f"--runtime={a.runtime}",),
-                     real_nodes=a.nodes if real else 0)
+    c = cluster_of(a, root)
     try:
         c.up()
     except Exception as e:
@@ -125,11 +133,17 @@ def main(argv: list[str] | None = None) -> int:
             image = c.checkout_image()
         except Exception as e:  # the cluster is up; only the image is missing
             image = f"(not pushed: {e})"
+        defaults = json.dumps(realnode.WORKER_DEFAULTS, separators=(",", ":"))
         extra = (f"  images: {c.registry_host} (crane push --insecure); this checkout's worker image: {image}\n"
-                 f"  NetworkPolicy {c.network_policy.status()}\n")
-    print(f"local cluster up: {a.nodes} {a.node_kind} nodes, API server {c.cp.server}\n{extra}"
+                 f"  NetworkPolicy {c.network_policy.status()}\n"
+                 f"  node-1 runs the operator's pod from this checkout; the real nodes take the pods that "
+                 f"tolerate {realnode.TAINT}:\n"
+                 f"  helm install tianji charts/tianji-operator -n tianji-system --create-namespace "
+                 f"--set-json 'operator.workerDefaults={defaults}'\n")
+    kinds = f"{a.nodes} real nodes and a process-mode node" if real else f"{a.nodes} {a.node_kind} nodes"
+    print(f"local cluster up: {kinds}, API server {c.cp.server}\n"
           f"  export KUBECONFIG={c.kubeconfig} PATH={BIN}:$PATH\n"
-          f"  kubectl get nodes\n  logs: {root / 'logs'}; stop: "
+          f"  kubectl get nodes\n{extra}  logs: {root / 'logs'}; stop: "
           f"make cluster-down{'' if a.index == 0 else f' TIANJI_CLUSTER_INDEX={a.index}'}")
     return 0
 

@@ -40,6 +40,14 @@ RUNC = "/usr/sbin/runc"
 REGISTRY_PORT = 5000
 PROBE_IMAGE = "tianji/probe:1"
 KIND_LABEL = "tianji.local/node-kind"
+# A cluster of real nodes (`make cluster-up NODES=real`, the tests' `real`) has one process-mode
+# node more, for the operator's pod (it runs from the checkout: no operator image to build). The
+# real nodes are tainted, so that only pods that ask land there: the operator's worker pods do,
+# with WORKER_DEFAULTS as the chart's `operator.workerDefaults`, as an admin gives a node pool.
+TAINT_KEY = "tianji.local/real-node"
+TAINT = f"{TAINT_KEY}=true:NoSchedule"
+TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+WORKER_DEFAULTS = {"nodeSelector": {KIND_LABEL: "real"}, "tolerations": [TOLERATION]}
 
 # The API server's client certificate may use every kubelet API (logs, exec, port-forward), as
 # kubeadm binds it; the kubelet asks the API server (webhook authorization) for each request.

@@ -14,7 +14,7 @@ import yaml
 from cluster_prometheus import prometheus_url
 from clusterkit import get, install_operator, wait_for
 from helpers import merge_spec
-from localcluster.realnode import KIND_LABEL
+from localcluster import realnode
 from tianji.control.contracts.accounting import Accounting
 from tianji.control.contracts.rolereport import parse_report
 from tianji_operator.config import DEFAULT_SCRAPERS
@@ -24,12 +24,8 @@ EXAMPLE = ROOT / "examples" / "cartpole-ppo.yaml"
 JOB = "cartpole-ppo"
 
 # The real cluster's real nodes (conftest.py's `real`) are tainted: only pods that ask land there.
-# Its operator asks for every worker pod (the chart's `operator.workerDefaults`, as an admin
-# gives a node pool), so a job's manifest names only its image.
-_REAL_NODE_KEY = "tianji.local/real-node"
-REAL_NODE_TAINT = f"{_REAL_NODE_KEY}=true:NoSchedule"
-ON_REAL = {"tolerations": [{"key": _REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}]}
-REAL_WORKER_DEFAULTS = {"nodeSelector": {KIND_LABEL: "real"}, **ON_REAL}
+# Its operator asks for every worker pod (realnode.WORKER_DEFAULTS), so a manifest names only its image.
+ON_REAL = {"tolerations": [realnode.TOLERATION]}
 
 
 def install_real_operator(c) -> None:
@@ -40,7 +36,7 @@ def install_real_operator(c) -> None:
     Prometheus outside the cluster would); `prometheusAllowList` names that Prometheus."""
     host = {"ipBlock": {"cidr": f"{c.net.gateway}/32"}}
     install_operator(c, prometheus_url(c), (
-        "--set-json", f"operator.workerDefaults={json.dumps(REAL_WORKER_DEFAULTS)}",
+        "--set-json", f"operator.workerDefaults={json.dumps(realnode.WORKER_DEFAULTS)}",
         "--set-json", f"operator.metricsScrapers={json.dumps([*DEFAULT_SCRAPERS, host])}"))
 
 
@@ -54,7 +50,7 @@ def example(patch: Optional[dict] = None, name: str = JOB) -> str:
 
 def on_real_nodes(c, patch: Optional[dict] = None, name: str = JOB) -> str:
     """example(patch) whose pods run the checkout's image (pushed to `c`'s registry), which the
-    real cluster's operator places on its real nodes (REAL_WORKER_DEFAULTS)."""
+    real cluster's operator places on its real nodes (realnode.WORKER_DEFAULTS)."""
     return example({"image": c.checkout_image(), **(patch or {})}, name)
 
 

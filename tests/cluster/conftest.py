@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster_jobs import REAL_NODE_TAINT, install_real_operator
+from cluster_jobs import install_real_operator
 from clusterkit import OPERATOR_NS, RELEASE, free_index, helm, running
-from localcluster import network
+from localcluster import network, realnode
 from localcluster.cluster import BIN, LocalCluster, missing_programs
 from localcluster.pods import unavailable_reason
 
@@ -79,7 +79,7 @@ def _free_real_index() -> int:
 def real() -> LocalCluster:
     """node-1 a process-mode node (the operator's pod, by the chart); node-2 and node-3 real,
     tainted so that only pods that ask for them land there (the operator's worker pods do:
-    cluster_jobs.REAL_WORKER_DEFAULTS)."""
+    realnode.WORKER_DEFAULTS), as `make cluster-up NODES=real` makes it."""
     if os.environ.get("TIANJI_SKIP_CLUSTER") == "1":
         pytest.skip("TIANJI_SKIP_CLUSTER=1")
     missing = missing_programs(real=True)
@@ -87,7 +87,7 @@ def real() -> LocalCluster:
         pytest.fail(f"missing {', '.join(missing)}: run `make cluster` (make test does)")
     root = Path(tempfile.mkdtemp(prefix="tianji-real-"))
     with running(LocalCluster(1, index=_free_real_index(), root=root, agent_args=AGENT_ARGS, real_nodes=2,
-                              real_taints=(REAL_NODE_TAINT,))) as c:
+                              real_taints=(realnode.TAINT,))) as c:
         yield c
 
 

@@ -1,6 +1,7 @@
 """`python -m localcluster` (what `make cluster-up`/`cluster-down` run) picks the cluster the
 same way for every command: --index, else TIANJI_CLUSTER_INDEX, else 0. `down` with the variable
-set must stop that cluster, never cluster 0; a bad index is refused, not wrapped to another."""
+set must stop that cluster, never cluster 0; a bad index is refused, not wrapped to another.
+`up --node-kind real` makes the layout the tests' TianJi jobs run on."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.__main__ import parse_args
+from localcluster import realnode
+from localcluster.__main__ import cluster_of, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,3 +51,13 @@ def test_make_targets_pass_the_index(target, how):
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     line = next(x for x in out.splitlines() if "-m localcluster" in x)
     assert "--index=5" in line
+
+
+def test_real_nodes_come_tainted_beside_a_process_mode_node_for_the_operator(tmp_path):
+    c = cluster_of(parse_args(["up", "--node-kind=real", "--nodes=2"], {}), tmp_path)
+    assert [(n.name, n.real, n.taints) for n in c.nodes] == [
+        ("node-1", False, ()), ("node-2", True, (realnode.TAINT,)), ("node-3", True, (realnode.TAINT,))]
+    assert all(n.labels == {realnode.KIND_LABEL: "real"} for n in c.real_nodes)
+    assert realnode.WORKER_DEFAULTS["tolerations"][0]["key"] == realnode.TAINT.split("=")[0]
+    plain = cluster_of(parse_args(["up", "--nodes=3"], {}), tmp_path)
+    assert [(n.real, n.taints) for n in plain.nodes] == [(False, ())] * 3
