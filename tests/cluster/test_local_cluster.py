@@ -59,7 +59,8 @@ def test_nodes_register_with_capacity_and_podcidrs(cluster):
         assert n["spec"]["podCIDR"]  # from the controller manager's node IPAM
         ready = next(c for c in n["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True"
-    lease = get(cluster, "lease", "-n", "kube-node-lease", "node-1")
+    # Its Lease comes with its first heartbeat, after the registration made it Ready.
+    lease = wait_for(lambda: get(cluster, "lease", "-n", "kube-node-lease", "node-1"), 30, "node-1's Lease")
     assert lease["spec"]["holderIdentity"] == "node-1"
 
 
