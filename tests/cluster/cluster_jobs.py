@@ -98,8 +98,9 @@ def worker_metrics(pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) ->
 
 
 def metrics_inside(c, pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) -> dict[str, float]:
-    """worker_metrics read from inside the pod (`kubectl exec`, its 127.0.0.1): for a cluster that
-    enforces the job's NetworkPolicy, which keeps this machine's own processes out of the pod."""
+    """worker_metrics read from inside the pod (`kubectl exec`, its 127.0.0.1), through the
+    kubelet's streaming server rather than the pod's network: the same series whatever the job's
+    NetworkPolicy admits (the real cluster's operator admits this machine: install_real_operator)."""
     url = f"http://127.0.0.1:{_metrics_port(pod)}/metrics"
     code = f"import urllib.request as u; print(u.urlopen('{url}', timeout=5).read().decode())"
     res = c.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--", "python", "-c", code,
