@@ -140,13 +140,18 @@ def final_reports(c, ns: str, name: str = JOB) -> tuple[list[dict], list[Path]]:
     for f in sorted(c.root.glob(f"nodes/*/pods/{ns}_{name}-*/termination/worker-*")):
         if f.parent.parent.name.startswith(f"{ns}_{name}-confirm"):
             continue
-        text = f.read_text(errors="replace").strip()
-        try:
-            rep = json.loads(text) if text else None
-        except ValueError:
-            rep = None
-        (reports.append(rep) if isinstance(rep, dict) else missing.append(f))
+        rep = _report_of(f.read_text(errors="replace"))
+        (reports.append(rep) if rep is not None else missing.append(f))
     return reports, missing
+
+
+def _report_of(message: str) -> Optional[dict]:
+    """A worker's final report from its termination message; None where there is none."""
+    try:
+        rep = json.loads(message) if message.strip() else None
+    except ValueError:
+        return None
+    return rep if isinstance(rep, dict) else None
 
 
 class TerminationMessages:
@@ -203,11 +208,8 @@ class TerminationMessages:
         """(the final reports, the terminated worker containers without one)."""
         reports, missing = [], []
         for key, text in sorted(self.seen.items()):
-            try:
-                rep = json.loads(text) if text.strip() else None
-            except ValueError:
-                rep = None
-            (reports.append(rep) if isinstance(rep, dict) else missing.append(key))
+            rep = _report_of(text)
+            (reports.append(rep) if rep is not None else missing.append(key))
         return reports, missing
 
 

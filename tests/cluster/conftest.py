@@ -63,7 +63,7 @@ def _scratch_namespace(c: LocalCluster, prefix: str) -> Iterator[str]:
 
 @pytest.fixture
 def namespace(cluster: LocalCluster) -> Iterator[str]:
-    """A namespace of the session's cluster, for one test."""
+    """A namespace of the process-mode cluster, for one test."""
     yield from _scratch_namespace(cluster, "t")
 
 
