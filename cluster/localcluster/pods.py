@@ -49,8 +49,7 @@ from typing import Optional
 
 import aiohttp
 
-# processes_in_groups is re-exported: F401 does not apply
-from .containers import Incarnation, PodStartError, iso, kill_group, processes_in_groups, reap, stop_container  # noqa: F401
+from .containers import Incarnation, PodStartError, iso, kill_group, processes_in_groups, reap, stop_container
 from .podinputs import PodInputs, _expand
 from .probes import Probes
 
@@ -508,6 +507,11 @@ class Node:
         await asyncio.gather(*(stop_container(inc, 0) for inc in running), return_exceptions=True)
         for pgid in self.pgids:
             kill_group(pgid, signal.SIGKILL)
+        # SIGKILL is delivered at once, but a process takes a moment to exit (its command line
+        # already empty): stop returns when the groups are empty, as a kubelet's teardown does.
+        deadline = time.monotonic() + 5.0
+        while processes_in_groups(set(self.pgids)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         shutil.rmtree(self.shm_root, ignore_errors=True)
 
     def start_worker(self, pod: dict) -> PodWorker:
