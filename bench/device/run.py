@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -498,11 +499,18 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(a, argv)
     print(f"device check: out {ctx.out}, work {ctx.work}, budget {ctx.budget:g}s, "
           f"gpu {ctx.machine.get('gpu')}", file=sys.stderr, flush=True)
+    try:
+        return run_steps(ctx, a.steps)
+    finally:  # the runs' folders and logs (a failed step's log tail is in its result)
+        shutil.rmtree(ctx.work, ignore_errors=True)
+
+
+def run_steps(ctx: Context, steps: str) -> int:
     report: dict = {"steps": {}}
     cd = None
     for key, fn in (("a", step_profiles), ("b", step_scaling), ("e", step_pipeline), ("t", step_cartpole_trace),
                     ("c", step_planned), ("d", step_sb3), ("v", step_validation)):
-        if key not in a.steps:
+        if key not in steps:
             continue
         t = time.monotonic()
         try:
