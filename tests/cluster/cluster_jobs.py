@@ -58,6 +58,16 @@ def status(c, ns: str, name: str = JOB) -> dict:
     return (get(c, "tjj", "-n", ns, name) or {}).get("status") or {}
 
 
+def running(c, ns: str, role: str) -> dict[str, dict]:
+    """Name -> pod of the job's `role` pods that run and are not being deleted."""
+    return {p["metadata"]["name"]: p for p in pods(c, ns) if p["metadata"]["labels"].get("tianji.dev/role") == role
+            and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
+
+
+# A job that trains until it is stopped (its time budget is past any test's timeout).
+FOREVER = {"stop": {"meanReturn": None, "envFrames": None, "seconds": 600}}
+
+
 def condition(st: dict, ctype: str) -> Optional[dict]:
     return next((x for x in st.get("conditions") or [] if x["type"] == ctype), None)
 
@@ -95,19 +105,6 @@ def worker_metrics(pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) ->
 
     with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{_metrics_port(pod)}/metrics", timeout=5) as r:
         return _series(r.read().decode(), prefixes)
-
-
-def metrics_inside(c, pod: dict, prefixes: tuple[str, ...] = DIAGNOSTIC_METRICS) -> dict[str, float]:
-    """worker_metrics read from inside the pod (`kubectl exec`, its 127.0.0.1), through the
-    kubelet's streaming server rather than the pod's network: the same series whatever the job's
-    NetworkPolicy admits (the real cluster's operator admits this machine: install_real_operator)."""
-    url = f"http://127.0.0.1:{_metrics_port(pod)}/metrics"
-    code = f"import urllib.request as u; print(u.urlopen('{url}', timeout=5).read().decode())"
-    res = c.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--", "python", "-c", code,
-                    check=False)
-    if res.returncode != 0:
-        raise OSError(f"kubectl exec: {res.stderr.strip()[-300:]}")
-    return _series(res.stdout, prefixes)
 
 
 def _metrics_of_pods(c, ns: str) -> list[str]:
@@ -223,31 +220,48 @@ def workers_view(reports: list[dict], name: str = JOB) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- disruptions (test_real_disruption, test_real_nodes)
 # Only the target ends these jobs (the example's frame and time budgets could end a job whose
-# learner had to start over before it got back to 475). Half the example's learning rate: the
-# example solves in about 30 s here, so a disruption at the first frames counted would otherwise
-# meet a job that ends before its re-created pod has trained. Its decay to 0 over four times the
-# example's 400k frames: with no frame budget, a job slowed by a disruption past 400k frames
-# would otherwise train on at a learning rate of 0 and never reach 475.
-TARGET_ONLY = {"stop": {"meanReturn": 475, "envFrames": None, "seconds": 900},
+# learner had to start over before it got back to its target). The target is 200, not the
+# example's 475: what these jobs test is the disruption and the end the operator confirms from the
+# saved policy, and the last stretch from 200 to 475 (often a plateau near 300) costs each job a
+# minute or more; the quick start trains the example to 475 on these nodes. Half the example's
+# learning rate: a disruption early (training()) must not meet a job that ends before its
+# re-created pod has trained. Its decay to 0 over four times the example's 400k frames: with
+# no frame budget, a job slowed by a disruption would otherwise train on at a learning rate of 0.
+TARGET = 200
+TARGET_ONLY = {"stop": {"meanReturn": TARGET, "envFrames": None, "seconds": 900},
                "algorithm": {"lr": 5.0e-4, "lrAnnealFrames": 1_600_000}}
 
 
-def training(c, ns: str, frames: int = 5_000) -> dict:
-    return wait_for(lambda: (s := status(c, ns)).get("envFrames", 0) >= frames and s, 300,
-                    f"{frames} frames counted", interval=2.0, on_timeout=lambda: diagnostics(c, ns))
+def training(c, ns: str, versions: int = 5) -> dict:
+    """The job's status once its learner has published `versions` policies, read from the
+    learner's own /metrics (the status lags by a report or two, in which a fast run already
+    passes TARGET). A disruption here meets a policy near random, so a job cannot end on what
+    its old learner trained before a re-created pod trains."""
+    def published() -> bool:
+        p = get(c, "pod", "-n", ns, f"{JOB}-learner-0-0")
+        if not p or not p["status"].get("podIP"):
+            return False
+        try:
+            m = worker_metrics(p, ("tianji_policy_version{",))
+        except (OSError, StopIteration, ValueError):
+            return False
+        return max(m.values(), default=0) >= versions
+
+    wait_for(published, 300, f"the learner to publish {versions} policies", interval=0.5,
+             on_timeout=lambda: diagnostics(c, ns))
+    return status(c, ns)
 
 
-def trains_again(c, ns: str, old_uid: str, inside: bool = False) -> dict:
+def trains_again(c, ns: str, old_uid: str) -> dict:
     """The re-created learner (another uid) runs, consumes batches its buffer sends and publishes
-    new versions: the buffer and actors found it again by its DNS name. `inside`: its metrics
-    are read from inside its pod (metrics_inside)."""
+    new versions: the buffer and actors found it again by its DNS name."""
     def progress():
         p = get(c, "pod", "-n", ns, f"{JOB}-learner-0-0")
         if not p or p["metadata"]["uid"] == old_uid or p["status"].get("phase") != "Running":
             return None
         try:
             wanted = ("tianji_policy_version{", "tianji_samples_consumed_total{")
-            m = metrics_inside(c, p, wanted) if inside else worker_metrics(p, wanted)
+            m = worker_metrics(p, wanted)
         except OSError:
             return None
         m = {k.split("{")[0]: v for k, v in m.items()}
@@ -260,7 +274,7 @@ def trains_again(c, ns: str, old_uid: str, inside: bool = False) -> dict:
 def assert_never_succeeded_untrained(c, ns: str) -> None:
     st = status(c, ns)
     if st.get("phase") == "Succeeded":
-        assert st["meanReturn"] >= 475 and st.get("policyVersion", 0) > 0, st
+        assert st["meanReturn"] >= TARGET and st.get("policyVersion", 0) > 0, st
 
 
 def ends_at_a_confirmed_target(c, ns: str) -> dict:
@@ -268,7 +282,7 @@ def ends_at_a_confirmed_target(c, ns: str) -> dict:
     st = wait_phase(c, ns, ("Succeeded", "Failed"), 480)
     assert st["phase"] == "Succeeded" and st.get("endReason") == "TargetReached", diagnostics(c, ns)
     assert condition(st, "TargetReached")["status"] == "True", st.get("conditions")
-    assert st["targetEvaluation"]["mean_return"] >= 475, st["targetEvaluation"]  # the saved policy's own
+    assert st["targetEvaluation"]["mean_return"] >= TARGET, st["targetEvaluation"]  # the saved policy's own
     return st
 
 

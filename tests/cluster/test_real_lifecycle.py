@@ -9,7 +9,17 @@ import time
 
 import pytest
 
-from cluster_jobs import JOB, diagnostics, install_real_operator, on_real_nodes, pods, status, wait_phase
+from cluster_jobs import (
+    JOB,
+    TARGET_ONLY,
+    diagnostics,
+    install_real_operator,
+    on_real_nodes,
+    pods,
+    status,
+    training,
+    wait_phase,
+)
 from clusterkit import OPERATOR_NS, RELEASE, get, helm, wait_for
 
 OPERATOR_POD = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
@@ -40,7 +50,8 @@ def restart_operator(c) -> None:
 
 @pytest.mark.timeout(900)
 def test_an_operator_restart_keeps_ended_jobs_ended_and_running_ones_single(real, real_operator, ns):
-    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(real, name="done"))
+    real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(  # an end soon, on a frame budget
+        real, {"stop": {"meanReturn": None, "envFrames": 10_000}}, name="done"))
     wait_phase(real, ns, ("Succeeded", "Failed"), 600, name="done")
     wait_for(lambda: not pods(real, ns, "done"), 120, "the ended job's pods gone")
     # the final reports of the pods that stopped at the end are counted once they are gone
@@ -49,7 +60,7 @@ def test_an_operator_restart_keeps_ended_jobs_ended_and_running_ones_single(real
     # The second job runs on a time budget, so no end (a target met, its confirming pod) falls
     # inside the restart, however fast it trains.
     real.kubectl("apply", "-n", ns, "-f", "-",
-                    input=on_real_nodes(real, {"stop": {"meanReturn": None, "envFrames": None, "seconds": 180}}))
+                    input=on_real_nodes(real, {"stop": {"meanReturn": None, "envFrames": None, "seconds": 90}}))
     wait_for(lambda: status(real, ns).get("envFrames", 0) > 5000, 300, "the second job training",
              on_timeout=lambda: diagnostics(real, ns))
     before = stateful_pods(real, ns)
@@ -57,7 +68,8 @@ def test_an_operator_restart_keeps_ended_jobs_ended_and_running_ones_single(real
     restart_operator(real)
     # The running job keeps its children: the same learner and buffer pods, one StatefulSet, no
     # second learner (actors may be rescaled meanwhile: not a re-creation).
-    wait_for(lambda: status(real, ns).get("envFrames", 0) > 20000, 300, "training to go on")
+    frames = status(real, ns).get("envFrames", 0)
+    wait_for(lambda: status(real, ns).get("envFrames", 0) > frames + 10_000, 120, "training to go on")
     assert stateful_pods(real, ns) == before
     sets = get(real, "statefulsets", "-n", ns, "-l", f"tianji.dev/job={JOB}")["items"]
     assert len(sets) == 1, [s["metadata"]["name"] for s in sets]
@@ -87,10 +99,8 @@ def test_pods_lost_while_the_operator_is_down_are_counted_when_it_returns(real, 
     the learner pod (nothing makes it again). The operator that comes back counts both
     re-creations, makes the learner again, and the job still ends at its target."""
     real.kubectl("apply", "-n", ns, "-f", "-",
-                    input=on_real_nodes(real, {"stop": {"meanReturn": 475, "envFrames": None, "seconds": 900},
-                                   "checkpoint": {"intervalSeconds": 5}}))
-    wait_for(lambda: status(real, ns).get("envFrames", 0) > 20000, 300, "the job training",
-             on_timeout=lambda: diagnostics(real, ns))
+                    input=on_real_nodes(real, {**TARGET_ONLY, "checkpoint": {"intervalSeconds": 5}}))
+    training(real, ns)
     actor, learner = f"{JOB}-actor-0-1", f"{JOB}-learner-0-0"
     gone = {n: get(real, "pod", "-n", ns, n)["metadata"]["uid"] for n in (actor, learner)}
     scale_operator(real, 0)

@@ -8,26 +8,20 @@ import json
 
 import pytest
 
-from cluster_jobs import JOB, condition, diagnostics, on_real_nodes, pods, status
+from cluster_jobs import FOREVER, JOB, condition, diagnostics, on_real_nodes, pods, running, status
 from clusterkit import get, wait_for
 from tianji_operator.timers import autoscaler as asc
 
 STS = f"{JOB}-actor-0"
-FOREVER = {"stop": {"meanReturn": None, "envFrames": None, "seconds": 600}}
-
-
-def actor_pods(c, ns: str) -> list[dict]:
-    return [p for p in pods(c, ns) if p["metadata"]["labels"].get("tianji.dev/role") == "actor"
-            and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
 
 
 @pytest.mark.timeout(600)
 def test_kubectl_scale_sets_the_actor_count(real, real_operator, ns):
     real.kubectl("apply", "-n", ns, "-f", "-", input=on_real_nodes(real, FOREVER))
-    wait_for(lambda: len(actor_pods(real, ns)) == 2, 180, "2 actor pods running",
+    wait_for(lambda: len(running(real, ns, "actor")) == 2, 180, "2 actor pods running",
              on_timeout=lambda: diagnostics(real, ns))
     real.kubectl("scale", f"tjj/{JOB}", "-n", ns, "--replicas=3")
-    wait_for(lambda: len(actor_pods(real, ns)) == 3, 180, "3 actor pods running",
+    wait_for(lambda: len(running(real, ns, "actor")) == 3, 180, "3 actor pods running",
              on_timeout=lambda: diagnostics(real, ns))
     assert get(real, "statefulset", "-n", ns, STS)["spec"]["replicas"] == 3
     scale = json.loads(real.kubectl("get", "--raw",
@@ -35,7 +29,7 @@ def test_kubectl_scale_sets_the_actor_count(real, real_operator, ns):
     assert scale["spec"]["replicas"] == 3
     wait_for(lambda: status(real, ns).get("actorReplicas") == 3, 60, "status.actorReplicas 3")
     # the StatefulSet's pods are placed by the real scheduler on the two real nodes
-    nodes = {p["spec"]["nodeName"] for p in actor_pods(real, ns)}
+    nodes = {p["spec"]["nodeName"] for p in running(real, ns, "actor").values()}
     assert nodes <= {"node-2", "node-3"} and nodes, nodes
 
 

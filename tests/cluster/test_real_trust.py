@@ -13,13 +13,12 @@ import time
 
 import pytest
 
-from cluster_jobs import JOB, diagnostics, on_real_nodes, pods
+from cluster_jobs import FOREVER, JOB, diagnostics, on_real_nodes, running
 from cluster_jobs import worker_metrics as metrics_of
 from clusterkit import wait_for
 from hostile import frag_msg
 from tianji.control.contracts.launch import CURVE_DIR, CURVE_FILE
 
-FOREVER = {"stop": {"meanReturn": None, "envFrames": None, "seconds": 600}}
 FORGED = 20
 
 # Run by the pod's python: prints what the keyring holds, then pushes the messages on stdin to
@@ -43,11 +42,6 @@ if req["to"]:
     s.close()
     ctx.term()
 """
-
-
-def running(c, ns: str, role: str) -> dict[str, dict]:
-    return {p["metadata"]["name"]: p for p in pods(c, ns) if p["metadata"]["labels"].get("tianji.dev/role") == role
-            and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
 
 
 def rejected(buffer: dict, reason: str) -> float:
