@@ -413,14 +413,30 @@ async def test_a_finished_job_is_never_rescaled(env):
     await eventually(lambda: _status(kube).get("phase") == "Succeeded", what="phase Succeeded")
     await eventually(lambda: _replicas(kube) == 0, what="actors scaled to 0")
     prom.values.update(produced={0: 100}, received={0: 100}, consumed={0: 5000})  # would scale up
-    await asyncio.sleep(0.5)  # the end's last writes (final counts) settle
-    rv = kube.obj(JOBS, NAMESPACE, "cartpole")["metadata"]["resourceVersion"]
+    before = await _settled(kube)  # the end's last writes (final counts), however slow the machine
     for _ in range(3):
         clock.advance(30)
         await asyncio.sleep(0.5)  # several monitor and autoscale ticks (0.1 s, 0.05 s)
     # Nothing rescaled, and nothing written: an ended job with no new final report is left alone.
     assert _replicas(kube) == 0 and "lastRescaleTime" not in (_status(kube).get("autoscale") or {})
-    assert kube.obj(JOBS, NAMESPACE, "cartpole")["metadata"]["resourceVersion"] == rv
+    after = kube.obj(JOBS, NAMESPACE, "cartpole")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], \
+        st.diff_paths(before, after, "job")
+
+
+async def _settled(kube, quiet: float = 1.0, timeout: float = 20.0) -> dict:
+    """The job once no write has changed it for `quiet` seconds (ten monitor ticks)."""
+    loop = asyncio.get_running_loop()
+    obj = kube.obj(JOBS, NAMESPACE, "cartpole")
+    since, deadline = loop.time(), loop.time() + timeout
+    while loop.time() < deadline:
+        await asyncio.sleep(0.1)
+        now = kube.obj(JOBS, NAMESPACE, "cartpole")
+        if now["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            obj, since = now, loop.time()
+        elif loop.time() - since >= quiet:
+            return obj
+    raise AssertionError(f"the job kept changing for {timeout:g} s")
 
 
 async def test_an_operator_restart_continues_the_count():
