@@ -46,11 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="small batches on the CPU, briefly")
     ap.add_argument("--name", default="ab-trees-pong-ppo.json", help="the output file's name")
     a = ap.parse_args(argv)
+    ctx = Context(argparse.Namespace(dry_run=a.dry_run, out=a.out, budget=None), argv)
+    ctx.stamp["command"] = " ".join(["python -m bench.device.ab_trees", *argv])
+    try:
+        return _compare(ctx, a)
+    finally:
+        ctx.remove_work()
+
+
+def _compare(ctx: Context, a: argparse.Namespace) -> int:
     from bench.pipeline_trace import analyse
     from tianji.runtime.trace import ENV_TRACE
 
-    ctx = Context(argparse.Namespace(dry_run=a.dry_run, out=a.out, budget=None), argv)
-    ctx.stamp["command"] = " ".join(["python -m bench.device.ab_trees", *argv])
     base_env = {}
     if a.base:
         base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(a.base).resolve() / "worker"),

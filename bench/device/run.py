@@ -138,6 +138,10 @@ class Context:
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dry_run": self.dry,
                       "machine": self.machine}
 
+    def remove_work(self) -> None:
+        """The runs' folders and logs go when the check ends (a failed step's log tail is in its result)."""
+        shutil.rmtree(self.work, ignore_errors=True)
+
     def left(self) -> float:
         return self.budget - (time.monotonic() - self.t0)
 
@@ -501,8 +505,8 @@ def main(argv: list[str] | None = None) -> int:
           f"gpu {ctx.machine.get('gpu')}", file=sys.stderr, flush=True)
     try:
         return run_steps(ctx, a.steps)
-    finally:  # the runs' folders and logs (a failed step's log tail is in its result)
-        shutil.rmtree(ctx.work, ignore_errors=True)
+    finally:
+        ctx.remove_work()
 
 
 def run_steps(ctx: Context, steps: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,8 @@ def test_device_check_dry_run(tmp_path):
     p = subprocess.run(["bash", str(ROOT / "bench" / "device" / "run.sh"), "--dry-run", "--out", str(out)],
                        cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=1600)
     assert p.returncode == 0, p.stderr[-3000:]
+    work = re.search(r"work (\S+),", p.stderr)
+    assert work and not Path(work.group(1)).exists()  # its runs' folders go when it ends
     names = {x.name for x in out.iterdir()}
     assert names == FILES and all(x.is_file() for x in out.iterdir())  # the device tool returns 8 plain files
     docs = {n: json.loads((out / n).read_text()) for n in names}
