@@ -232,23 +232,26 @@ TARGET_ONLY = {"stop": {"meanReturn": TARGET, "envFrames": None, "seconds": 900}
                "algorithm": {"lr": 5.0e-4, "lrAnnealFrames": 1_600_000}}
 
 
+def learner_series(c, ns: str, wanted: tuple[str, ...], old_uid: str = "") -> Optional[dict[str, float]]:
+    """The running learner pod's series (name without labels -> value) from its /metrics, or
+    None (no such pod yet, still the pod of uid `old_uid`, or not serving)."""
+    p = get(c, "pod", "-n", ns, f"{JOB}-learner-0-0")
+    if not p or p["metadata"]["uid"] == old_uid or p["status"].get("phase") != "Running":
+        return None
+    try:
+        return {k.split("{")[0]: v for k, v in worker_metrics(p, wanted).items()}
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def training(c, ns: str, versions: int = 5) -> dict:
     """The job's status once its learner has published `versions` policies, read from the
     learner's own /metrics (the status lags by a report or two, in which a fast run already
     passes TARGET). A disruption here meets a policy near random, so a job cannot end on what
     its old learner trained before a re-created pod trains."""
-    def published() -> bool:
-        p = get(c, "pod", "-n", ns, f"{JOB}-learner-0-0")
-        if not p or not p["status"].get("podIP"):
-            return False
-        try:
-            m = worker_metrics(p, ("tianji_policy_version{",))
-        except (OSError, StopIteration, ValueError):
-            return False
-        return max(m.values(), default=0) >= versions
-
-    wait_for(published, 300, f"the learner to publish {versions} policies", interval=0.5,
-             on_timeout=lambda: diagnostics(c, ns))
+    wait_for(lambda: (m := learner_series(c, ns, ("tianji_policy_version{",))) and m.get(
+        "tianji_policy_version", 0) >= versions, 300, f"the learner to publish {versions} policies",
+             interval=0.5, on_timeout=lambda: diagnostics(c, ns))
     return status(c, ns)
 
 
@@ -256,16 +259,9 @@ def trains_again(c, ns: str, old_uid: str) -> dict:
     """The re-created learner (another uid) runs, consumes batches its buffer sends and publishes
     new versions: the buffer and actors found it again by its DNS name."""
     def progress():
-        p = get(c, "pod", "-n", ns, f"{JOB}-learner-0-0")
-        if not p or p["metadata"]["uid"] == old_uid or p["status"].get("phase") != "Running":
-            return None
-        try:
-            wanted = ("tianji_policy_version{", "tianji_samples_consumed_total{")
-            m = worker_metrics(p, wanted)
-        except OSError:
-            return None
-        m = {k.split("{")[0]: v for k, v in m.items()}
-        return m if m.get("tianji_policy_version", 0) >= 20 and m.get("tianji_samples_consumed_total", 0) > 0 else None
+        m = learner_series(c, ns, ("tianji_policy_version{", "tianji_samples_consumed_total{"), old_uid)
+        return m if m and m.get("tianji_policy_version", 0) >= 20 and m.get("tianji_samples_consumed_total", 0) > 0 \
+            else None
 
     return wait_for(progress, 300, "the new learner to train 20 versions", interval=2.0,
                     on_timeout=lambda: diagnostics(c, ns))
