@@ -5,6 +5,7 @@
     python -m bench.atari_peers --long                # 60 min each
     python -m bench.atari_peers --minutes 2 --systems tianji,cleanrl-envpool   # a check that it runs
     python -m bench.atari_peers --out docs/results    # keep atari-peers.json and .png for the docs
+                                                      # (another budget: atari-peers-60min.json, ...)
 
 Each system trains Pong alone on the machine for the same wall-clock budget, counted from its
 launch (start-up included: the time to a trained model is what a user waits for). With
@@ -239,6 +240,12 @@ def plot(doc: dict, path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def result_stem(minutes: float) -> str:
+    """The kept files' name for a budget: the 20-minute round is `atari-peers`, another budget has
+    its own (`atari-peers-60min`), so that a --long round never replaces the 20-minute table."""
+    return "atari-peers" if minutes == 20 else f"atari-peers-{minutes:g}min"
+
+
 def appended(path: Path, new: dict) -> dict:
     """The earlier result at `path` with `new`'s runs after its own: one file, each command kept."""
     old = json.loads(path.read_text())
@@ -254,10 +261,11 @@ def main(argv=None) -> int:
     ap.add_argument("--long", action="store_true", help="60 minutes each")
     ap.add_argument("--rounds", type=int, default=1, help="runs per system; the order rotates each round")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
-    ap.add_argument("--out", help="write atari-peers.json and atari-peers.png here (docs/results for the docs)")
+    ap.add_argument("--out", help="write atari-peers.json and atari-peers.png here (docs/results for the docs; "
+                                  "a budget other than 20 min: atari-peers-<M>min.json and .png)")
     ap.add_argument("--work", help="the runs' folders (default: a new temp folder)")
     ap.add_argument("--append", action="store_true",
-                    help="add these runs to --out's atari-peers.json (same budget) instead of replacing it")
+                    help="add these runs to --out's result of the same budget instead of replacing it")
     ap.add_argument("--note", default="", help="a word on these runs, kept with each (e.g. what changed)")
     a = ap.parse_args(argv)
     systems = [s for s in a.systems.split(",") if s]
@@ -276,16 +284,17 @@ def main(argv=None) -> int:
             runs.append({"round": rnd + 1, **run, **({"note": a.note} if a.note else {})})
     doc = {"bench": "atari_peers", **stamp("atari_peers", argv), "minutes": minutes, "rounds": a.rounds,
            "goal_return": GOAL, "work": str(work), "runs": runs}
+    stem = result_stem(minutes)
     if a.append:
-        doc = appended(Path(a.out or ap.error("--append needs --out")) / "atari-peers.json", doc)
+        doc = appended(Path(a.out or ap.error("--append needs --out")) / f"{stem}.json", doc)
     brief = {**doc, "runs": [{k: v for k, v in r.items() if k not in ("curve", "output_tail")} for r in runs]}
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        doc["plot"] = brief["plot"] = str(out / "atari-peers.png")
-        plot(doc, out / "atari-peers.png")
+        doc["plot"] = brief["plot"] = str(out / f"{stem}.png")
+        plot(doc, out / f"{stem}.png")
         kept = {**doc, "runs": [{**r, "curve": thin(r["curve"])} if "curve" in r else r for r in doc["runs"]]}
-        (out / "atari-peers.json").write_text(json.dumps(kept, indent=1) + "\n")
+        (out / f"{stem}.json").write_text(json.dumps(kept, indent=1) + "\n")
     emit(brief)
     return 0 if any("curve" in r for r in runs) else 1
 

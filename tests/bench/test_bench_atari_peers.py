@@ -69,3 +69,10 @@ def test_the_kept_curve_has_a_row_every_ten_seconds_and_the_last():
     rows = [{"t": float(t)} for t in range(0, 35)]
     assert [r["t"] for r in ap.thin(rows)] == [0.0, 10.0, 20.0, 30.0, 34.0]
     assert ap.thin([]) == []
+
+
+def test_each_budget_keeps_its_own_result_file():
+    # a --long round must not replace the 20-minute table (nor be refused by --append to it)
+    assert ap.result_stem(20.0) == "atari-peers"
+    assert ap.result_stem(60.0) == "atari-peers-60min"
+    assert ap.result_stem(2.5) == "atari-peers-2.5min"

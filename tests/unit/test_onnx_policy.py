@@ -179,7 +179,31 @@ def test_the_strict_loop_acts_with_the_version_it_waited_for():
         r.close()
 
 
-def test_auto_decides_in_the_background_and_adopts_the_newest_version():
+@pytest.fixture
+def auto_weighs_any_model(monkeypatch):
+    """auto's benchmark on a small MLP: without this its torch forward is under TORCH_FAST_US."""
+    monkeypatch.setattr(onnxpolicy, "TORCH_FAST_US", 0.0)
+
+
+def test_auto_keeps_a_fast_torch_forward_without_importing_onnx_runtime(monkeypatch):
+    def imported():
+        raise AssertionError("ONNX Runtime imported for a forward auto keeps on torch")
+
+    monkeypatch.setattr(onnxpolicy, "_import_ort", imported)
+    monkeypatch.setattr(onnxpolicy, "TORCH_FAST_US", float("inf"))
+    info = EnvInfo((6,), "float32", 3)
+    model = _model(ACROBOT, info)
+    for background in (False, True):
+        rt = PolicyRuntime(model, load_job(ACROBOT).spec, _obs(info, 8), background=background)
+        assert rt.policy is model and rt.name == "torch" and rt._selection is None
+        assert rt.report["torch_us"] > 0 and "under inf us" in rt.report["reason"]
+    monkeypatch.setattr(onnxpolicy, "TORCH_FAST_US", 0.0)  # a forward that is not fast goes on to the import
+    with pytest.raises(AssertionError, match="imported"):
+        onnxpolicy.OrtPolicy.create(model, "logits", _obs(info, 8))
+    assert onnxpolicy.torch_is_fast(model, "logits", _obs(info, 8)) is None
+
+
+def test_auto_decides_in_the_background_and_adopts_the_newest_version(auto_weighs_any_model):
     r = _rollout(ACROBOT, background_choice=True)
     try:
         assert r.runtime.name == "torch"  # the env loop starts at once, on torch
@@ -201,7 +225,7 @@ def test_auto_decides_in_the_background_and_adopts_the_newest_version():
         r.close()
 
 
-def test_auto_falls_back_to_torch_and_onnx_says_what_is_missing(monkeypatch):
+def test_auto_falls_back_to_torch_and_onnx_says_what_is_missing(monkeypatch, auto_weighs_any_model):
     def missing():
         raise OnnxUnavailable("onnxruntime is not installed (pip install 'tianji[onnx]')")
 
@@ -215,7 +239,7 @@ def test_auto_falls_back_to_torch_and_onnx_says_what_is_missing(monkeypatch):
         PolicyRuntime(model, load_job(ACROBOT, ["spec.actor.inference=onnx"]).spec, _obs(info, 8))
 
 
-def test_auto_falls_back_when_the_export_disagrees(monkeypatch):
+def test_auto_falls_back_when_the_export_disagrees(monkeypatch, auto_weighs_any_model):
     """A session that does not reproduce the model (here: built from the export's shifted copy) is refused."""
     monkeypatch.setattr(onnxpolicy, "snapshot", lambda model, exported: {})
     info = EnvInfo((6,), "float32", 3)

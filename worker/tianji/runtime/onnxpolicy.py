@@ -23,7 +23,9 @@ batch sizes (bench/actor_runtime.py, docs/results/actor-runtime.json). Here:
   batch size (CPU time of the calling thread, interleaved rounds) finds it at least MIN_SPEEDUP
   faster, with the time it saves over a version's forwards above the session build each version
   costs (`onnx_pays`); torch otherwise. With `background` (an actor) auto decides on a thread while the env
-  loop acts with torch, so start-up waits for neither the export nor the benchmark.
+  loop acts with torch, so start-up waits for neither the export nor the benchmark. Before any of
+  that, auto times torch's forward alone: one under TORCH_FAST_US stays on torch without importing
+  ONNX Runtime (`torch_is_fast`).
 
 Every session runs one intra-op and one inter-op thread, as torch.set_num_threads(1) in every
 process: an actor's share of the cores is what its process gets, not a thread pool of its own.
@@ -58,6 +60,12 @@ INSTALL_HINT = "pip install 'tianji[onnx]'"
 AGREE_TOL = 1e-5  # |ORT - torch| <= AGREE_TOL * (1 + |torch|); float32 rounding measured ~1e-8 (Pong logits)
 MIN_SPEEDUP = 1.05  # auto: ORT must be this much faster; a tie stays on torch (no swap lag, no thread)
 BENCH_ROUNDS, BENCH_CALLS = 3, 8  # auto's micro-benchmark: best of interleaved rounds of this many forwards
+# auto: a torch forward under this (CPU µs at the actor's batch) stays on torch, ONNX Runtime never imported.
+# Importing it costs an actor 0.66 s of CPU with its interpreter held (AMD EPYC), which stalled both
+# CartPole actors' env loops for 0.8-1.0 s at the start of a 10 s run, and the most it could save is
+# the whole forward: CartPole PPO's MLP takes 33 µs in torch (Pong's CNN: 2,300 µs at 8 envs).
+# Side by side, 5 seeds (docs/benchmarks.md): CartPole PPO reached 475 in 9.9 s median on torch, 11.0 s on auto.
+TORCH_FAST_US = 100.0
 INPUT, OUTPUT = "obs", "out"
 
 
@@ -281,6 +289,15 @@ def onnx_pays(bench: dict, forwards_per_swap: int) -> bool:
     return forwards_per_swap <= 0 or (bench["torch_us"] - bench["onnx_us"]) * forwards_per_swap >= bench["build_us"]
 
 
+def torch_is_fast(model: nn.Module, kind: str, example: np.ndarray) -> Optional[float]:
+    """torch's CPU µs per forward on `example` where it is under TORCH_FAST_US (else None): a few
+    forwards, no ONNX Runtime (what ORT could save is at most this)."""
+    acting, x = _Acting(model, kind), torch.from_numpy(example)
+    with torch.inference_mode():
+        us = cpu_per_call({"torch": lambda: acting(x)}, rounds=2, calls=3)["torch"] * 1e6
+    return us if us < TORCH_FAST_US else None
+
+
 class PolicyRuntime:
     """What a Rollout acts with, per spec.actor.inference (module docstring). `version` is the policy
     version the current fragment acts with; `report` says what was chosen and why."""
@@ -309,6 +326,12 @@ class PolicyRuntime:
                 self._use(OrtPolicy.create(model, self.kind, example))
             except OnnxUnavailable as e:
                 raise OnnxUnavailable(f"spec.actor.inference: onnx: {e}") from None
+            return
+        if (fast := torch_is_fast(model, self.kind, example)) is not None:
+            self.report.update(torch_us=round(fast, 1), reason=(
+                f"torch's forward takes {fast:.0f} us at batch {len(example)}, under {TORCH_FAST_US:g} us: "
+                "ONNX Runtime's import and a session per version would cost more than it can save"))
+            log.info("actor inference (auto): torch; %s", self.report["reason"])
             return
         twin = copy.deepcopy(model).eval()
         if background:
