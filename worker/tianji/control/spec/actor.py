@@ -16,8 +16,9 @@ class ActorConfig(_Model):
         "on the CPU, one thread, the model exported once at start-up and a session built for each new "
         "version's weights (a fragment acts with one version throughout; PPO actors wait for the build "
         "at the next fragment, DQN actors build off the env loop); needs the `tianji[onnx]` extra in the "
-        "worker. auto (default): onnx where it is installed, the export reproduces the model's outputs "
-        "and a start-up micro-benchmark at the actor's batch size finds it faster by more than the "
-        "session build each version costs over a fragment's forwards, torch otherwise (also with "
-        "model.actorPrecision: bfloat16)",
+        "worker. auto (default): torch where its forward at the actor's batch size takes under 100 µs of "
+        "CPU (a small MLP: ONNX Runtime's import would cost more than it can save); else onnx where it is "
+        "installed, the export reproduces the model's outputs and a start-up micro-benchmark at the "
+        "actor's batch size finds it faster by more than the session build each version costs over a "
+        "fragment's forwards, torch otherwise (also with model.actorPrecision: bfloat16)",
     )
