@@ -14,6 +14,13 @@ ms). SessionOptions.add_initializer is not a way to swap weights: ORT folds and 
 from the model's own initializers, and a Pong session built with it gave logits off by 2.2;
 `ratio_if_onnxruntime`: the actor/bare-env ratio docs/results/actor-profile.json's
 loop would reach with the faster forward (env step and the rest unchanged).
+
+With --lower-precision, the same batches also time what a lower precision would buy, interleaved
+with float32 ONNX Runtime: ONNX Runtime's dynamic int8 quantization (onnxruntime.quantization.
+quantize_dynamic, int8 weights, per-channel for convolutions) of every convolution and matrix
+product (`int8_all`) or of the matrix products alone (`int8_linear`), and torch's bfloat16 copy
+(`bf16_torch`, spec.model.actorPrecision: bfloat16); per variant CPU µs per frame, the largest
+|Δ logit| and the mean |Δ log π| against float32 torch on random frames.
 """
 from __future__ import annotations
 
@@ -78,12 +85,63 @@ def measure(model, sess, batch: int, reps: int) -> dict:
             "speedup": round(min(t_torch) / min(t_ort), 2), "max_abs_logit_diff": diff}
 
 
+def quantized(graph: bytes, ops: list[str]) -> bytes:
+    """`graph` with ONNX Runtime's dynamic int8 quantization of the `ops` nodes."""
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = Path(d) / "fp32.onnx", Path(d) / "int8.onnx"
+        src.write_bytes(graph)
+        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8, op_types_to_quantize=ops)
+        return dst.read_bytes()
+
+
+def lower_precision(model, graph: bytes, batches: list[int], reps: int) -> list[dict]:
+    """Per batch: float32 ONNX Runtime against int8 ONNX Runtime and torch's bfloat16 copy (module docstring)."""
+    import numpy as np
+    import torch
+
+    from tianji.algos.models import Bf16Policy
+
+    fp32 = session(graph)
+    int8 = {"int8_all": session(quantized(graph, ["Conv", "MatMul", "Gemm"])),
+            "int8_linear": session(quantized(graph, ["MatMul", "Gemm"]))}
+    bf16 = Bf16Policy(model.m)
+
+    def logp(z):
+        z = z.astype(np.float64) - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    def point(batch: int) -> dict:
+        x = torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(batch))
+        xn = x.numpy()
+        sessions = {"onnxruntime_fp32": fp32, **int8}
+        fns = {**{k: (lambda s=s: s.run(None, {"x": xn})[0]) for k, s in sessions.items()},
+               "bf16_torch": lambda: bf16.logits(x).numpy()}
+        with torch.inference_mode():
+            ref = model(x).numpy()
+            got = {k: fn() for k, fn in fns.items()}
+            times: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(reps):  # interleaved
+                for k, fn in fns.items():
+                    times[k].append(cpu_us_per_frame(fn, batch))
+        return {"batch": batch, **{k: {"us": round(min(t), 1), "max_abs_logit_diff": float(np.abs(got[k] - ref).max()),
+                                       "mean_abs_dlogp": float(np.abs(logp(got[k]) - logp(ref)).mean())}
+                                   for k, t in times.items()}}
+
+    return [point(b) for b in batches]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", default=str(ROOT / "examples" / "pong-ppo.yaml"))
     ap.add_argument("--batches", default="8,16,32")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", help="also write the JSON here (docs/results/actor-runtime.json)")
+    ap.add_argument("--lower-precision", action="store_true",
+                    help="also time int8 ONNX Runtime and torch's bfloat16 copy against float32 ONNX Runtime")
     a = ap.parse_args()
     try:
         import onnx  # noqa: F401
@@ -115,6 +173,8 @@ def main() -> None:
            "onnxruntime": onnxruntime.__version__, "torch": torch.__version__, "points": points,
            "rebuild_ms": round((time.perf_counter() - t) / 10 * 1e3, 1),
            "rebuild_cpu_ms": round((time.process_time() - c) / 10 * 1e3, 1)}
+    if a.lower_precision:
+        out["lower_precision"] = lower_precision(model, graph, [int(b) for b in a.batches.split(",")], a.reps)
     profile = RESULTS / "actor-profile.json"
     if profile.is_file():  # the measured actor loop with the forward swapped for ONNX Runtime's
         loops = {p["num_envs"]: p for p in json.loads(profile.read_text())["points"]}

@@ -252,7 +252,22 @@ def render_actor_runtime(files: list[dict]) -> list[str]:
         ["envs per actor", "torch µs per frame", f"ONNX Runtime {d['onnxruntime']} µs per frame", "speed-up",
          "largest logit difference", "actor/bare-env ratio it would give"], rows) + [
         "", f"A new policy version would cost ONNX Runtime a session rebuilt with the new weights: "
-            f"{num(d['rebuild_ms'], 1)} ms."]
+            f"{num(d['rebuild_ms'], 1)} ms."] + _lower_precision(d.get("lower_precision"))
+
+
+LOWER = {"onnxruntime_fp32": "ONNX Runtime, float32", "int8_all": "ONNX Runtime, int8 convolutions and matmuls",
+         "int8_linear": "ONNX Runtime, int8 matmuls only", "bf16_torch": "torch, bfloat16 copy"}
+
+
+def _lower_precision(points) -> list[str]:
+    """actor_runtime --lower-precision: per batch, CPU µs per frame and the outputs' distance from float32."""
+    if not points:
+        return []
+    rows = [[p["batch"], LOWER.get(k, k), num(v["us"]), f"{v['max_abs_logit_diff']:.0e}", f"{v['mean_abs_dlogp']:.0e}"]
+            for p in points for k, v in p.items() if k != "batch"]
+    return ["", "Lower precisions, timed interleaved with float32 ONNX Runtime (`--lower-precision`), "
+                "against float32 torch's outputs:", ""] + table(
+        ["envs per actor", "forward", "µs per frame", "largest logit difference", "mean |Δ log π|"], rows)
 
 
 def render_groupsync(files: list[dict]) -> list[str]:
