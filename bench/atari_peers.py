@@ -130,6 +130,22 @@ def read_rows(system: str, out: Path, log: str, launched: float) -> list[dict]:
 
 # --- one run, and what is said of it ----------------------------------------------------------
 
+# The shortest whole game of Pong, in agent steps (bench/peers/sf_game_length.py: 757-761 for an
+# always-NOOP or always-UP policy, 846-851 random). A system that does not say how many games its
+# mean is of (Sample Factory) has a mean of whole games only after 10 games' worth of steps;
+# before that its episodes are cut short (its first mean, -13, came 25 s and 4,000 steps in).
+MIN_GAME_STEPS = 757
+GAMES_FOR_GOAL = 10
+
+
+def whole_games(row: dict) -> bool:
+    """Does this row's mean count at least GAMES_FOR_GOAL whole games (or could it, where the
+    system does not say)?"""
+    if row.get("episodes") is not None:
+        return row["episodes"] >= GAMES_FOR_GOAL
+    return row["frames"] >= GAMES_FOR_GOAL * MIN_GAME_STEPS
+
+
 def summarize(rows: list[dict], minutes: float) -> dict:
     rets = [r for r in rows if r["mean_return"] is not None]
     last = rows[-1] if rows else None
@@ -141,9 +157,7 @@ def summarize(rows: list[dict], minutes: float) -> dict:
             if last and half and last["t"] > half["t"] else None,
             "return_at_minutes": {str(m): return_at(rets, 60 * m) for m in (10, 20, 60) if m <= minutes},
             "return_last": rets[-1]["mean_return"] if rets else None,
-            # over at least 10 games where the system says how many (Sample Factory does not)
-            "seconds_to_goal": next((r["t"] for r in rets if r["mean_return"] >= GOAL and r.get("episodes", 10) >= 10),
-                                    None)}
+            "seconds_to_goal": next((r["t"] for r in rets if r["mean_return"] >= GOAL and whole_games(r)), None)}
 
 
 # Sample Factory 2.1.1's --train_for_seconds never fires (runner.total_train_seconds is never

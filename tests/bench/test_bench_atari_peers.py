@@ -35,6 +35,16 @@ def test_the_summary_reads_the_return_by_each_mark_and_the_goal_from_ten_games()
     assert s["steady_frames_per_second"] == pytest.approx((150_000 - 120_000) / 200, abs=0.1)
 
 
+def test_a_mean_of_unknown_games_counts_for_the_goal_only_after_ten_whole_games_of_steps():
+    # Sample Factory says no episode count: its early means are of games cut short
+    rows = [{"t": 33.0, "frames": 6_000, "mean_return": -9.5},
+            {"t": 60.0, "frames": 12_000, "mean_return": -19.0},
+            {"t": 1300.0, "frames": 260_000, "mean_return": -9.8}]
+    assert ap.summarize(rows, 60)["seconds_to_goal"] == 1300.0
+    assert not ap.whole_games({"frames": 10 * ap.MIN_GAME_STEPS - 1}) and ap.whole_games({"frames": 7_570})
+    assert ap.whole_games({"frames": 0, "episodes": 10}) and not ap.whole_games({"frames": 10**6, "episodes": 9})
+
+
 def test_a_peer_that_did_not_install_is_skipped_with_pips_own_words(tmp_path, monkeypatch):
     monkeypatch.setattr(ap, "PEERS", tmp_path)
     monkeypatch.setattr(ap, "ROOT", tmp_path.parent)
