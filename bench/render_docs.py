@@ -651,6 +651,7 @@ BLOCKS = {  # block name: (renderer, the files it renders)
                                    _r("ablation-cartpole-loaded.json"), _r("ablation-acrobot.json")]),
     "pong": (render_pong, [_r("pong.json")]),
     "atari-peers": (render_atari_peers, [_r("atari-peers.json")]),
+    "atari-peers-60min": (render_atari_peers, [_r("atari-peers-60min.json")]),
     "converge-ppo": (render_converge, [_r("converge-ppo.json")]),
     "learner-step": (render_learner_step, [_r("learner-step.json")]),
     "actor-profile": (render_actor_profile, [_r("actor-profile.json")]),
