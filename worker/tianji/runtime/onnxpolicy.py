@@ -64,7 +64,8 @@ BENCH_ROUNDS, BENCH_CALLS = 3, 8  # auto's micro-benchmark: best of interleaved 
 # Importing it costs an actor 0.66 s of CPU with its interpreter held (AMD EPYC), which stalled both
 # CartPole actors' env loops for 0.8-1.0 s at the start of a 10 s run, and the most it could save is
 # the whole forward: CartPole PPO's MLP takes 33 µs in torch (Pong's CNN: 2,300 µs at 8 envs).
-# Side by side, 5 seeds (docs/benchmarks.md): CartPole PPO reached 475 in 9.9 s median on torch, 11.0 s on auto.
+# Side by side (docs/benchmarks.md), CartPole PPO's median time to 475: 9.9 s on torch, 11.0 s on auto
+# (seeds 21-25); 10.7 s against 11.4 s with ONNX Runtime forced (seeds 26-30), within the frames' spread.
 TORCH_FAST_US = 100.0
 INPUT, OUTPUT = "obs", "out"
 
