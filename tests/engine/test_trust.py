@@ -469,6 +469,7 @@ def _insider_sockets(ctx, rd, ring) -> dict:
                                 ("batches", "learner-0-0", "batches"), ("fragments", "buffer-0-0", "fragments")):
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 5000)
+        s.setsockopt(zmq.SNDTIMEO, 20_000)  # a run that ended leaves a PUSH with no peer: fail, not hang
         security.Curve(None, ring).client(s, peer)
         s.connect(ipc(rd, f"{peer}-{channel}"))
         out[name] = s
