@@ -27,8 +27,8 @@ def _doc(**spec) -> dict:
     return doc
 
 
-def test_relaxed_is_the_default_and_strict_has_lag_zero():
-    assert parse_job(_doc()).spec.dependencies == "relaxed"
+def test_auto_is_the_default_relaxed_for_the_example_and_strict_has_lag_zero():
+    assert parse_job(_doc()).spec.dependencies == "auto" and parse_job(_doc()).spec.dependency_mode == "relaxed"
     assert parse_job(_doc()).spec.max_policy_lag == 3  # the example's bound
     strict = parse_job(_doc(dependencies="strict")).spec
     assert strict.dependencies == "strict" and strict.max_policy_lag == 0
@@ -142,3 +142,24 @@ def test_a_strict_run_trains_on_every_rollout_at_lag_zero(tmp_path):
     assert consumed == s["policy_version"] * batch and consumed >= 5120 - batch
     assert 0 <= s["env_frames"] - consumed <= batch
     assert np.isclose(s["replay_ratio"], 1.0, atol=0.1)
+
+
+def test_auto_runs_a_job_of_heavy_versions_strict_and_says_so(tmp_path):
+    """16 epochs of 16 minibatches: 256 optimizer steps a version, so `dependencies: auto` (the
+    default) runs the example strict once its own lag bound is unset: the console says why,
+    summary.json says what ran, and the learner trains at lag 0 on every rollout."""
+    run = tmp_path / "run"
+    r = run_tianji("run", str(PPO), "--run-dir", str(run), "--quiet", "--set", "spec.algorithm.epochs=16",
+                   "--set", "spec.algorithm.minibatchSize=16", "--set", "spec.staleness.maxPolicyLag=null",
+                   "--set", "spec.stop.envFrames=2048",
+                   "--set", "spec.stop.seconds=240", timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tianji: note: dependencies: auto runs this job strict: a policy version is 256 optimizer steps" in r.stderr
+    s = read_summary(run)
+    assert s["dependencies"] == "strict" and s["exit_reason"] == "frames", s
+    assert s["policy_lag"]["max"] == 0 and not s["dropped_samples"] and s["policy_version"] >= 7, s
+    relaxed = tmp_path / "relaxed"
+    r = run_tianji("run", str(PPO), "--run-dir", str(relaxed), "--quiet", "--set", "spec.stop.envFrames=2048",
+                   "--set", "spec.stop.seconds=240", timeout=400)
+    assert r.returncode == 0 and "dependencies: auto" not in r.stderr, r.stderr[-2000:]
+    assert read_summary(relaxed)["dependencies"] == "relaxed"  # the example: 12 steps a version

@@ -13,6 +13,7 @@ import kopf
 from tianji.control.contracts.accounting import Accounting
 from tianji.control.contracts.addressing import actor_set_name
 from tianji.control.contracts.ports import PortBlock, with_block
+from tianji.control.planner.plan import kept_dependencies
 from tianji.control.spec import SpecError, TianJiJob, parse_job
 
 from .. import status as st
@@ -42,7 +43,8 @@ def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
     """The planned job rebuilt from the live spec and status.plan (as tianji.control.planner.plan.resolve
     builds it), for a ConfigMap that was deleted."""
     try:
-        doc = parse_job(manifest_of(body)).to_manifest()
+        live = parse_job(manifest_of(body))
+        doc = live.to_manifest()
         # The spec's groupSync stays: status.plan carries only the counts.
         doc["spec"]["topology"] = {
             **doc["spec"]["topology"],
@@ -60,7 +62,7 @@ def _resolved_from_plan(body: Any, plan: dict) -> Optional[TianJiJob]:
         block = PortBlock.from_status((body.get("status") or {}).get("hostPorts") or {})
         if block is not None:  # hostNetwork: the ports the pods were given
             with_block(doc, block)
-        return TianJiJob.model_validate(doc)
+        return kept_dependencies(TianJiJob.model_validate(doc), live)  # the plan's, as resolve() keeps them
     except (SpecError, KeyError, TypeError, ValueError):
         return None
 

@@ -24,6 +24,7 @@ def run_summary(job, acc: Accounting, *, reason: str, wall: float, crossing: Opt
     rejected = acc.reasons("messages_rejected_total")
     return {
         "job": job.name, "algorithm": spec.algorithm.name, "env": spec.env.id,
+        "dependencies": spec.dependency_mode,  # auto resolved: what ran
         "target_return": float(spec.stop.mean_return) if spec.stop.mean_return is not None else None,
         "reached_target": crossing is not None,
         "seconds_to_target": crossing and crossing["t"],

@@ -210,6 +210,17 @@ def planned_job(job: TianJiJob, p: Plan) -> TianJiJob:
     doc = job.to_manifest()
     doc["spec"]["topology"] = {**doc["spec"]["topology"], "auto": False, **p.topology()}
     doc["spec"]["algorithm"]["batchSize"] = p.batch_size
+    return kept_dependencies(TianJiJob.model_validate(doc), job)
+
+
+def kept_dependencies(resolved: TianJiJob, job: TianJiJob) -> TianJiJob:
+    """`resolved` running the dependencies `job` resolved to: the plan was made for them (auto is
+    relaxed under topology: auto), not for what auto would make of the planned topology. Pinned only
+    where the two differ, so that a job that stays `auto` still says so (lagbound.staleness_notes)."""
+    if resolved.spec.dependency_mode == job.spec.dependency_mode:
+        return resolved
+    doc = resolved.to_manifest()
+    doc["spec"]["dependencies"] = job.spec.dependency_mode
     return TianJiJob.model_validate(doc)
 
 

@@ -13,7 +13,7 @@ from tianji.control.spec.actor import ActorConfig
 from tianji.control.spec.algos import Algorithm, DQNConfig, PPOConfig
 from tianji.control.spec.base import API_VERSION, IMAGE_PATTERN, KIND, _Model, immutable
 from tianji.control.spec.env import EnvConfig, ModelConfig, import_allowed
-from tianji.control.spec.lagbound import fitted_max_lag
+from tianji.control.spec.lagbound import auto_dependencies, fitted_max_lag
 from tianji.control.spec.pods import MOVED_FIELDS, Pods, RunPolicy
 from tianji.control.spec.resources import Autoscale, Network, PlanConfig, Resources
 from tianji.control.spec.run import CheckpointConfig, EvaluationConfig, Staleness, StopConfig, Topology
@@ -74,13 +74,16 @@ class JobSpec(_Model):
         default_factory=Staleness,
         description="how stale a consumed sample may be, and how production follows consumption",
     )
-    dependencies: Literal["relaxed", "strict"] = Field(
-        "relaxed",
-        description="relaxed (default): actors, buffers and learners never wait for one another (the "
-        "paper's design). strict: the classic synchronous loop on the same processes and wire, the paper's "
-        "baseline (bench/ablation.py): each actor sends one rollout (batchSize / actors per buffer samples) and "
-        "waits for the policy trained on it; the learner trains on exactly the last rollout of every actor "
-        "(policy lag 0). PPO only",
+    dependencies: Literal["auto", "relaxed", "strict"] = Field(
+        "auto",
+        description="relaxed: actors, buffers and learners never wait for one another (the paper's design). "
+        "strict: the classic synchronous loop on the same processes and wire, the paper's baseline "
+        "(bench/ablation.py): each actor sends one rollout (batchSize / actors per buffer samples) and waits "
+        "for the policy trained on it; the learner trains on exactly the last rollout of every actor (policy "
+        "lag 0). PPO only. auto (default): relaxed, except a PPO job whose policy version is at least 256 "
+        "optimizer steps (epochs x batchSize / minibatchSize), with no staleness.maxPolicyLag set, on a "
+        "topology strict runs: strict there, where it needed 0.5-0.75 of relaxed's frames in at most about "
+        "the same time (control/spec/lagbound.py, docs/ablation.md)",
     )
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -154,37 +157,44 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _strict_fits(self) -> JobSpec:
-        """dependencies: strict needs a topology whose rounds close: every learner fed by one buffer, and
-        the actors of a buffer filling one batch with one rollout each (runtime/roles/actor.py)."""
-        if self.dependencies != "strict":
-            return self
+        if self.dependencies == "strict" and (why := self.strict_misfit()):
+            raise ValueError(why)
+        return self
+
+    def strict_misfit(self) -> Optional[str]:
+        """Why dependencies: strict cannot run this spec (None: it can). It needs a topology whose rounds
+        close: every learner fed by one buffer, and the actors of a buffer filling one batch with one
+        rollout each (runtime/roles/actor.py)."""
         t, st = self.topology, self.staleness
         if self.algorithm.name != "ppo":
-            raise ValueError(
+            return (
                 "dependencies: strict is implemented for ppo (a DQN learner trains on replay, "
                 "whose rounds the sample-to-insert limiter sets, not the actors)"
             )
         if t.auto or self.autoscale.effective_mode != "off":
-            raise ValueError("dependencies: strict runs the topology it is given: not with topology: auto or autoscale")
+            return "dependencies: strict runs the topology it is given: not with topology: auto or autoscale"
         if st.publish_every != 1:  # (maxPolicyLag is moot: strict drops any sample with lag > 0)
-            raise ValueError(
-                "dependencies: strict: actors wait for every new version, so staleness.publishEvery must be 1"
-            )
+            return "dependencies: strict: actors wait for every new version, so staleness.publishEvery must be 1"
         if t.buffers != t.learners or t.actors % t.buffers:
-            raise ValueError(
+            return (
                 f"dependencies: strict needs buffers == learners and actors a multiple of buffers "
                 f"(got actors {t.actors}, buffers {t.buffers}, learners {t.learners})"
             )
         if t.groups > 1 and t.group_sync.mode != "allreduce":
-            raise ValueError("dependencies: strict with several groups needs topology.groupSync.mode: allreduce")
+            return "dependencies: strict with several groups needs topology.groupSync.mode: allreduce"
         frags = self.algorithm.batch_size // (self.env.num_envs * self.env.fragment_length)
         if frags % (t.actors // t.buffers):
-            raise ValueError(
+            return (
                 f"dependencies: strict: a batch of {frags} fragment(s) cannot be split evenly over "
                 f"the {t.actors // t.buffers} actor(s) of a buffer; make algorithm.batchSize a "
                 "multiple of actors per buffer x env.numEnvs x env.fragmentLength"
             )
-        return self
+        return None
+
+    @property
+    def dependency_mode(self) -> Literal["relaxed", "strict"]:
+        """What `dependencies` runs as: auto resolved (control/spec/lagbound.py's auto_dependencies)."""
+        return self.dependencies if self.dependencies != "auto" else auto_dependencies(self)[0]
 
     @model_validator(mode="after")
     def _inference_fits(self) -> JobSpec:
@@ -232,7 +242,7 @@ class JobSpec(_Model):
     # Derived defaults that depend on the algorithm.
     @property
     def max_policy_lag(self) -> Optional[int]:
-        if self.dependencies == "strict":
+        if self.dependency_mode == "strict":
             return 0
         if self.staleness.max_policy_lag is not None:
             return self.staleness.max_policy_lag

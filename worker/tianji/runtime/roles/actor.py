@@ -178,7 +178,7 @@ class Actor(ParamFollower, Role):
         self.follow_params(self.group, learner)
         self.peers = sum(1 for a in range(topo.actors) if learner_for_actor(a, topo.buffers, topo.learners) == learner)
         # dependencies: strict (the paper's baseline): rounds of one rollout, then a wait for the new policy
-        self.strict = s.dependencies == "strict"
+        self.strict = s.dependency_mode == "strict"
         self.rollout_fragments = ppo_batch_fragments(s) // (topo.actors // topo.buffers) if self.strict else 0
         self.rolled_out: Optional[int] = None  # the version of the last strict rollout
         self.fresh_policy = False  # parameters arrived that this actor has not rolled out with
