@@ -51,7 +51,8 @@ def run(job_path: Path, base: dict, multiple: int, seed: int, actors: int, max_s
     batch, minibatch = base["batch"] * multiple, base["minibatch"] * multiple
     rd = Path(tempfile.mkdtemp(prefix=f"batchcurve-{job_path.stem}-{batch}-"))
     sets = [f"spec.algorithm.batchSize={batch}", f"spec.algorithm.minibatchSize={minibatch}",
-            f"spec.env.seed={seed}", "spec.topology.groups=1", f"spec.topology.actors={actors}",
+            f"spec.env.seed={seed}", "spec.dependencies=relaxed",  # the planner's curve: it plans relaxed jobs
+            "spec.topology.groups=1", f"spec.topology.actors={actors}",
             "spec.topology.buffers=1", "spec.topology.learners=1", f"spec.stop.seconds={max_seconds}",
             f"spec.stop.envFrames={max_frames}", "spec.evaluation.intervalSeconds=null"]
     load = os.getloadavg()[0]

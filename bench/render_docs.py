@@ -208,6 +208,31 @@ def render_atari_peers(files: list[dict]) -> list[str]:
             + plot(d, "Pong: mean return of the last 100 games against time and agent steps, per system"))
 
 
+def render_zoo_settings(files: list[dict]) -> list[str]:
+    d, = files
+    rows = []
+    for r in d["runs"]:
+        sets = d["variants"].get(r["arm"][len("tianji_"):], [])
+        name = ("SB3, rl-zoo's entry" if r["arm"] == "sb3" else "TianJi, the job"
+                + (f" with {', '.join(f'`{x}`' for x in sets)}" if sets else ""))
+        frames = num(r.get("frames")) if r.get("reached") else "not reached"
+        rows.append([name, r["seed"], r.get("dependencies") or "–", frames, num(r.get("seconds"), 1),
+                     num(r.get("dropped_stale")), num(r.get("policy_lag_mean"), 2), num(r["load1_before"], 1)])
+    lines = []
+    for what in ("frames", "seconds"):
+        per = []
+        for key, v in d["pairs"].items():
+            arm, _, w = key.partition("_over_sb3_")
+            if w == what:
+                sets = d["variants"].get(arm[len("tianji_"):], [])
+                name = "the job" + (f" with {', '.join(f'`{x}`' for x in sets)}" if sets else "")
+                per.append(f"{name} **{num(v['median'], 2)}** ({', '.join(num(x, 2) for x in v['ratios'])})")
+        lines.append(f"- TianJi's {what} over SB3's, median of the seed pairs (per seed): " + "; ".join(per) + ".")
+    header = ["run", "seed", "dependencies", f"frames to mean-100 ≥ {num(d['target'])}", "seconds from launch",
+              "dropped as stale", "mean lag", "load before"]
+    return provenance(d) + [""] + table(header, rows) + [""] + lines
+
+
 LABELS = {"tianji_hand": "TianJi, the example", "sb3": "SB3, rl-zoo's settings",
           "sb3_tianji_settings": "SB3, the example's settings"}
 
@@ -439,14 +464,12 @@ def render_profiles(files: list[dict]) -> list[str]:
 
 
 def render_headline(files: list[dict]) -> list[str]:
-    pong, conv, *ablations = files
+    peers, conv, *ablations = files
     ppo = conv["results"]["ppo"]
     pair = ppo["pairs"]["tianji_hand_over_sb3"]
     speed = [f"{load_label(d)} **{num(median_ratio(d), 2)}**" for d in ablations]
-    at10 = num(return_at(pong["curve"], 10), 1)
-    rows = [[f"Pong PPO, {num(pong['minutes'])} minutes on {pong['cpus']} cores",
-             f"mean-100 return **{num(pong['return_last'], 1)}** at the end ({at10} at 10 min)" + pong_milestones(pong),
-             pong["date"][:10]],
+    rows = [[f"Pong PPO, {num(peers['minutes'])} minutes on {peers['machine']}, beside its peers one "
+             "after another ([peers](#pong-against-its-peers))", pong_hour(peers), peers["date"].split("; ")[-1][:10]],
             ["Relaxed vs strictly ordered (`spec.dependencies: strict`), PPO: strict's time to target over "
              "relaxed's, median of seed pairs (above 1: relaxed faster; [ablation](ablation.md))",
              "; ".join(f"{next(iter(d['summary']))} at {s}" for d, s in zip(ablations, speed)),
@@ -460,16 +483,26 @@ def render_headline(files: list[dict]) -> list[str]:
         "", "From " + ", ".join(f"`{d['path']}`" for d in files) + "; commands and machines in the sections below."]
 
 
-def pong_milestones(d: dict) -> str:
-    """'; -10 first reached at 37.2 min; greedy evaluation 19.6' where the JSON records them."""
-    out = ""
-    first = (d.get("seconds_to") or {}).get(str(d["goal_return"]))
-    if first is not None:
-        out += f"; {num(d['goal_return'])} first reached at {num(first / 60, 1)} min"
-    last = ((d.get("evaluation") or {}).get("last") or {}).get("return_mean")
-    if last is not None:
-        out += f"; last greedy evaluation {num(last, 1)}"
-    return out
+PEER_SHORT = {"sample-factory": "Sample Factory", "cleanrl-envpool": "CleanRL/EnvPool", "sb3": "SB3"}
+
+
+def pong_hour(d: dict) -> str:
+    """TianJi's newest run at the budget (return at the end and at 10 min, first -10, steps/s), then
+    each peer's newest: its return at the end and its first -10."""
+    newest = {r["system"]: r for r in d["runs"] if "curve" in r}  # the runs are in the order they ran
+    end = f"{d['minutes']:g}"
+
+    def goal(r: dict) -> str:
+        s = r["seconds_to_goal"]
+        return "not reached" if s is None else f"{num(s / 60, 1)} min"
+
+    tj = newest["tianji"]
+    out = (f"TianJi: mean-100 return **{num(tj['return_at_minutes'].get(end), 1)}** at {end} min "
+           f"({num(tj['return_at_minutes'].get('10'), 1)} at 10), {num(d['goal_return'])} first at {goal(tj)}, "
+           f"{num(tj['frames_per_second'])} steps/s")
+    others = [f"{PEER_SHORT.get(s, s)} {num(r['return_at_minutes'].get(end), 1)} ({goal(r)}, "
+              f"{num(r['frames_per_second'])} steps/s)" for s, r in newest.items() if s != "tianji"]
+    return out + ("; peers at the end (first -10, steps/s): " + ", ".join(others) if others else "")
 
 
 def median_ratio(d: dict) -> float:
@@ -647,12 +680,13 @@ def _v(name: str) -> str:
 
 
 BLOCKS = {  # block name: (renderer, the files it renders)
-    "headline": (render_headline, [_r("pong.json"), _r("converge-ppo.json"), _r("ablation.json"),
+    "headline": (render_headline, [_r("atari-peers-60min.json"), _r("converge-ppo.json"), _r("ablation.json"),
                                    _r("ablation-cartpole-loaded.json"), _r("ablation-acrobot.json")]),
     "pong": (render_pong, [_r("pong.json")]),
     "atari-peers": (render_atari_peers, [_r("atari-peers.json")]),
     "atari-peers-60min": (render_atari_peers, [_r("atari-peers-60min.json")]),
     "converge-ppo": (render_converge, [_r("converge-ppo.json")]),
+    "zoo-settings": (render_zoo_settings, [_r("zoo-settings-acrobot.json")]),
     "learner-step": (render_learner_step, [_r("learner-step.json")]),
     "actor-profile": (render_actor_profile, [_r("actor-profile.json")]),
     "actor-runtime": (render_actor_runtime, [_r("actor-runtime.json")]),

@@ -31,7 +31,7 @@ def test_an_edited_number_in_a_block_is_caught_and_rewritten(tmp_path, capsys):
     frames = json.loads((RESULTS / "pong.json").read_text())["env_frames"]
     shown, edited = f"{frames:,}", f"{frames + 1:,}"
     assert shown in pong  # docs/results/pong.json's env_frames
-    prose_edit = "The 100-episode mean return of the exploring policy"
+    prose_edit = "the 100-episode mean return of the exploring policy"
     assert prose_edit in text
     doc.write_text(text.replace(pong, pong.replace(shown, edited))
                    .replace(prose_edit, prose_edit + " (edited)"))
