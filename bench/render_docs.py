@@ -208,25 +208,25 @@ def render_atari_peers(files: list[dict]) -> list[str]:
             + plot(d, "Pong: mean return of the last 100 games against time and agent steps, per system"))
 
 
+def _zoo_arm(d: dict, arm: str) -> str:
+    """A zoo_settings arm's name: the job, with its variant's --sets."""
+    sets = d["variants"].get(arm[len("tianji_"):], [])
+    return "the job" + (f" with {', '.join(f'`{x}`' for x in sets)}" if sets else "")
+
+
 def render_zoo_settings(files: list[dict]) -> list[str]:
     d, = files
     rows = []
     for r in d["runs"]:
-        sets = d["variants"].get(r["arm"][len("tianji_"):], [])
-        name = ("SB3, rl-zoo's entry" if r["arm"] == "sb3" else "TianJi, the job"
-                + (f" with {', '.join(f'`{x}`' for x in sets)}" if sets else ""))
+        name = "SB3, rl-zoo's entry" if r["arm"] == "sb3" else f"TianJi, {_zoo_arm(d, r['arm'])}"
         frames = num(r.get("frames")) if r.get("reached") else "not reached"
         rows.append([name, r["seed"], r.get("dependencies") or "–", frames, num(r.get("seconds"), 1),
                      num(r.get("dropped_stale")), num(r.get("policy_lag_mean"), 2), num(r["load1_before"], 1)])
     lines = []
     for what in ("frames", "seconds"):
-        per = []
-        for key, v in d["pairs"].items():
-            arm, _, w = key.partition("_over_sb3_")
-            if w == what:
-                sets = d["variants"].get(arm[len("tianji_"):], [])
-                name = "the job" + (f" with {', '.join(f'`{x}`' for x in sets)}" if sets else "")
-                per.append(f"{name} **{num(v['median'], 2)}** ({', '.join(num(x, 2) for x in v['ratios'])})")
+        per = [f"{_zoo_arm(d, key.partition('_over_sb3_')[0])} **{num(v['median'], 2)}** "
+               f"({', '.join(num(x, 2) for x in v['ratios'])})"
+               for key, v in d["pairs"].items() if key.endswith(f"_over_sb3_{what}")]
         lines.append(f"- TianJi's {what} over SB3's, median of the seed pairs (per seed): " + "; ".join(per) + ".")
     header = ["run", "seed", "dependencies", f"frames to mean-100 ≥ {num(d['target'])}", "seconds from launch",
               "dropped as stale", "mean lag", "load before"]
