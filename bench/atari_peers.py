@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import ROOT, emit, loadavg, stamp
+from bench.harness import ROOT, emit, loadavg, machine, stamp
 from bench.pong import return_at
 
 PEERS = ROOT / "bench" / "peers"
@@ -200,7 +200,8 @@ def run_one(system: str, minutes: float, work: Path) -> dict:
     settle()
     load = loadavg()
     record: dict = {"system": system, "load_before": load, "load1_before": round(load[0], 2),
-                    "started": time.strftime("%H:%M UTC", time.gmtime())}
+                    "started": time.strftime("%H:%M UTC", time.gmtime()),
+                    "day": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine()}
     cmd = peer_command(system, seconds, out)
     record["command"] = " ".join(cmd)
     launched = time.time()
@@ -261,12 +262,16 @@ def result_stem(minutes: float) -> str:
 
 
 def appended(path: Path, new: dict) -> dict:
-    """The earlier result at `path` with `new`'s runs after its own: one file, each command kept."""
+    """The earlier result at `path` with `new`'s runs after its own: one file, each command kept, each
+    run naming its machine and day (a run kept before runs named them takes its file's)."""
     old = json.loads(path.read_text())
     if old["minutes"] != new["minutes"]:
         raise SystemExit(f"--append: {path} ran {old['minutes']:g} min each, these {new['minutes']:g}")
+    day = old["date"].split(";")[0][:10]
+    runs = [{"day": day, "machine": old["machine"], **r} for r in old["runs"]] + new["runs"]
+    machines = list(dict.fromkeys(r["machine"] for r in runs if "machine" in r))
     return {**old, "command": f"{old['command']}; {new['command']}", "date": f"{old['date']}; {new['date']}",
-            "runs": old["runs"] + new["runs"]}
+            "machine": "; ".join(machines), "runs": runs}
 
 
 def main(argv=None) -> int:

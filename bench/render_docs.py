@@ -188,6 +188,7 @@ PEER_LABELS = {"tianji": "TianJi, examples/pong-ppo.yaml with bench/pong.py's CP
 def render_atari_peers(files: list[dict]) -> list[str]:
     d, = files
     marks = [m for m in ("10", "20", "60") if float(m) <= d["minutes"]]
+    mixed = len({r.get("machine", d["machine"]) for r in d["runs"]}) > 1  # then each row names its machine
     rows, notes = [], []
     for r in d["runs"]:
         name = (PEER_LABELS.get(r["system"], r["system"]) + (f", round {r['round']}" if d["rounds"] > 1 else "")
@@ -201,9 +202,10 @@ def render_atari_peers(files: list[dict]) -> list[str]:
         rows.append([name, *[num(at.get(m), 1) for m in marks],
                      "not reached" if goal is None else f"{num(goal / 60, 1)} min", kilo(r["frames"]),
                      f"{num(r['frames_per_second'])} ({num(r['steady_frames_per_second'])})",
-                     num(r["load1_before"], 2), r["started"]])
+                     num(r["load1_before"], 2), " ".join(filter(None, (r.get("day"), r["started"]))),
+                     *([r.get("machine", d["machine"])] if mixed else [])])
     header = ["system", *[f"return at {m} min" for m in marks], f"first mean-100 >= {num(d['goal_return'])}",
-              "agent steps", "steps/s overall (2nd half)", "load before", "started"]
+              "agent steps", "steps/s overall (2nd half)", "load before", "started", *(["machine"] if mixed else [])]
     return (provenance(d) + [""] + table(header, rows) + ([""] + notes if notes else [])
             + plot(d, "Pong: mean return of the last 100 games against time and agent steps, per system"))
 
@@ -468,8 +470,10 @@ def render_headline(files: list[dict]) -> list[str]:
     ppo = conv["results"]["ppo"]
     pair = ppo["pairs"]["tianji_hand_over_sb3"]
     speed = [f"{load_label(d)} **{num(median_ratio(d), 2)}**" for d in ablations]
-    rows = [[f"Pong PPO, {num(peers['minutes'])} minutes on {peers['machine']}, beside its peers one "
-             "after another ([peers](#pong-against-its-peers))", pong_hour(peers), peers["date"].split("; ")[-1][:10]],
+    tj = [r for r in peers["runs"] if r["system"] == "tianji" and "curve" in r][-1]
+    rows = [[f"Pong PPO, {num(peers['minutes'])} minutes on {tj.get('machine', peers['machine'])}, beside its "
+             "peers one after another ([peers](#pong-against-its-peers))", pong_hour(peers),
+             peers["date"].split("; ")[-1][:10]],
             ["Relaxed vs strictly ordered (`spec.dependencies: strict`), PPO: strict's time to target over "
              "relaxed's, median of seed pairs (above 1: relaxed faster; [ablation](ablation.md))",
              "; ".join(f"{next(iter(d['summary']))} at {s}" for d, s in zip(ablations, speed)),
@@ -500,8 +504,12 @@ def pong_hour(d: dict) -> str:
     out = (f"TianJi: mean-100 return **{num(tj['return_at_minutes'].get(end), 1)}** at {end} min "
            f"({num(tj['return_at_minutes'].get('10'), 1)} at 10), {num(d['goal_return'])} first at {goal(tj)}, "
            f"{num(tj['frames_per_second'])} steps/s")
+    def where(r: dict) -> str:  # a peer measured on another machine than TianJi's run says so
+        m = r.get("machine", d["machine"])
+        return "" if m == tj.get("machine", d["machine"]) else f", on {m}"
+
     others = [f"{PEER_SHORT.get(s, s)} {num(r['return_at_minutes'].get(end), 1)} ({goal(r)}, "
-              f"{num(r['frames_per_second'])} steps/s)" for s, r in newest.items() if s != "tianji"]
+              f"{num(r['frames_per_second'])} steps/s{where(r)})" for s, r in newest.items() if s != "tianji"]
     return out + ("; peers at the end (first -10, steps/s): " + ", ".join(others) if others else "")
 
 

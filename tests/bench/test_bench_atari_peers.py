@@ -68,9 +68,16 @@ def test_a_run_past_its_deadline_is_interrupted_and_said_to_be(tmp_path):
 
 def test_appended_runs_keep_both_commands_and_refuse_another_budget(tmp_path):
     path = tmp_path / "atari-peers.json"
-    path.write_text('{"command": "a", "date": "d1", "minutes": 20, "runs": [{"system": "sb3"}]}')
-    doc = ap.appended(path, {"command": "b", "date": "d2", "minutes": 20, "runs": [{"system": "tianji"}]})
+    path.write_text('{"command": "a", "date": "2026-12-01 19:51 UTC", "machine": "2 cores, AMD EPYC", '
+                    '"minutes": 20, "runs": [{"system": "sb3"}]}')
+    new = {"command": "b", "date": "2026-12-02 03:51 UTC", "machine": "2 cores, Intel Xeon", "minutes": 20,
+           "runs": [{"system": "tianji", "day": "2026-12-02", "machine": "2 cores, Intel Xeon"}]}
+    doc = ap.appended(path, new)
     assert doc["command"] == "a; b" and [r["system"] for r in doc["runs"]] == ["sb3", "tianji"]
+    # each run names where and when it ran: the older run its file's machine, the file both machines
+    assert [(r["day"], r["machine"]) for r in doc["runs"]] == [("2026-12-01", "2 cores, AMD EPYC"),
+                                                              ("2026-12-02", "2 cores, Intel Xeon")]
+    assert doc["machine"] == "2 cores, AMD EPYC; 2 cores, Intel Xeon"
     with pytest.raises(SystemExit, match="20 min each, these 60"):
         ap.appended(path, {"command": "c", "date": "d3", "minutes": 60, "runs": []})
 

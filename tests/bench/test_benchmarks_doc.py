@@ -52,3 +52,23 @@ def test_a_removed_block_is_named(tmp_path, capsys):
     doc.write_text(text.replace(_block(text, "groupsync"), ""))
     assert render_docs.main(["--check", "--doc", str(doc)]) == 1
     assert "report:groupsync is missing" in capsys.readouterr().out
+
+
+def _pong_run(system: str, machine: str, end: float) -> dict:
+    return {"system": system, "machine": machine, "day": "2026-12-02", "started": "03:51 UTC", "round": 1,
+            "curve": [], "return_at_minutes": {"10": -20.0, "20": -15.0, "60": end}, "seconds_to_goal": None,
+            "frames": 1000, "frames_per_second": 300, "steady_frames_per_second": 310, "load1_before": 0.5}
+
+
+def test_pong_runs_from_two_machines_each_name_theirs():
+    amd, intel = "2 cores, AMD EPYC", "2 cores, Intel Xeon"
+    d = {"path": "docs/results/x.json", "command": "c", "date": "2026-12-02 04:51 UTC", "machine": f"{amd}; {intel}",
+         "minutes": 60, "rounds": 1, "goal_return": -10,
+         "runs": [_pong_run("tianji", amd, 19.0), _pong_run("sb3", intel, -12.0)]}
+    table = [line for line in render_docs.render_atari_peers([d]) if line.startswith("| ")]
+    assert table[0].endswith("| started | machine |")
+    assert table[-1].endswith(f"| 2026-12-02 03:51 UTC | {intel} |")
+    hour = render_docs.pong_hour(d)  # the headline: a peer from another machine than TianJi's says so
+    assert hour.endswith(f"SB3 -12.0 (not reached, 300 steps/s, on {intel})")
+    d["runs"][1]["machine"] = amd
+    assert render_docs.pong_hour(d).endswith("SB3 -12.0 (not reached, 300 steps/s)")
