@@ -19,7 +19,8 @@ That process is started before it is needed, once the learner has trained a firs
 a job with a target: it makes itself non-inspectable, imports torch and Gymnasium (1.4 s of
 CPU), and waits on a Unix socket for the one request it serves (the sealed copy's descriptor
 and the evaluation's arguments, SCM_RIGHTS). The check then costs the evaluation alone, not a
-cold interpreter on a machine busy training; a new one is started after each check that did
+cold interpreter on a machine busy training, and the process exits as soon as its answer is
+written (the interpreter's teardown skipped); a new one is started after each check that did
 not confirm.
 
 Episodes: spec.evaluation.episodes when the job has an evaluator (the user's evaluation size),
@@ -349,8 +350,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error("CHECKPOINT, --episodes and --seed are required without --serve")
     isolate()
     if a.serve is not None:
-        print(json.dumps(_serve(a.serve)))
-        return 0
+        print(json.dumps(_serve(a.serve)), flush=True)
+        sys.stderr.flush()
+        # The launcher's verdict waits for this exit: skip the interpreter's teardown of torch and
+        # Gymnasium (0.3-0.5 s of CPU measured), which nothing here needs (no file is left open).
+        os._exit(0)
     from tianji.runtime.evaluation import evaluate
 
     print(json.dumps(evaluate(Path(a.checkpoint), a.episodes, a.seed, a.epsilon, step_cap=a.step_cap)))
