@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import ROOT, emit, run_job, stamp
+from bench.harness import ROOT, emit, launch_offset, run_job, stamp
 
 THRESHOLDS = (300.0, 475.0)
 
@@ -132,9 +132,7 @@ def tianji_run(algo: str, seed: int, budget_s: float, overrides: list[str], env:
     t_launch = time.time()
     done = run_job(job, sets, run, timeout=budget_s + 120, env=env)
     s = done.summary()
-    # The launcher's clock starts after its own imports; job.yaml is written just before it starts,
-    # so its mtime moves TianJi's times onto the same launch-to-target clock as SB3's.
-    pre = max(0.0, (run / "job.yaml").stat().st_mtime - t_launch)
+    pre = launch_offset(run, t_launch)  # onto the same launch-to-target clock as SB3's
     hit, curve, q = {}, [], []
     for r in done.records():
         if (r.get("learner") or {}).get("q_mean") is not None:

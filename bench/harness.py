@@ -130,6 +130,13 @@ def tianji_command(job: str | Path, run_dir: str | Path, sets: Iterable[str] = (
     return cmd
 
 
+def launch_offset(run: Path, t_launch: float) -> float:
+    """Seconds from launching `tianji run` (at `t_launch`) to its launcher's clock, which starts
+    after the launcher's own imports: job.yaml is written just before, so its mtime puts the run's
+    times on a launch-to-target clock (a single-process baseline's)."""
+    return max(0.0, (run / "job.yaml").stat().st_mtime - t_launch)
+
+
 def run_job(job: str | Path, sets: Iterable[str], run_dir: str | Path, *, args: Iterable[str] = (),
             timeout: float | None = None, cwd: str | Path = ROOT, env: dict | None = None,
             watch: Callable[[int, float], None] | None = None) -> Run:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench.converge import parse_variant, sb3_python
-from bench.harness import ROOT, emit, run_job, stamp
+from bench.harness import ROOT, emit, launch_offset, run_job, stamp
 
 JOB = ROOT / "bench" / "jobs" / "acrobot-ppo-rlzoo.yaml"
 
@@ -71,7 +71,7 @@ def tianji_run(job: Path, seed: int, target: float, budget_s: float, sets: list[
     done = run_job(job, [f"spec.env.seed={seed}", f"spec.stop.meanReturn={target}", f"spec.stop.seconds={budget_s}",
                          *sets], run, timeout=budget_s + 180)
     s = done.summary()
-    pre = max(0.0, (run / "job.yaml").stat().st_mtime - t_launch)  # the launcher's clock starts after its imports
+    pre = launch_offset(run, t_launch)
     reached = bool(s["reached_target"])
     return {"reached": reached, "frames": s["frames_to_target"] if reached else None,
             "seconds": round(s["seconds_to_target"] + pre, 2) if reached else None,
