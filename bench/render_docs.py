@@ -694,6 +694,7 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "atari-peers": (render_atari_peers, [_r("atari-peers.json")]),
     "atari-peers-60min": (render_atari_peers, [_r("atari-peers-60min.json")]),
     "converge-ppo": (render_converge, [_r("converge-ppo.json")]),
+    "converge-ppo-onnx": (render_converge, [_r("converge-ppo-onnx-seeds-26-30.json")]),
     "zoo-settings": (render_zoo_settings, [_r("zoo-settings-acrobot.json")]),
     "learner-step": (render_learner_step, [_r("learner-step.json")]),
     "actor-profile": (render_actor_profile, [_r("actor-profile.json")]),
