@@ -185,10 +185,20 @@ PEER_LABELS = {"tianji": "TianJi, examples/pong-ppo.yaml with bench/pong.py's CP
                "sb3": "Stable-Baselines3 2.9.2 PPO, rl-zoo's settings"}
 
 
+def run_machine(d: dict, r: dict) -> str:
+    """The machine run `r` of atari_peers result `d` ran on (a run kept before runs named it: its file's)."""
+    return r.get("machine", d["machine"])
+
+
+def newest_runs(d: dict) -> dict[str, dict]:
+    """Each system's newest run with a result (the runs are in the order they ran)."""
+    return {r["system"]: r for r in d["runs"] if "curve" in r}
+
+
 def render_atari_peers(files: list[dict]) -> list[str]:
     d, = files
     marks = [m for m in ("10", "20", "60") if float(m) <= d["minutes"]]
-    mixed = len({r.get("machine", d["machine"]) for r in d["runs"]}) > 1  # then each row names its machine
+    mixed = len({run_machine(d, r) for r in d["runs"]}) > 1  # then each row names its machine
     rows, notes = [], []
     for r in d["runs"]:
         name = (PEER_LABELS.get(r["system"], r["system"]) + (f", round {r['round']}" if d["rounds"] > 1 else "")
@@ -203,7 +213,7 @@ def render_atari_peers(files: list[dict]) -> list[str]:
                      "not reached" if goal is None else f"{num(goal / 60, 1)} min", kilo(r["frames"]),
                      f"{num(r['frames_per_second'])} ({num(r['steady_frames_per_second'])})",
                      num(r["load1_before"], 2), " ".join(filter(None, (r.get("day"), r["started"]))),
-                     *([r.get("machine", d["machine"])] if mixed else [])])
+                     *([run_machine(d, r)] if mixed else [])])
     header = ["system", *[f"return at {m} min" for m in marks], f"first mean-100 >= {num(d['goal_return'])}",
               "agent steps", "steps/s overall (2nd half)", "load before", "started", *(["machine"] if mixed else [])]
     return (provenance(d) + [""] + table(header, rows) + ([""] + notes if notes else [])
@@ -470,8 +480,8 @@ def render_headline(files: list[dict]) -> list[str]:
     ppo = conv["results"]["ppo"]
     pair = ppo["pairs"]["tianji_hand_over_sb3"]
     speed = [f"{load_label(d)} **{num(median_ratio(d), 2)}**" for d in ablations]
-    tj = [r for r in peers["runs"] if r["system"] == "tianji" and "curve" in r][-1]
-    rows = [[f"Pong PPO, {num(peers['minutes'])} minutes on {tj.get('machine', peers['machine'])}, beside its "
+    tj_machine = run_machine(peers, newest_runs(peers)["tianji"])
+    rows = [[f"Pong PPO, {num(peers['minutes'])} minutes on {tj_machine}, beside its "
              "peers one after another ([peers](#pong-against-its-peers))", pong_hour(peers),
              peers["date"].split("; ")[-1][:10]],
             ["Relaxed vs strictly ordered (`spec.dependencies: strict`), PPO: strict's time to target over "
@@ -493,7 +503,7 @@ PEER_SHORT = {"sample-factory": "Sample Factory", "cleanrl-envpool": "CleanRL/En
 def pong_hour(d: dict) -> str:
     """TianJi's newest run at the budget (return at the end and at 10 min, first -10, steps/s), then
     each peer's newest: its return at the end and its first -10."""
-    newest = {r["system"]: r for r in d["runs"] if "curve" in r}  # the runs are in the order they ran
+    newest = newest_runs(d)
     end = f"{d['minutes']:g}"
 
     def goal(r: dict) -> str:
@@ -505,8 +515,8 @@ def pong_hour(d: dict) -> str:
            f"({num(tj['return_at_minutes'].get('10'), 1)} at 10), {num(d['goal_return'])} first at {goal(tj)}, "
            f"{num(tj['frames_per_second'])} steps/s")
     def where(r: dict) -> str:  # a peer measured on another machine than TianJi's run says so
-        m = r.get("machine", d["machine"])
-        return "" if m == tj.get("machine", d["machine"]) else f", on {m}"
+        m = run_machine(d, r)
+        return "" if m == run_machine(d, tj) else f", on {m}"
 
     others = [f"{PEER_SHORT.get(s, s)} {num(r['return_at_minutes'].get(end), 1)} ({goal(r)}, "
               f"{num(r['frames_per_second'])} steps/s{where(r)})" for s, r in newest.items() if s != "tianji"]
