@@ -226,23 +226,43 @@ def _zoo_arm(d: dict, arm: str) -> str:
     return "the job" + (f" with {', '.join(f'`{x}`' for x in sets)}" if sets else "")
 
 
+def _zoo_cell(r: dict | None) -> str:
+    """One run: frames to the target (SB3's at its rollout's end too) and seconds from launch."""
+    if not r:
+        return "–"
+    if not r.get("reached"):
+        return "not reached"
+    end = f" ({num(r['frames_rollout_end'])})" if r.get("frames_rollout_end") else ""
+    return f"{num(r['frames'])}{end}, {num(r.get('seconds'), 1)} s"
+
+
+def _zoo_staleness(d: dict, arm: str, runs: list[dict]) -> str:
+    deps = sorted({r.get("dependencies") or "–" for r in runs})
+    return (f"- TianJi, {_zoo_arm(d, arm)}: dependencies {', '.join(deps)}; dropped as stale "
+            f"{span([r.get('dropped_stale') for r in runs], num)} samples per run, mean lag "
+            f"{span([r.get('policy_lag_mean') for r in runs], lambda x: num(x, 2))}.")
+
+
 def render_zoo_settings(files: list[dict]) -> list[str]:
     d, = files
-    rows = []
-    for r in d["runs"]:
-        name = "SB3, rl-zoo's entry" if r["arm"] == "sb3" else f"TianJi, {_zoo_arm(d, r['arm'])}"
-        frames = num(r.get("frames")) if r.get("reached") else "not reached"
-        rows.append([name, r["seed"], r.get("dependencies") or "–", frames, num(r.get("seconds"), 1),
-                     num(r.get("dropped_stale")), num(r.get("policy_lag_mean"), 2), num(r["load1_before"], 1)])
-    lines = []
-    for what in ("frames", "seconds"):
-        per = [f"{_zoo_arm(d, key.partition('_over_sb3_')[0])} **{num(v['median'], 2)}** "
-               f"({', '.join(num(x, 2) for x in v['ratios'])})"
+    arms = list(dict.fromkeys(r["arm"] for r in d["runs"]))
+    by = {(r["arm"], r["seed"]): r for r in d["runs"]}
+    seeds = list(dict.fromkeys(r["seed"] for r in d["runs"]))
+    names = {a: "SB3, rl-zoo's entry" if a == "sb3" else f"TianJi, {_zoo_arm(d, a)}" for a in arms}
+    rows = [[seed, *(_zoo_cell(by.get((a, seed))) for a in arms)] for seed in seeds]
+    lines = [_zoo_staleness(d, a, [r for r in d["runs"] if r["arm"] == a]) for a in arms if a != "sb3"]
+    for what, label in (("frames", "frames over SB3's"),
+                        ("frames_rollout_end", "frames over SB3's at the end of the rollout it crossed in"),
+                        ("seconds", "seconds over SB3's")):
+        per = [f"{_zoo_arm(d, key.partition('_over_sb3_')[0])} **{num(v['median'], 2)}**"
+               + (f", geometric mean {num(v['geomean'], 2)}" if v.get("geomean") else "")
+               + f" ({', '.join(num(x, 2) for x in v['ratios'])})"
                for key, v in d["pairs"].items() if key.endswith(f"_over_sb3_{what}")]
-        lines.append(f"- TianJi's {what} over SB3's, median of the seed pairs (per seed): " + "; ".join(per) + ".")
-    header = ["run", "seed", "dependencies", f"frames to mean-100 ≥ {num(d['target'])}", "seconds from launch",
-              "dropped as stale", "mean lag", "load before"]
-    return provenance(d) + [""] + table(header, rows) + [""] + lines
+        if per:
+            lines.append(f"- TianJi's {label}, median of the seed pairs (per seed): " + "; ".join(per) + ".")
+    about = (f"Each cell: frames to the first mean-100 ≥ {num(d['target'])}, then seconds from launch; "
+             "in parentheses, SB3's frames at the end of the rollout it crossed in.")
+    return provenance(d) + ["", about, ""] + table(["seed", *(names[a] for a in arms)], rows) + [""] + lines
 
 
 LABELS = {"tianji_hand": "TianJi, the example", "sb3": "SB3, rl-zoo's settings",

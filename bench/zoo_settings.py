@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -96,24 +97,34 @@ def sb3_run(env_id: str, seed: int, target: float, budget_s: float) -> dict:
         return {"error": p.stderr[-800:]}
     r = json.loads(p.stdout.strip().splitlines()[-1])
     hit = r["hit"] or {}
+    rollout = zoo["n_envs"] * zoo["ppo"]["n_steps"]
     return {"reached": bool(hit), "frames": hit.get("frames"),
+            "frames_rollout_end": -(-hit["frames"] // rollout) * rollout if hit else None,
             "seconds": round(hit["seconds"], 2) if hit else None, "env_frames": r["frames"]}
 
 
+# (name, TianJi's field, SB3's field). TianJi sees a crossing when a batch's fragments arrive, SB3 at
+# the step: `frames_rollout_end` is SB3's count at the end of the rollout it crossed in, the frames
+# its policy of that moment had been given at TianJi's resolution.
+RATIOS = (("frames", "frames", "frames"), ("frames_rollout_end", "frames", "frames_rollout_end"),
+          ("seconds", "seconds", "seconds"))
+
+
 def pairs(runs: list[dict], seeds: list[int]) -> dict:
-    """Per seed, each TianJi arm's frames and seconds to the target over SB3's, and the medians of the
-    seeds where both reached it (None where either did not)."""
+    """Per seed, each TianJi arm's frames and seconds to the target over SB3's, and the median and
+    geometric mean of the seeds where both reached it (None where either did not)."""
     by = {(r["arm"], r["seed"]): r for r in runs}
     out = {}
     for arm in dict.fromkeys(r["arm"] for r in runs if r["arm"] != "sb3"):
-        for what in ("frames", "seconds"):
+        for what, mine, theirs in RATIOS:
             per = []
             for seed in seeds:
                 t, b = by.get((arm, seed), {}), by.get(("sb3", seed), {})
-                per.append(round(t[what] / b[what], 3) if t.get(what) and b.get(what) else None)
+                per.append(round(t[mine] / b[theirs], 3) if t.get(mine) and b.get(theirs) else None)
             done = [x for x in per if x is not None]
-            out[f"{arm}_over_sb3_{what}"] = {"seeds": seeds, "ratios": per,
-                                             "median": round(statistics.median(done), 3) if done else None}
+            out[f"{arm}_over_sb3_{what}"] = {
+                "seeds": seeds, "ratios": per, "median": round(statistics.median(done), 3) if done else None,
+                "geomean": round(math.exp(statistics.fmean(map(math.log, done))), 3) if done else None}
     return out
 
 

@@ -238,3 +238,37 @@ def test_ppo_learns_pendulum_through_tianji_run(tmp_path):
     # Updates here take longer than the learner's 1 s credit top-up: that must not queue extra batches
     # (lag bound: maxPolicyLag 2 at the buffer + the credit window + the batch being trained).
     assert s["policy_lag"]["max"] <= 5, s["policy_lag"]
+
+
+def test_an_update_scores_its_batch_with_the_statistics_it_was_acted_with():
+    """The importance ratio starts at 1 although the batch moves the statistics (SB3's VecNormalize
+    normalises observations when they are collected); the batch is folded in after the update."""
+    job = pendulum_job(batch_size=1024, epochs=1)
+    r, arrays = rollout_fragment(job)
+    model = build_model(job.spec.algorithm, job.spec.model, INFO, 1)
+    with torch.no_grad():  # statistics far from the batch's, a policy that notices the difference
+        model.obs_rms.mean.fill_(3.0)
+        model.obs_rms.var.fill_(0.05)
+        model.pi[-1].weight.mul_(100.0)
+    k = job.spec.algorithm.batch_size // (job.spec.env.num_envs * job.spec.env.fragment_length)
+    batch = {key: np.concatenate([arrays[key]] * k, axis=0 if key == "last_obs" else 1) for key in FRAGMENT["ppo"]}
+    obs = torch.from_numpy(batch["obs"].reshape(-1, 3))
+    with torch.no_grad():  # the behaviour log-probs of this very model: what a strict actor sends
+        mean, _ = model(obs)
+        logp, _ = distributions.logp_entropy(model, mean, torch.from_numpy(batch["actions"].reshape(-1, 1)), True)
+    batch["logp"] = logp.reshape(batch["logp"].shape).numpy()
+    batch["versions"] = np.zeros(k * job.spec.env.num_envs, np.int64)
+    learner = PPOLearner(model, job.spec.algorithm, 1)
+    ratios, loss = [], learner.loss
+
+    def spy(*args):
+        out = loss(*args)
+        ratios.append(out[4].detach().clone())
+        return out
+
+    learner.loss = spy
+    learner.update(batch)
+    torch.testing.assert_close(ratios[0], torch.ones_like(ratios[0]), rtol=0, atol=1e-4)
+    valid = batch["valid"].reshape(-1)
+    assert float(model.obs_rms.mean[2]) < 1.0  # folded in: the batch's mean (velocities near 0) pulled it from 3
+    assert float(model.obs_rms.count) > valid.sum()

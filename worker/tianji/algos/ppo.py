@@ -163,9 +163,8 @@ class PPOLearner:
         rewards = t["rewards"]
         valid = t["valid"].reshape(-1)
         flat_obs = obs.reshape(T * N, *obs.shape[2:])
-        # learner-owned statistics (normalize.py), from the batch's raw valid observations
-        if getattr(self.model, "obs_rms", None) is not None and not spoiled:
-            self.model.obs_rms.update(flat_obs[valid])
+        # learner-owned statistics (normalize.py): rewards scaled with the batch's returns folded in;
+        # observations normalised with the statistics the batch was acted with, folded in after the update
         if getattr(self.model, "ret_rms", None) is not None and not spoiled:
             rewards = scale_rewards(self.model.ret_rms, rewards, t["dones"], c.gamma)
         adv, ret, rho_mean, explained_var = self._targets(t, flat_obs, rewards, T, N)
@@ -208,6 +207,8 @@ class PPOLearner:
         # Nominal count (batch size x learners), not the valid-sample count: the lr schedule must be the
         # same on every data-parallel learner or their parameters drift apart.
         self.samples_seen += c.batch_size * self.world
+        if getattr(self.model, "obs_rms", None) is not None and not spoiled:
+            self.model.obs_rms.update(flat_obs[valid])  # for the next version (normalize.py: why after)
         out = {k: v / max(steps, 1) for k, v in stats.items()}
         out.update(explained_variance=explained_var, importance_weight=rho_mean, train_steps=steps, samples=n,
                    skipped_steps=skipped)
