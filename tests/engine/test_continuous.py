@@ -38,6 +38,14 @@ def fragment_message(arrays, version=0):
     return Message("fragment", "actor-0-0", 0, version, arrays, {})
 
 
+def batch_of(job, arrays):
+    """One fragment repeated up to the job's batch size, as a buffer hands it over (version 0)."""
+    k = job.spec.algorithm.batch_size // (job.spec.env.num_envs * job.spec.env.fragment_length)
+    batch = {key: np.concatenate([arrays[key]] * k, axis=0 if key == "last_obs" else 1) for key in FRAGMENT["ppo"]}
+    batch["versions"] = np.zeros(k * job.spec.env.num_envs, np.int64)
+    return batch
+
+
 def rollout_fragment(job, seed=3):
     r = Rollout(job.spec, seed)
     arrays, _ = r.fragment()
@@ -88,9 +96,7 @@ def test_buffer_and_learner_accept_an_honest_continuous_fragment_and_batch():
     r, arrays = rollout_fragment(job)
     frag = check_fragment(fragment_message(arrays), job.spec, r.info)
     assert set(frag) == set(FRAGMENT["ppo"])
-    k = job.spec.algorithm.batch_size // (job.spec.env.num_envs * job.spec.env.fragment_length)
-    batch = {key: np.concatenate([arrays[key]] * k, axis=0 if key == "last_obs" else 1) for key in FRAGMENT["ppo"]}
-    batch["versions"] = np.zeros(k * job.spec.env.num_envs, np.int64)
+    batch = batch_of(job, arrays)
     check_batch(Message("batch", "buffer-0-0", 0, 0, batch, {"buffer": 0}), job.spec, r.info)
 
 
@@ -140,9 +146,7 @@ def test_learner_statistics_reach_the_actor_with_the_parameters_and_are_checked(
     assert learner_model.obs_rms is not None and learner_model.ret_rms is not None  # default on for Box actions
     learner = PPOLearner(learner_model, job.spec.algorithm, 1)
     _, arrays = rollout_fragment(job)
-    k = job.spec.algorithm.batch_size // (job.spec.env.num_envs * job.spec.env.fragment_length)
-    batch = {key: np.concatenate([arrays[key]] * k, axis=0 if key == "last_obs" else 1) for key in FRAGMENT["ppo"]}
-    batch["versions"] = np.zeros(k * job.spec.env.num_envs, np.int64)
+    batch = batch_of(job, arrays)
     learner.update(batch)
     valid = arrays["valid"].reshape(-1)
     np.testing.assert_allclose(learner_model.obs_rms.mean.numpy(), arrays["obs"].reshape(-1, 3)[valid].mean(0),
@@ -244,20 +248,18 @@ def test_an_update_scores_its_batch_with_the_statistics_it_was_acted_with():
     """The importance ratio starts at 1 although the batch moves the statistics (SB3's VecNormalize
     normalises observations when they are collected); the batch is folded in after the update."""
     job = pendulum_job(batch_size=1024, epochs=1)
-    r, arrays = rollout_fragment(job)
+    _, arrays = rollout_fragment(job)
     model = build_model(job.spec.algorithm, job.spec.model, INFO, 1)
     with torch.no_grad():  # statistics far from the batch's, a policy that notices the difference
         model.obs_rms.mean.fill_(3.0)
         model.obs_rms.var.fill_(0.05)
         model.pi[-1].weight.mul_(100.0)
-    k = job.spec.algorithm.batch_size // (job.spec.env.num_envs * job.spec.env.fragment_length)
-    batch = {key: np.concatenate([arrays[key]] * k, axis=0 if key == "last_obs" else 1) for key in FRAGMENT["ppo"]}
+    batch = batch_of(job, arrays)
     obs = torch.from_numpy(batch["obs"].reshape(-1, 3))
     with torch.no_grad():  # the behaviour log-probs of this very model: what a strict actor sends
         mean, _ = model(obs)
         logp, _ = distributions.logp_entropy(model, mean, torch.from_numpy(batch["actions"].reshape(-1, 1)), True)
     batch["logp"] = logp.reshape(batch["logp"].shape).numpy()
-    batch["versions"] = np.zeros(k * job.spec.env.num_envs, np.int64)
     learner = PPOLearner(model, job.spec.algorithm, 1)
     ratios, loss = [], learner.loss
 
@@ -269,6 +271,5 @@ def test_an_update_scores_its_batch_with_the_statistics_it_was_acted_with():
     learner.loss = spy
     learner.update(batch)
     torch.testing.assert_close(ratios[0], torch.ones_like(ratios[0]), rtol=0, atol=1e-4)
-    valid = batch["valid"].reshape(-1)
     assert float(model.obs_rms.mean[2]) < 1.0  # folded in: the batch's mean (velocities near 0) pulled it from 3
-    assert float(model.obs_rms.count) > valid.sum()
+    assert float(model.obs_rms.count) > batch["valid"].sum()

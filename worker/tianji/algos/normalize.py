@@ -11,11 +11,12 @@ the actors'), so the importance ratio starts at 1, as in SB3's VecNormalize,
 where observations are normalised when collected. Folding the batch in first
 would shift every input at the update's start: on rl-zoo's Acrobot entry
 (strict, 15 seeds) that order takes a geometric mean of 1.11x SB3's frames,
-this one 1.01x (docs/benchmarks.md). After the update the learner folds the batch's valid observations into
-`obs_rms` (Chan et al. parallel update, all-reduced across the learners that
-share gradients, so their models stay identical), for the next version; actors
-catch up at its publish. Rewards are scaled only at the learner (actors never use them):
-r / sqrt(Var[R] + eps), with R_t = gamma * R_{t-1} * (1 - done_{t-1}) + r_t
+this one 1.01x (docs/benchmarks.md). After the update the learner folds the
+batch's valid observations into `obs_rms` (Chan et al. parallel update,
+all-reduced across the learners that share gradients, so their models stay
+identical), for the next version; actors catch up at its publish. Rewards are
+scaled only at the learner (actors never use them): r / sqrt(Var[R] + eps),
+with R_t = gamma * R_{t-1} * (1 - done_{t-1}) + r_t
 accumulated along each fragment column (the accumulator restarts at each
 fragment, so it underestimates returns in a fragment's first ~1/(1-gamma)
 steps; the scale is what matters, not its exact value).
