@@ -1,7 +1,7 @@
 """Where an Atari actor's CPU goes, per agent step. Prints one JSON object.
 
     python -m bench.actor_profile [--job examples/pong-dqn.yaml] [--num-envs 8,16,32] [--steps 200] [--set K=V]
-                                  [--inference torch,onnx]
+                                  [--inference torch,onnx,torch:bfloat16]
 
 Per num_envs, CPU µs (time.process_time: every thread of this process, ALE's included) per
 agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE thread):
@@ -11,7 +11,8 @@ agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE th
   writes     the fragment writes of one step (obs copy + the small arrays);
   loop       whole fragments; `other` = loop - env_step - policy - writes.
 Per num_envs, once per `--inference` runtime (spec.actor.inference; default torch, and onnx where
-ONNX Runtime is installed), in turn: `points` are the first runtime's, `by_inference` all of them
+ONNX Runtime is installed; `RUNTIME:PRECISION` also sets spec.model.actorPrecision, as
+`torch:bfloat16`), in turn: `points` are the first runtime's, `by_inference` all of them
 (`policy_us` and `forward_runtime_us` are the runtime's own) and `ratio_by_inference` their
 actor/bare-env ratios side by side, each against the mean of the runs' env-step times (the env is
 the same whatever the runtime; on a loaded machine two 200-step samples of it differed by 30 %).
@@ -59,7 +60,9 @@ def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "tor
     from tianji.runtime.profiling.profiler import ActorLoop
 
     cpu = time.process_time
-    loop = ActorLoop(load_job(job_path, [*sets, f"spec.env.numEnvs={n}", f"spec.actor.inference={inference}"]))
+    runtime, _, precision = inference.partition(":")
+    sets = [*sets, f"spec.env.numEnvs={n}", f"spec.actor.inference={runtime}"]
+    loop = ActorLoop(load_job(job_path, sets + ([f"spec.model.actorPrecision={precision}"] if precision else [])))
     try:
         loop.fragment()  # warm-up
         rng = np.random.default_rng(0)
@@ -100,7 +103,8 @@ def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "tor
         for _ in range(frags):
             loop.fragment()
         loop_us = per(t0, frags * loop.T)
-        return {"num_envs": n, "inference": loop.runtime.name, "env_step_us": round(env_us, 1),
+        return {"num_envs": n, "inference": loop.runtime.name, "actor_precision": loop.spec.model.actor_precision,
+                "env_step_us": round(env_us, 1),
                 "policy_us": round(act_us, 1), "forward_runtime_us": round(fwd["runtime"], 1),
                 "forward_fp32_us": round(fwd["fp32"], 1), "forward_bf16_us": round(fwd["bf16"], 1),
                 "writes_us": round(wr_us, 1), "loop_us": round(loop_us, 1),

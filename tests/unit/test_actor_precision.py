@@ -92,3 +92,28 @@ def test_bfloat16_copy_is_refreshed_only_by_sync():
 def test_actor_precision_is_validated():
     with pytest.raises(SpecError, match="actorPrecision"):
         load_job(EXAMPLES / "pong-ppo.yaml", ["spec.model.actorPrecision=float16"])
+
+
+def test_bfloat16_nature_cnn_takes_pixels_with_the_scale_folded_in_once():
+    """A DQN's Nature CNN scales pixels by 1/255 inside: the bf16 copy folds that into its first
+    convolution's weights from the float32 master at every sync (never compounding) and acts on
+    the uint8 frames directly, within bf16 rounding of the float32 network."""
+    job = load_job(EXAMPLES / "pong-dqn.yaml", SMALL)
+    r = Rollout(job.spec, seed=5)
+    try:
+        policy, model = Bf16Policy(r.model), r.model
+        first = "net.0.net.0.weight"
+        assert policy._folded == [first]
+        obs = torch.from_numpy(r.obs)
+        with torch.inference_mode():
+            ref, once = model(obs), policy(obs)
+            policy.sync()
+            policy.sync()
+            twice = policy(obs)
+        assert torch.equal(once, twice)
+        expect = (model.state_dict()[first] / 255.0).to(torch.bfloat16)
+        assert torch.equal(policy.inner.state_dict()[first], expect)
+        assert once.dtype == torch.float32
+        torch.testing.assert_close(once, ref, rtol=0.05, atol=0.02 * float(ref.abs().max()))
+    finally:
+        r.close()

@@ -1,0 +1,14 @@
+"""bench/actor_profile.py: a `RUNTIME:PRECISION` mode profiles the actor at that actorPrecision."""
+import pytest
+
+from bench import actor_profile
+from helpers import EXAMPLES
+
+pytest.importorskip("ale_py.vector_env")
+
+
+@pytest.mark.parametrize("mode, precision", [("torch", "float32"), ("torch:bfloat16", "bfloat16")])
+def test_a_mode_sets_the_runtime_and_the_actor_precision(mode, precision):
+    point = actor_profile.profile(str(EXAMPLES / "pong-dqn.yaml"), ["spec.env.fragmentLength=4"], 2, 4, mode)
+    assert (point["inference"], point["actor_precision"]) == ("torch", precision)
+    assert point["loop_us"] > 0 and point["env_step_us"] > 0
