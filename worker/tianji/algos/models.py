@@ -147,7 +147,7 @@ class _Bf16NatureCNN(nn.Module):
 
     def __init__(self, cnn: NatureCNN):
         super().__init__()
-        self.net, self.scale, self.out_dim = cnn.net, cnn.scale, cnn.out_dim  # `net`: the same state keys
+        self.net, self.out_dim = cnn.net, cnn.out_dim  # `net`: the same state keys
         for m in self.net:
             if isinstance(m, nn.ReLU):
                 m.inplace = True
