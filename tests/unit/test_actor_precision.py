@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from helpers import EXAMPLES
-from tianji.algos import distributions
-from tianji.algos.models import Bf16Policy, load_arrays, state_arrays
+from tianji.algos import distributions, onednn
+from tianji.algos.models import Bf16Policy, _Bf16NatureCNN, load_arrays, state_arrays
+from tianji.algos.onednn import FusedNatureCNN
 from tianji.control.spec import SpecError, load_job
 from tianji.runtime.rollout import Rollout
 
@@ -115,5 +116,58 @@ def test_bfloat16_nature_cnn_takes_pixels_with_the_scale_folded_in_once():
         assert torch.equal(policy.inner.state_dict()[first], expect)
         assert once.dtype == torch.float32
         torch.testing.assert_close(once, ref, rtol=0.05, atol=0.02 * float(ref.abs().max()))
+    finally:
+        r.close()
+
+
+def _cnns(policy):
+    return [m for m in policy.modules() if isinstance(m, _Bf16NatureCNN)]
+
+
+def test_bfloat16_nature_cnn_acts_through_onednn_kernels_as_the_module_does():
+    """The fused kernels (algos/onednn.py) compute what the bf16 module computes, at the actor's
+    batch and at another, are rebuilt after every sync (the packed weights are a snapshot), and
+    where they cannot run the module path acts."""
+    job = load_job(EXAMPLES / "pong-dqn.yaml", SMALL)
+    r = Rollout(job.spec, seed=5)
+    try:
+        fused, plain = Bf16Policy(r.model), Bf16Policy(r.model)
+        for m in _cnns(plain):
+            m.fused = False
+        obs = torch.from_numpy(r.obs)
+        with torch.inference_mode():
+            out = fused(obs)
+            (cnn,) = _cnns(fused)
+            if onednn._ops() is not None:  # a CPU with oneDNN's bf16 kernels (every machine measured)
+                assert isinstance(cnn._kernels, FusedNatureCNN), "oneDNN's bf16 kernels should run on this CPU"
+            torch.testing.assert_close(out, plain(obs), rtol=1e-3, atol=1e-3 * float(out.abs().max()))
+            torch.testing.assert_close(fused(obs[:3]), plain(obs[:3]), rtol=1e-3, atol=1e-3 * float(out.abs().max()))
+            _sharpen_all(r.model, 3.0)
+            fused.sync(), plain.sync()
+            assert cnn._kernels is None  # rebuilt at the next forward, from the new weights
+            after = fused(obs)
+            assert not torch.allclose(after, out)
+            torch.testing.assert_close(after, plain(obs), rtol=1e-3, atol=1e-3 * float(after.abs().max()))
+    finally:
+        r.close()
+
+
+def _sharpen_all(model, scale: float) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+
+
+def test_bfloat16_nature_cnn_falls_back_to_the_module_where_the_kernels_are_missing(monkeypatch):
+    monkeypatch.setattr(onednn, "_ops", lambda: None)
+    job = load_job(EXAMPLES / "pong-dqn.yaml", SMALL)
+    r = Rollout(job.spec, seed=5)
+    try:
+        policy = Bf16Policy(r.model)
+        with torch.inference_mode():
+            out = policy(torch.from_numpy(r.obs))
+        (cnn,) = _cnns(policy)
+        assert cnn.fused is False and cnn._kernels is None
+        assert out.shape == (4, r.info.n_actions) and torch.isfinite(out).all()
     finally:
         r.close()

@@ -77,3 +77,46 @@ def test_statistics_travel_with_the_parameters_and_the_onnx_session_applies_them
         np.testing.assert_allclose(policy.logits(torch.from_numpy(x)).numpy(), want, rtol=1e-5, atol=1e-5)
     finally:
         policy.close()
+
+
+def test_an_actors_kept_float32_statistics_follow_every_write_and_copy():
+    """Under inference mode normalize keeps its float32 mean/std between calls; an update, a
+    parameter load and a deep copy of a stale model must each give the statistics as they are."""
+    import copy
+
+    rms = RunningMeanStd(PONG.obs_shape, PIXEL_EPS, PIXEL_CLIP)
+    x = torch.from_numpy(_frames(4))
+
+    def fresh(r):  # what normalize computes outside inference mode: nothing kept
+        return r.normalize(x)
+
+    with torch.inference_mode():
+        first = rms.normalize(x)
+    rms.update(x)
+    with torch.inference_mode():
+        after_update = rms.normalize(x)
+    assert not torch.equal(first, after_update)
+    assert torch.equal(after_update, fresh(rms))
+    stale = RunningMeanStd(PONG.obs_shape, PIXEL_EPS, PIXEL_CLIP)
+    with torch.inference_mode():
+        stale.normalize(x)  # kept: the initial statistics
+    twin = copy.deepcopy(stale)
+    stale.load_state_dict(rms.state_dict())
+    twin.load_state_dict(rms.state_dict())
+    with torch.inference_mode():
+        assert torch.equal(stale.normalize(x), after_update)
+        assert torch.equal(twin.normalize(x), after_update)
+    rms.update(torch.from_numpy(_frames(4, seed=1)))
+    copied = copy.deepcopy(rms)  # a copy taken after a write the cache has not seen
+    with torch.inference_mode():
+        assert torch.equal(copied.normalize(x), fresh(rms))
+
+
+def test_statistics_built_under_inference_mode_normalize_without_a_version_counter():
+    """Inference tensors count no writes, so nothing can be kept for them: made afresh each call."""
+    x = torch.from_numpy(_frames(4))
+    with torch.inference_mode():
+        rms = RunningMeanStd(PONG.obs_shape, PIXEL_EPS, PIXEL_CLIP)
+        before = rms.normalize(x)
+        rms.mean.add_(3.0)
+        assert not torch.equal(rms.normalize(x), before)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from typing import Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from tianji.algos.normalize import CLIP, EPS, PIXEL_CLIP, PIXEL_EPS, RunningMeanStd, enabled
+from tianji.algos.onednn import FusedNatureCNN
 from tianji.control.spec import ModelConfig
 from tianji.envs import EnvInfo, continuous_space_text
 
@@ -143,7 +145,8 @@ class _Bf16NatureCNN(nn.Module):
     1/255 scale folded into the first convolution's weights (`Bf16Policy.sync` folds it from the
     float32 master), and the ReLUs run in place. Autocast over the float32 module passed over the
     frames three times first (uint8 to float32, the divide, float32 to bf16): 183 against 165 µs per
-    frame for Pong DQN at 8 envs on an AMD EPYC (docs/benchmarks.md)."""
+    frame for Pong DQN at 8 envs on an AMD EPYC (docs/benchmarks.md). Where oneDNN's fused kernels
+    run (`onednn.FusedNatureCNN`), they act, built at the first forward after each sync."""
 
     def __init__(self, cnn: NatureCNN):
         super().__init__()
@@ -151,9 +154,18 @@ class _Bf16NatureCNN(nn.Module):
         for m in self.net:
             if isinstance(m, nn.ReLU):
                 m.inplace = True
+        self.fused: bool = True  # False: the module path only (also once the kernels refuse)
+        self._kernels: Optional[FusedNatureCNN] = None
+
+    def weights_changed(self) -> None:
+        self._kernels = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.to(torch.bfloat16))
+        x = x.to(torch.bfloat16)
+        if self.fused and self._kernels is None:
+            self._kernels = FusedNatureCNN.build(self.net, x)
+            self.fused = self._kernels is not None
+        return self._kernels(x) if self.fused else self.net(x)
 
 
 class Bf16Policy(nn.Module):
@@ -201,6 +213,9 @@ class Bf16Policy(nn.Module):
         own, src = self.inner.state_dict(), self._source[0].state_dict()
         for k, v in src.items():
             own[k].copy_(v / 255.0 if k in self._folded else v)  # casts to the copy's dtype
+        for m in self.inner.modules():
+            if isinstance(m, _Bf16NatureCNN):
+                m.weights_changed()
 
     @staticmethod
     def _float(out):
