@@ -7,9 +7,13 @@ Per num_envs, CPU µs (time.process_time: every thread of this process, ALE's in
 agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE thread):
   env_step   the preprocessed vector env alone, random actions;
   policy     Rollout.act (forward + action selection) at the job's actorPrecision, and the
-             float32 / bfloat16 forward alone (`forward_fp32`, `forward_bf16`);
+             float32 / bfloat16 forward alone (`forward_fp32`, `forward_bf16`; `forward_bf16_module`:
+             the bf16 copy through nn.Conv2d / nn.Linear, without oneDNN's fused kernels);
   writes     the fragment writes of one step (obs copy + the small arrays);
   loop       whole fragments; `other` = loop - env_step - policy - writes.
+  side_by_side  env_step and loop again, timed in alternation (a fragment's worth of env steps, then
+             a fragment, as many rounds as the loop's fragments): `ratio_side_by_side` is the
+             ratio with both sides under the same drift of a shared machine's speed.
 Per num_envs, once per `--inference` runtime (spec.actor.inference; default torch, and onnx where
 ONNX Runtime is installed; `RUNTIME:PRECISION` also sets spec.model.actorPrecision, as
 `torch:bfloat16`), in turn: `points` are the first runtime's, `by_inference` all of them
@@ -51,6 +55,16 @@ def matmul_gflops(dtype, n: int = 1024, reps: int = 20) -> float:
     return 2 * n ** 3 * reps / (time.process_time() - t0) / 1e9
 
 
+def _module_path(policy):
+    """The bf16 copy without oneDNN's fused kernels (algos/onednn.py): nn.Conv2d / nn.Linear."""
+    from tianji.algos.models import _Bf16NatureCNN
+
+    for m in policy.modules():
+        if isinstance(m, _Bf16NatureCNN):
+            m.fused = False
+    return policy
+
+
 def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "torch") -> dict:
     import numpy as np
     import torch
@@ -79,7 +93,8 @@ def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "tor
         x = torch.from_numpy(obs)
         fwd = {}
         forward = loop.policy.logits if loop.algo == "ppo" else loop.policy
-        for name, m in (("fp32", loop.model), ("bf16", Bf16Policy(loop.model)), ("runtime", forward)):
+        for name, m in (("fp32", loop.model), ("bf16", Bf16Policy(loop.model)),
+                        ("bf16_module", _module_path(Bf16Policy(loop.model))), ("runtime", forward)):
             with torch.inference_mode():
                 m(x)
                 t0 = cpu()
@@ -103,17 +118,41 @@ def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "tor
         for _ in range(frags):
             loop.fragment()
         loop_us = per(t0, frags * loop.T)
+        side = _side_by_side(loop, rng, frags)
         return {"num_envs": n, "inference": loop.runtime.name, "actor_precision": loop.spec.model.actor_precision,
                 "env_step_us": round(env_us, 1),
                 "policy_us": round(act_us, 1), "forward_runtime_us": round(fwd["runtime"], 1),
                 "forward_fp32_us": round(fwd["fp32"], 1), "forward_bf16_us": round(fwd["bf16"], 1),
+                "forward_bf16_module_us": round(fwd["bf16_module"], 1),
                 "writes_us": round(wr_us, 1), "loop_us": round(loop_us, 1),
                 "other_us": round(loop_us - env_us - act_us - wr_us, 1),
-                "ratio_per_cpu_second": round(env_us / loop_us, 3),
+                "ratio_per_cpu_second": round(env_us / loop_us, 3), **side,
                 "forward_fp32_gflops": round(nature_cnn_flops(loop.info.obs_shape[0], loop.info.n_actions)
                                              / fwd["fp32"] / 1e3, 1)}
     finally:
         loop.close()
+
+
+def _side_by_side(loop, rng, rounds: int) -> dict:
+    """The ratio with the env alone and the loop timed in alternation, a fragment's worth of random
+    env steps then one fragment, `rounds` times: a shared machine's speed drifts by 20-30 % between
+    blocks timed one after the other, and this way both sides see the same drift."""
+    cpu, n, T = time.process_time, loop.n, loop.T
+    env_s, loop_s, per_round = 0.0, 0.0, []
+    for _ in range(rounds):
+        t0 = cpu()
+        for _ in range(T):
+            loop.env.step(rng.integers(0, loop.info.n_actions, n))
+        t1 = cpu()
+        loop.fragment()
+        t2 = cpu()
+        env_s, loop_s = env_s + t1 - t0, loop_s + t2 - t1
+        per_round.append((t1 - t0) / (t2 - t1))
+    per_round.sort()
+    return {"side_by_side_rounds": rounds, "side_by_side_env_step_us": round(env_s / (rounds * T * n) * 1e6, 1),
+            "side_by_side_loop_us": round(loop_s / (rounds * T * n) * 1e6, 1),
+            "ratio_side_by_side": round(env_s / loop_s, 3),
+            "ratio_side_by_side_median_round": round(per_round[len(per_round) // 2], 3)}
 
 
 def _pooled_ratios(by: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
@@ -162,6 +201,8 @@ def main(argv=None) -> int:
     out = {"bench": "actor_profile", **stamp("actor_profile", argv),
            "job": os.path.relpath(a.job, ROOT), "sets": a.set, "points": rows, "by_inference": by,
            "ratio_by_inference": _pooled_ratios(by),
+           "ratio_side_by_side_by_inference": {m: {str(p["num_envs"]): p["ratio_side_by_side"] for p in ps}
+                                               for m, ps in by.items()},
            "nature_cnn_mflop_per_frame": round(flops / 1e6, 2),
            "matmul_gflops_fp32": round(peak32, 1), "matmul_gflops_bf16": round(peak16, 1),
            "inference_bound_fp32_us": round(bound_us, 1),

@@ -12,3 +12,7 @@ def test_a_mode_sets_the_runtime_and_the_actor_precision(mode, precision):
     point = actor_profile.profile(str(EXAMPLES / "pong-dqn.yaml"), ["spec.env.fragmentLength=4"], 2, 4, mode)
     assert (point["inference"], point["actor_precision"]) == ("torch", precision)
     assert point["loop_us"] > 0 and point["env_step_us"] > 0
+    # side by side: env steps and fragments in alternation, as many rounds as the loop's fragments
+    assert point["side_by_side_rounds"] == 2
+    assert point["ratio_side_by_side"] == pytest.approx(
+        point["side_by_side_env_step_us"] / point["side_by_side_loop_us"], abs=2e-3)
