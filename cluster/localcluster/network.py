@@ -101,8 +101,50 @@ def blackholes(a: Addressing) -> list[str]:
     return [f"10.{200 + a.index}.0.0/16", a.cluster_cidr, f"10.{240 + a.index}.0.0/16"]
 
 
+def _host_in_use(resolv: Path) -> list[tuple[str, str]]:
+    """(what, address or network) the machine itself uses: its nameservers, the addresses and routes
+    of its own interfaces (every local cluster's, `tjc*`, and the blackholes left out)."""
+    used = [("nameserver", line.split()[1]) for line in (resolv.read_text().splitlines() if resolv.exists() else [])
+            if line.split()[:1] == ["nameserver"] and len(line.split()) > 1]
+    for line in sh("ip", "-o", "-4", "addr", "show", check=False).stdout.splitlines():
+        f = line.split()
+        if len(f) > 3 and not f[1].startswith("tjc"):
+            used.append((f"address of {f[1]}", f[3]))
+    for line in sh("ip", "-4", "route", "show", check=False).stdout.splitlines():
+        f = line.split()
+        dev = f[f.index("dev") + 1] if "dev" in f[:-1] else ""
+        if f and f[0] not in ("default", "blackhole") and not dev.startswith("tjc"):
+            used.append((f"route via {dev or '?'}", f[0]))
+    return used
+
+
+def conflicts(a: Addressing, resolv: Path = Path("/etc/resolv.conf")) -> list[str]:
+    """What of the machine's own network the cluster's ranges would swallow: its blackhole routes
+    would cut a nameserver, an interface or a route inside them off (DNS gone for the whole host)."""
+    ours = [ipaddress.ip_network(n) for n in blackholes(a)]
+    out = []
+    for what, addr in _host_in_use(resolv):
+        try:
+            net = ipaddress.ip_interface(addr).network if "/" in addr else ipaddress.ip_network(addr)
+        except ValueError:
+            continue
+        if net.version == 4 and any(net.overlaps(o) for o in ours):
+            out.append(f"{what} {addr}")
+    return out
+
+
+def usable(index: int) -> bool:
+    """Cluster number `index` is free (its bridge absent) and its ranges clash with nothing of the host's."""
+    a = Addressing(index)
+    return not Path(f"/sys/class/net/{a.bridge}").exists() and not conflicts(a)
+
+
 def up_bridge(a: Addressing) -> None:
     """The cluster's bridge in the root namespace (idempotent), and its ranges held here."""
+    clash = conflicts(a)
+    if clash:
+        raise RuntimeError(f"local cluster {a.index}: its ranges {', '.join(blackholes(a))} hold the host's "
+                           f"{'; '.join(clash)}; pick another --index")
     for net in blackholes(a):
         sh("ip", "route", "replace", "blackhole", net)
     if sh("ip", "link", "show", a.bridge, check=False).returncode != 0:
@@ -120,7 +162,10 @@ def down_all(a: Addressing) -> None:
     for net in blackholes(a):
         sh("ip", "route", "del", "blackhole", net, check=False)
     for line in sh("ip", "route", "show", check=False).stdout.splitlines():
-        dest = line.split()[0] if line.split() else ""
+        f = line.split()
+        dest = f[0] if f else ""
+        if "dev" in f[:-1] and not f[f.index("dev") + 1].startswith(a.prefix):
+            continue  # the host's own route, never this cluster's to remove
         try:
             if ipaddress.ip_network(dest).subnet_of(ipaddress.ip_network(a.cluster_cidr)):
                 sh("ip", "route", "del", dest, check=False)

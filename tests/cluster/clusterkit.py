@@ -77,9 +77,9 @@ def free_index() -> int:
     if os.environ.get("TIANJI_CLUSTER_INDEX"):
         return int(os.environ["TIANJI_CLUSTER_INDEX"])
     for i in range(1, 16):
-        if not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
+        if network.usable(i):
             return i
-    raise RuntimeError("all 15 local-cluster address ranges are in use")
+    raise RuntimeError("all 15 local-cluster address ranges are in use or clash with the host's network")
 
 
 def install_operator(c: LocalCluster, prometheus_url: Optional[str], values: tuple[str, ...] = ()) -> None:

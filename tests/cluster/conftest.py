@@ -70,9 +70,9 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
 def _free_real_index() -> int:
     taken = os.environ.get("TIANJI_CLUSTER_INDEX", "")  # the session's cluster may take it later
     for i in range(15, 0, -1):
-        if str(i) != taken and not Path(f"/sys/class/net/{network.Addressing(i).bridge}").exists():
+        if str(i) != taken and network.usable(i):
             return i
-    raise RuntimeError("no free local-cluster address range")
+    raise RuntimeError("no free local-cluster address range that clashes with nothing of the host's")
 
 
 @pytest.fixture(scope="session")
