@@ -519,7 +519,10 @@ def test_an_insider_with_an_actors_key_forges_every_message_and_the_run_still_re
     s = run.summary()
     by = s["rejected_by_reason"]
     assert by["sender"] == 10 and by["launcher_sender"] == 11, by
-    assert 3999 <= by["replay"] <= 4000 and set(by) == {"sender", "launcher_sender", "replay"}, by
+    # 3999 or 4000 copies refused; and actor-0-0's own key moved its numbering (replayguard: a sender
+    # with a key of its own can only lock itself out): the honest fragments it had numbered before the
+    # first copy and that arrive after it are refused too, at most what the sockets hold (HWM 8 each side)
+    assert 3999 <= by["replay"] <= 4000 + 2 * 8 and set(by) == {"sender", "launcher_sender", "replay"}, by
     assert s["reached_target"] and s["exit_reason"] == "target", s
     assert 0 < s["target_policy_version"] < 10 ** 6 and s["target_checkpoint"], s
     ev = s["target_evaluation"]  # the saved policy's own episodes met the target
