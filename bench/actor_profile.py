@@ -1,7 +1,7 @@
 """Where an Atari actor's CPU goes, per agent step. Prints one JSON object.
 
     python -m bench.actor_profile [--job examples/pong-dqn.yaml] [--num-envs 8,16,32] [--steps 200] [--set K=V]
-                                  [--inference torch,onnx,torch:bfloat16]
+                                  [--inference torch,onnx,torch:bfloat16,torch:int8]
 
 Per num_envs, CPU µs (time.process_time: every thread of this process, ALE's included) per
 agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE thread):
@@ -10,6 +10,7 @@ agent step of one actor's loop (runtime/rollout.py, one torch thread, one ALE th
              float32 / bfloat16 forward alone (`forward_fp32`, `forward_bf16`; `forward_bf16_module`:
              the bf16 copy through nn.Conv2d / nn.Linear, without oneDNN's fused kernels);
   writes     the fragment writes of one step (obs copy + the small arrays);
+  policy_sync  what a new version costs a bf16 / int8 copy (sync, and the int8 kernels' build), µs;
   loop       whole fragments; `other` = loop - env_step - policy - writes.
   side_by_side  env_step and loop again, timed in alternation (a fragment's worth of env steps, then
              a fragment, as many rounds as the loop's fragments): `ratio_side_by_side` is the
@@ -119,18 +120,37 @@ def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "tor
             loop.fragment()
         loop_us = per(t0, frags * loop.T)
         side = _side_by_side(loop, rng, frags)
+        sync_us = _copy_sync_us(loop, obs, act_us)
         return {"num_envs": n, "inference": loop.runtime.name, "actor_precision": loop.spec.model.actor_precision,
                 "env_step_us": round(env_us, 1),
                 "policy_us": round(act_us, 1), "forward_runtime_us": round(fwd["runtime"], 1),
                 "forward_fp32_us": round(fwd["fp32"], 1), "forward_bf16_us": round(fwd["bf16"], 1),
                 "forward_bf16_module_us": round(fwd["bf16_module"], 1),
-                "writes_us": round(wr_us, 1), "loop_us": round(loop_us, 1),
+                "writes_us": round(wr_us, 1), "loop_us": round(loop_us, 1), "policy_sync_us": sync_us,
                 "other_us": round(loop_us - env_us - act_us - wr_us, 1),
                 "ratio_per_cpu_second": round(env_us / loop_us, 3), **side,
                 "forward_fp32_gflops": round(nature_cnn_flops(loop.info.obs_shape[0], loop.info.n_actions)
                                              / fwd["fp32"] / 1e3, 1)}
     finally:
         loop.close()
+
+
+def _copy_sync_us(loop, obs, act_us: float, reps: int = 5):
+    """CPU µs a new version costs a torch actor's bf16 / int8 copy (its sync and, int8, the kernel
+    build at the next forward), best of `reps`; None for the model itself and ONNX Runtime (whose
+    session builds run on a thread of their own)."""
+    from tianji.algos.models import Bf16Policy, Int8Policy
+
+    policy = loop.policy
+    if not isinstance(policy, (Bf16Policy, Int8Policy)):
+        return None
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.process_time()
+        policy.sync()
+        loop.act(obs)
+        best = min(best, time.process_time() - t0)
+    return round(best * 1e6 - act_us * loop.n, 1)
 
 
 def _side_by_side(loop, rng, rounds: int) -> dict:

@@ -300,16 +300,29 @@ def render_actor_profile(files: list[dict]) -> list[str]:
             f"**{num(d['ratio_bound_fp32'], 2)}**."]
 
 
+_BF16_FORWARDS = (("forward_bf16_module_us", "bf16 module forward µs"), ("forward_bf16_us", "bf16 fused forward µs"))
+
+
 def render_actor_series(files: list[dict]) -> list[str]:
     """Several bench.actor_profile runs of one command back to back: per run, the load before, the env
-    step and each runtime's actor/bare-env ratio, timed in blocks and side by side; then the medians."""
+    step and each runtime's actor/bare-env ratio, timed in blocks and side by side; then the medians.
+    Forwards: float32 torch's, and the bf16 copy's (a run of bf16) or each runtime's own."""
     d, = files
     runs = d["runs"]
     names = list(runs[0]["ratio_by_inference"])
     n = str(runs[0]["points"][0]["num_envs"])
+    own = not any(k.endswith(":bfloat16") for k in names)
 
     def fwd(r: dict, key: str) -> str:
         return num(median([p[key] for ps in r["by_inference"].values() for p in ps]))
+
+    synced = [k for k in names if runs[0]["by_inference"][k][0].get("policy_sync_us") is not None]
+
+    def forwards(r: dict) -> list[str]:
+        if own:
+            return [*(num(r["by_inference"][k][0]["forward_runtime_us"]) for k in names),
+                    *(num(r["by_inference"][k][0]["policy_sync_us"] / 1e3, 1) for k in synced)]
+        return [fwd(r, key) for key, _ in _BF16_FORWARDS]
 
     def ratios(r: dict, k: str) -> str:
         return f"{num(r['ratio_by_inference'][k][n], 2)} / {num(r['ratio_side_by_side_by_inference'][k][n], 2)}"
@@ -319,18 +332,19 @@ def render_actor_series(files: list[dict]) -> list[str]:
                        for key in ("ratio_by_inference", "ratio_side_by_side_by_inference"))
         return f"{num(block, 2)} / **{num(side, 2)}**"
 
+    heads = ([f"{k} forward µs" for k in names] + [f"{k}: a new version, ms" for k in synced] if own
+             else [h for _, h in _BF16_FORWARDS])
     rows = [[r["date"][11:], num(r["host"]["loadavg"][0], 1), num(r["points"][0]["env_step_us"]),
-             *(ratios(r, k) for k in names), fwd(r, "forward_fp32_us"), fwd(r, "forward_bf16_module_us"),
-             fwd(r, "forward_bf16_us")] for r in runs]
-    rows.append(["median", "", "", *(medians(k) for k in names), "", "", ""])
+             *(ratios(r, k) for k in names), fwd(r, "forward_fp32_us"), *forwards(r)] for r in runs]
+    rows.append(["median", "", "", *(medians(k) for k in names), "", *[""] * len(heads)])
     bound = span([r["ratio_bound_fp32"] for r in runs], lambda x: num(x, 2))
     return provenance(d) + ["", d["note"], ""] + table(
         ["run (UTC)", "load before", "env step µs", *(f"ratio, {k}" for k in names), "fp32 torch forward µs",
-         "bf16 module forward µs", "bf16 fused forward µs"], rows) + [
+         *heads], rows) + [
         "", f"Actor/bare-env frames per CPU second at {n} envs: timed in blocks (the env alone, then the loop; "
             f"against the mean env step of the run's runtimes) / side by side (`ratio_side_by_side`: a "
-            f"fragment's worth of env steps and one fragment in alternation). Forwards per frame, the median "
-            f"over the run's runtimes. The float32 bound: {bound}."]
+            f"fragment's worth of env steps and one fragment in alternation). Forwards per frame"
+            f"{'' if own else ', the median over the run' + chr(39) + 's runtimes'}. The float32 bound: {bound}."]
 
 
 def render_actor_runtime(files: list[dict]) -> list[str]:
@@ -763,6 +777,7 @@ BLOCKS = {  # block name: (renderer, the files it renders)
     "actor-profile": (render_actor_profile, [_r("actor-profile.json")]),
     "actor-runtime": (render_actor_runtime, [_r("actor-runtime.json")]),
     "actor-profile-series-intel": (render_actor_series, [_r("actor-profile-series-intel.json")]),
+    "actor-profile-int8-intel": (render_actor_series, [_r("actor-profile-int8-intel.json")]),
     "groupsync": (render_groupsync, [_r("groupsync.json"), _r("groupsync-quiet.json")]),
     "ablation-cartpole": (render_ablation, [_r("ablation.json"), _r("ablation-cartpole-loaded.json")]),
     "ablation-acrobot": (render_ablation, [_r("ablation-acrobot.json"), _r("ablation-acrobot-quiet.json")]),

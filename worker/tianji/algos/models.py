@@ -6,6 +6,7 @@ module from the same spec and seed, so version 0 is identical everywhere.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterable
 from typing import Optional
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tianji.algos.int8 import Int8NatureCNN
 from tianji.algos.normalize import CLIP, EPS, PIXEL_CLIP, PIXEL_EPS, RunningMeanStd, enabled
 from tianji.algos.onednn import FusedNatureCNN
 from tianji.control.spec import ModelConfig
@@ -232,8 +234,88 @@ class Bf16Policy(nn.Module):
             return self.inner.logits(obs).float()
 
 
+class _Int8NatureCNN(nn.Module):
+    """The int8 copy's Nature CNN: `int8.Int8NatureCNN` kernels built on the first batch after each
+    sync, float32 where they cannot run. Counts the CPU time of its last build and of its forwards
+    since (`Int8Policy.due`)."""
+
+    def __init__(self, cnn: NatureCNN):
+        super().__init__()
+        self.net, self.out_dim, self.scale = cnn.net, cnn.out_dim, cnn.scale  # `net`: the same state keys
+        self.int8: bool = True  # False: float32 only (also once the kernels refuse)
+        self._kernels: Optional[Int8NatureCNN] = None
+        self.build_s = self.acting_s = 0.0
+
+    def weights_changed(self) -> None:
+        self._kernels, self.acting_s = None, 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8 and self._kernels is None:
+            t = time.thread_time()
+            self._kernels = Int8NatureCNN.build(self.net, x, self.scale)
+            self.int8, self.build_s = self._kernels is not None, time.thread_time() - t
+        t = time.thread_time()
+        if self.int8:
+            out = self._kernels(x)
+        else:
+            out = self.net(x.float() / 255.0 if self.scale else x.float())
+        self.acting_s += time.thread_time() - t
+        return out
+
+
+class Int8Policy(nn.Module):
+    """The actor's copy of `model` with each Nature CNN in int8 (spec.model.actorPrecision: int8,
+    algos/int8.py); every other layer, and the observation normaliser, in float32. As with the bf16
+    copy, actions and PPO's behaviour log-probs come from these outputs.
+
+    A sync costs a kernel build (quantizing and packing the CNN's weights, one float32 forward to
+    calibrate): `due()` says whether one now keeps builds within BUILD_SHARE of the CNN's acting CPU
+    time since the last, so that an actor whose learner publishes every few fragments (DQN) acts with a
+    version a few behind rather than spending its CPU on builds; an on-policy actor syncs every version."""
+
+    BUILD_SHARE = 0.1
+
+    def __init__(self, source: nn.Module):
+        super().__init__()
+        self.inner = copy.deepcopy(source).eval()
+        for p in self.inner.parameters():
+            p.requires_grad_(False)
+        self._cnns = []
+        for module in list(self.inner.modules()):
+            for child_name, child in list(module.named_children()):
+                if type(child) is NatureCNN:
+                    setattr(module, child_name, _Int8NatureCNN(child))
+                    self._cnns.append(getattr(module, child_name))
+        self._source = [source]  # not a submodule: no second state_dict
+        self.continuous = bool(getattr(source, "continuous", False))
+        self.sync()
+
+    @property
+    def log_std(self) -> torch.Tensor:
+        return self._source[0].log_std
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        own = self.inner.state_dict()
+        for k, v in self._source[0].state_dict().items():
+            own[k].copy_(v)
+        for m in self._cnns:
+            m.weights_changed()
+
+    def due(self) -> bool:
+        return all(m.acting_s * self.BUILD_SHARE >= m.build_s for m in self._cnns if m.int8)
+
+    def forward(self, obs: torch.Tensor):
+        return self.inner(obs)
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.inner.logits(obs)
+
+
 def actor_policy(model: nn.Module, precision: str) -> nn.Module:
-    """What an actor acts with: `model` itself (float32, exact) or its bf16 copy."""
+    """What an actor acts with: `model` itself (float32, exact), its bf16 or its int8 copy."""
+    if precision == "int8":
+        return Int8Policy(model)
     return Bf16Policy(model) if precision == "bfloat16" else model
 
 

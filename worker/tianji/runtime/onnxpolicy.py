@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.models import actor_policy
+from tianji.algos.models import Int8Policy, actor_policy
 
 log = logging.getLogger("tianji")
 # The TorchScript exporter (the one that needs no onnxscript; torch is pinned) says it is legacy on every
@@ -312,6 +312,7 @@ class PolicyRuntime:
         self.kind = "logits" if spec.algorithm.name == "ppo" else "q"
         self.wait = wait_swaps  # no fragment with a superseded version: it would be dropped as stale
         self.version = self._latest = 0
+        self._deferred = False  # an int8 copy behind the model (loaded)
         self.policy = actor_policy(model, spec.model.actor_precision)
         self.report: dict = {"requested": spec.actor.inference, "inference": "torch"}
         self._selection: Optional[Future] = None
@@ -373,8 +374,11 @@ class PolicyRuntime:
         if isinstance(self.policy, OrtPolicy):
             self.policy.sync(version, wait=self.wait)
             return
+        if isinstance(self.policy, Int8Policy) and not self.wait:
+            self._deferred = True  # begin_fragment syncs when a build is due (Int8Policy.due)
+            return
         if self.policy is not self.model:
-            self.policy.sync()  # the bf16 copy
+            self.policy.sync()  # the bf16 / int8 copy
         self.version = version
 
     def begin_fragment(self) -> int:
@@ -385,6 +389,9 @@ class PolicyRuntime:
             self._decide(selection.result)
         if isinstance(self.policy, OrtPolicy):
             self.version = self.policy.refresh(wait=self.wait)
+        elif self._deferred and self.policy.due():
+            self.policy.sync()
+            self.version, self._deferred = self._latest, False
         return self.version
 
     def close(self) -> None:
