@@ -338,13 +338,14 @@ def render_actor_series(files: list[dict]) -> list[str]:
              *(ratios(r, k) for k in names), fwd(r, "forward_fp32_us"), *forwards(r)] for r in runs]
     rows.append(["median", "", "", *(medians(k) for k in names), "", *[""] * len(heads)])
     bound = span([r["ratio_bound_fp32"] for r in runs], lambda x: num(x, 2))
+    over = "" if own else ", the median over the run's runtimes"
     return provenance(d) + ["", d["note"], ""] + table(
         ["run (UTC)", "load before", "env step µs", *(f"ratio, {k}" for k in names), "fp32 torch forward µs",
          *heads], rows) + [
         "", f"Actor/bare-env frames per CPU second at {n} envs: timed in blocks (the env alone, then the loop; "
             f"against the mean env step of the run's runtimes) / side by side (`ratio_side_by_side`: a "
-            f"fragment's worth of env steps and one fragment in alternation). Forwards per frame"
-            f"{'' if own else ', the median over the run' + chr(39) + 's runtimes'}. The float32 bound: {bound}."]
+            f"fragment's worth of env steps and one fragment in alternation). Forwards per frame{over}. "
+            f"The float32 bound: {bound}."]
 
 
 def render_actor_runtime(files: list[dict]) -> list[str]:

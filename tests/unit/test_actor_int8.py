@@ -1,4 +1,4 @@
-"""spec.model.actorPrecision: int8 — the Nature CNN through torch's int8 kernels (algos/int8.py):
+"""spec.model.actorPrecision: int8 — the Nature CNN through oneDNN's int8 kernels (algos/int8.py):
 close to float32 on real frames, the log-probs stored are those of the policy acted with, float32
 where the kernels cannot run or disagree, and an off-policy actor adopts versions as builds pay."""
 import numpy as np
@@ -44,11 +44,11 @@ def test_int8_q_values_stay_within_a_few_percent_of_float32_on_real_frames():
         assert isinstance(policy, Int8Policy)
         frames = _frames(r, 12)
         with torch.inference_mode():
-            policy(frames[0])  # builds and calibrates on this batch
+            policy(frames[0])  # builds on this batch
             (cnn,) = policy._cnns
             if int8.ops() is not None and int8.vnni():
                 assert cnn.int8 and cnn._kernels is not None, "the int8 kernels should run on this CPU"
-            for x in frames[1:]:  # batches it was not calibrated on
+            for x in frames[1:]:  # batches it was not built on
                 ref, got = r.model(x), policy(x)
                 assert got.dtype == torch.float32
                 assert float((got - ref).abs().max()) <= 0.05 * float(ref.abs().max())

@@ -137,11 +137,12 @@ class Int8NatureCNN:
             return None
         return kernels
 
-    def _conv(self, i: int, q, scale: float, zero: int, packed, w_scale, w_zero, bias, geometry):
+    def _conv(self, i: int, q: torch.Tensor, scale: float, zero: int) -> tuple[torch.Tensor, float]:
         """Convolution `i` with its ReLU, as uint8 and its scale: straight to uint8 at HEADROOM over
         the last call's largest output where that clips nothing (no output at 255), else again in
         float32, scaled to its own range (module docstring)."""
         run = self._ops.qconv2d_pointwise
+        packed, w_scale, w_zero, bias, geometry = self._convs[i]
         out_scale = self._out_scales[i]
         if out_scale is not None:
             out = run(q, scale, zero, packed, w_scale, w_zero, bias, *geometry, out_scale, 0, None, "relu", [], "")
@@ -161,9 +162,8 @@ class Int8NatureCNN:
         else:
             q, scale, zero = _signed_to_uint8(x.float())
         q = _channels_last(q)
-        for i, (packed, w_scale, w_zero, bias, geometry) in enumerate(self._convs):
-            q, scale = self._conv(i, q, scale, zero, packed, w_scale, w_zero, bias, geometry)
-            zero = 0
+        for i in range(len(self._convs)):
+            (q, scale), zero = self._conv(i, q, scale, zero), 0
         packed, w_scale, w_zero, bias = self._fc
         return self._ops.qlinear_pointwise(q.reshape(len(x), -1), scale, 0, packed, w_scale, w_zero, bias,
                                            1.0, 0, torch.float32, "relu", [], "")

@@ -170,7 +170,49 @@ class _Bf16NatureCNN(nn.Module):
         return self._kernels(x) if self.fused else self.net(x)
 
 
-class Bf16Policy(nn.Module):
+class _ActingCopy(nn.Module):
+    """An actor's copy of `source` for acting, each Nature CNN swapped for `encoder(cnn)` (`_cnns`;
+    `_pixel_cnns`: the state-key prefixes of those that scale pixels by 1/255 inside). The float32
+    `source` stays the master copy: `sync()` after every parameter load."""
+
+    def __init__(self, source: nn.Module, encoder, dtype: Optional[torch.dtype] = None):
+        super().__init__()
+        self.inner = copy.deepcopy(source).eval()
+        for p in self.inner.parameters():  # buffers (normalisation statistics) stay float32
+            p.requires_grad_(False)
+            if dtype is not None and p.is_floating_point():
+                p.data = p.data.to(dtype)
+        self._cnns: list[nn.Module] = []
+        self._pixel_cnns: list[str] = []
+        for name, module in list(self.inner.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if type(child) is NatureCNN:
+                    setattr(module, child_name, encoder(child))
+                    self._cnns.append(getattr(module, child_name))
+                    if child.scale:
+                        self._pixel_cnns.append(".".join(filter(None, (name, child_name))))
+        self._source = [source]  # a list: not registered as a submodule (no second state_dict)
+        self.continuous = bool(getattr(source, "continuous", False))
+        self.sync()
+
+    @property
+    def log_std(self) -> torch.Tensor:
+        return self._source[0].log_std  # the Gaussian's std stays float32 (distributions.act_gaussian)
+
+    def _loaded(self, key: str, value: torch.Tensor) -> torch.Tensor:
+        """What the copy holds under `key` for the master's `value`."""
+        return value
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        own = self.inner.state_dict()
+        for k, v in self._source[0].state_dict().items():
+            own[k].copy_(self._loaded(k, v))  # casts to the copy's dtype
+        for m in self._cnns:
+            m.weights_changed()
+
+
+class Bf16Policy(_ActingCopy):
     """The actor's bfloat16 copy of `model` for acting (spec.model.actorPrecision: bfloat16).
 
     Parameters are held in bf16 and the forward runs under CPU autocast, so convolutions and
@@ -183,41 +225,15 @@ class Bf16Policy(nn.Module):
     `sync()` after every parameter load (the float32 `source` stays the master copy)."""
 
     def __init__(self, source: nn.Module):
-        super().__init__()
-        self.inner = copy.deepcopy(source).eval()
-        for p in self.inner.parameters():  # buffers (normalisation statistics) stay float32
-            p.requires_grad_(False)
-            if p.is_floating_point():
-                p.data = p.data.to(torch.bfloat16)
-        self._folded = self._bf16_encoders()
-        self._source = [source]  # a list: not registered as a submodule (no second state_dict)
-        self.continuous = bool(getattr(source, "continuous", False))
-        self.sync()
-
-    def _bf16_encoders(self) -> list[str]:
-        """Swap each Nature CNN of the copy for its bf16 form; the state keys of the weights that
-        carry the folded 1/255."""
-        folded = []
-        for name, module in list(self.inner.named_modules()):
-            for child_name, child in list(module.named_children()):
-                if type(child) is NatureCNN:
-                    setattr(module, child_name, _Bf16NatureCNN(child))
-                    if child.scale:
-                        folded.append(".".join(filter(None, (name, child_name, "net.0.weight"))))
-        return folded
+        super().__init__(source, _Bf16NatureCNN, torch.bfloat16)
 
     @property
-    def log_std(self) -> torch.Tensor:
-        return self._source[0].log_std  # the Gaussian's std stays float32 (distributions.act_gaussian)
+    def _folded(self) -> list[str]:
+        """The state keys of the weights that carry the folded 1/255."""
+        return [f"{prefix}.net.0.weight" for prefix in self._pixel_cnns]
 
-    @torch.no_grad()
-    def sync(self) -> None:
-        own, src = self.inner.state_dict(), self._source[0].state_dict()
-        for k, v in src.items():
-            own[k].copy_(v / 255.0 if k in self._folded else v)  # casts to the copy's dtype
-        for m in self.inner.modules():
-            if isinstance(m, _Bf16NatureCNN):
-                m.weights_changed()
+    def _loaded(self, key: str, value: torch.Tensor) -> torch.Tensor:
+        return value / 255.0 if key in self._folded else value
 
     @staticmethod
     def _float(out):
@@ -263,44 +279,21 @@ class _Int8NatureCNN(nn.Module):
         return out
 
 
-class Int8Policy(nn.Module):
+class Int8Policy(_ActingCopy):
     """The actor's copy of `model` with each Nature CNN in int8 (spec.model.actorPrecision: int8,
     algos/int8.py); every other layer, and the observation normaliser, in float32. As with the bf16
     copy, actions and PPO's behaviour log-probs come from these outputs.
 
-    A sync costs a kernel build (quantizing and packing the CNN's weights, one float32 forward to
-    calibrate): `due()` says whether one now keeps builds within BUILD_SHARE of the CNN's acting CPU
-    time since the last, so that an actor whose learner publishes every few fragments (DQN) acts with a
-    version a few behind rather than spending its CPU on builds; an on-policy actor syncs every version."""
+    A sync costs a kernel build at the next forward (quantizing and packing the CNN's weights, a
+    float32 check on two rows): `due()` says whether one now keeps builds within BUILD_SHARE of the
+    CNN's acting CPU time since the last, so that an actor whose learner publishes every few
+    fragments (DQN) acts with a version a few behind rather than spending its CPU on builds; an
+    on-policy actor syncs every version."""
 
     BUILD_SHARE = 0.1
 
     def __init__(self, source: nn.Module):
-        super().__init__()
-        self.inner = copy.deepcopy(source).eval()
-        for p in self.inner.parameters():
-            p.requires_grad_(False)
-        self._cnns = []
-        for module in list(self.inner.modules()):
-            for child_name, child in list(module.named_children()):
-                if type(child) is NatureCNN:
-                    setattr(module, child_name, _Int8NatureCNN(child))
-                    self._cnns.append(getattr(module, child_name))
-        self._source = [source]  # not a submodule: no second state_dict
-        self.continuous = bool(getattr(source, "continuous", False))
-        self.sync()
-
-    @property
-    def log_std(self) -> torch.Tensor:
-        return self._source[0].log_std
-
-    @torch.no_grad()
-    def sync(self) -> None:
-        own = self.inner.state_dict()
-        for k, v in self._source[0].state_dict().items():
-            own[k].copy_(v)
-        for m in self._cnns:
-            m.weights_changed()
+        super().__init__(source, _Int8NatureCNN)
 
     def due(self) -> bool:
         return all(m.acting_s * self.BUILD_SHARE >= m.build_s for m in self._cnns if m.int8)
