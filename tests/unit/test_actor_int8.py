@@ -159,3 +159,64 @@ def test_int8_is_a_precision_of_torch_only():
     assert load_job(EXAMPLES / "pong-dqn.yaml", ["spec.model.actorPrecision=int8"]).spec.model.actor_precision == "int8"
     with pytest.raises(SpecError, match="actorPrecision int8"):
         load_job(EXAMPLES / "pong-dqn.yaml", ["spec.model.actorPrecision=int8", "spec.actor.inference=onnx"])
+
+
+def _fitted_normaliser(r: Rollout, frames: list[torch.Tensor]) -> None:
+    """PPO's per-pixel statistics from real frames (the init's are mean 0, var 1), as a learner
+    publishes them: a fixed background has near-zero variance, the ball and paddles do not; the
+    acting copy synced to them."""
+    with torch.no_grad():
+        r.model.obs_rms.update(torch.cat(frames))
+    r.policy.sync()
+
+
+def test_the_normaliser_fused_into_the_input_quantization_matches_float32_normalisation():
+    """Standardized: (x - mean) / std per pixel, clipped to +-5, quantized in one pass, equals the
+    float32 normaliser's output to within half a quantization step: over the full +-5 at the first
+    call, over the narrower low side it saw after, and again on a frame below that side."""
+    r = _rollout("pong-ppo.yaml")
+    try:
+        frames = _frames(r, 6)
+        _fitted_normaliser(r, frames[:4])
+        rms = r.model.obs_rms
+        fused = int8.Standardized(rms)
+        dark = (frames[5].float() * 0.3).to(torch.uint8)  # darker than any pixel's mean: reaches -5
+        scales = []
+        for x in (frames[4], frames[5], dark, frames[5]):
+            q, scale, zero = fused(x)
+            scales.append(scale)
+            assert q.dtype == torch.uint8 and q.is_contiguous(memory_format=torch.channels_last)
+            dequantized = (q.float() - zero) * scale
+            np.testing.assert_allclose(dequantized.numpy(), rms.normalize(x).numpy(), rtol=0, atol=scale * 0.5 + 1e-5)
+        assert scales[0] == pytest.approx(5 / 127)
+        assert scales[1] < scales[0] * 0.9  # Pong's low side is narrower than -5
+        assert scales[2] == pytest.approx(5 / 127) and scales[3] == scales[2]  # widened, for good
+    finally:
+        r.close()
+
+
+def test_ppo_int8_copy_normalises_in_its_kernels_and_stays_close_to_float32():
+    """Behind fitted pixel statistics the int8 CNN takes the raw frames (no float32 normalisation
+    pass); its features and logits stay within a few percent of the float32 policy's (the value
+    head's init outputs are near 0: its error is the features', relative to almost nothing)."""
+    r = _rollout("pong-ppo.yaml")
+    try:
+        frames = _frames(r, 10)
+        _scaled(r.model, 300.0, "pi.")  # trained-policy-sized logits
+        _fitted_normaliser(r, frames[:4])
+        (cnn,) = r.policy._cnns
+        assert cnn.normalizes
+        with torch.inference_mode():
+            r.policy(frames[4])  # builds on this batch
+            if int8.ops() is None or not int8.vnni():
+                pytest.skip("no int8 kernels here")
+            assert cnn._kernels._standardized is not None
+            for x in frames[5:]:
+                logits, ref_logits = r.policy.logits(x), r.model.logits(x)
+                features, ref_features = cnn(x, r.policy.inner.obs_rms), r.model.encoder(r.model.obs_rms.normalize(x))
+                assert float((features - ref_features).abs().max()) <= 0.06 * float(ref_features.max())
+                assert float((logits - ref_logits).abs().max()) <= 0.06 * float(ref_logits.abs().max())
+                assert not torch.equal(logits, ref_logits)
+            assert cnn.int8  # no build refused: the normaliser's sparse +-5 pixels are within MAX_ERROR
+    finally:
+        r.close()

@@ -97,6 +97,8 @@ class ActorCritic(nn.Module):
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         if self.obs_rms is not None:
+            if getattr(self.encoder, "normalizes", False):  # the int8 copy's CNN: fused into its input
+                return self.encoder(obs, self.obs_rms)
             return self.encoder(self.obs_rms.normalize(obs))
         return self.encoder(obs if obs.dtype == torch.uint8 else obs.float())
 
@@ -253,11 +255,13 @@ class Bf16Policy(_ActingCopy):
 class _Int8NatureCNN(nn.Module):
     """The int8 copy's Nature CNN: `int8.Int8NatureCNN` kernels built on the first batch after each
     sync, float32 where they cannot run. Counts the CPU time of its last build and of its forwards
-    since (`Int8Policy.due`)."""
+    since (`Int8Policy.due`). One behind ActorCritic's observation normaliser `normalizes`: it takes
+    the raw observations and the normaliser, and folds the normalisation into its input quantization."""
 
     def __init__(self, cnn: NatureCNN):
         super().__init__()
         self.net, self.out_dim, self.scale = cnn.net, cnn.out_dim, cnn.scale  # `net`: the same state keys
+        self.normalizes = not cnn.scale  # unscaled: behind ActorCritic.obs_rms (NatureCNN's docstring)
         self.int8: bool = True  # False: float32 only (also once the kernels refuse)
         self._kernels: Optional[Int8NatureCNN] = None
         self.build_s = self.acting_s = 0.0
@@ -265,14 +269,16 @@ class _Int8NatureCNN(nn.Module):
     def weights_changed(self) -> None:
         self._kernels, self.acting_s = None, 0.0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rms=None) -> torch.Tensor:
         if self.int8 and self._kernels is None:
             t = time.thread_time()
-            self._kernels = Int8NatureCNN.build(self.net, x, self.scale)
+            self._kernels = Int8NatureCNN.build(self.net, x, self.scale, rms)
             self.int8, self.build_s = self._kernels is not None, time.thread_time() - t
         t = time.thread_time()
         if self.int8:
             out = self._kernels(x)
+        elif rms is not None:
+            out = self.net(rms.normalize(x))
         else:
             out = self.net(x.float() / 255.0 if self.scale else x.float())
         self.acting_s += time.thread_time() - t
