@@ -133,15 +133,16 @@ def test_off_policy_int8_actor_adopts_a_version_once_its_build_pays(monkeypatch)
         r.close()
 
 
+@pytest.mark.parametrize("example", ["pong-dqn.yaml", "pong-ppo.yaml"])  # PPO's: behind the normaliser
 @pytest.mark.parametrize("refusal", ["no kernels", "no VNNI", "disagrees"])
-def test_int8_nature_cnn_acts_in_float32_where_the_kernels_cannot(monkeypatch, refusal):
+def test_int8_nature_cnn_acts_in_float32_where_the_kernels_cannot(monkeypatch, refusal, example):
     if refusal == "no kernels":
         monkeypatch.setattr(int8, "ops", lambda: None)
     elif refusal == "no VNNI":  # 16-bit sums that saturate
         monkeypatch.setattr(int8, "vnni", lambda: False)
     else:
         monkeypatch.setattr(int8, "MAX_ERROR", -1.0)  # any difference from float32 is too much
-    r = _rollout("pong-dqn.yaml")
+    r = _rollout(example)
     try:
         obs = torch.from_numpy(r.obs)
         with torch.inference_mode():
