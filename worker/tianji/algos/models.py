@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.int8 import Int8NatureCNN
+from tianji.algos.int8 import Int8NatureCNN, float32_features
 from tianji.algos.normalize import CLIP, EPS, PIXEL_CLIP, PIXEL_EPS, RunningMeanStd, enabled
 from tianji.algos.onednn import FusedNatureCNN
 from tianji.control.spec import ModelConfig
@@ -275,12 +275,7 @@ class _Int8NatureCNN(nn.Module):
             self._kernels = Int8NatureCNN.build(self.net, x, self.scale, rms)
             self.int8, self.build_s = self._kernels is not None, time.thread_time() - t
         t = time.thread_time()
-        if self.int8:
-            out = self._kernels(x)
-        elif rms is not None:
-            out = self.net(rms.normalize(x))
-        else:
-            out = self.net(x.float() / 255.0 if self.scale else x.float())
+        out = self._kernels(x) if self.int8 else float32_features(self.net, x, self.scale, rms)
         self.acting_s += time.thread_time() - t
         return out
 
