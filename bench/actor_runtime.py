@@ -12,6 +12,9 @@ policy version costs an actor's ONNX Runtime (runtime/onnxpolicy.build, which ac
 env loop: the model's initializers rewritten with the new weights, a session built; wall and CPU
 ms). SessionOptions.add_initializer is not a way to swap weights: ORT folds and pre-packs weights
 from the model's own initializers, and a Pong session built with it gave logits off by 2.2;
+`actor_onnx_us`: the actor's own ONNX Runtime policy (runtime/onnxpolicy.OrtPolicy), whose graph
+starts at the first convolution with the frames' preprocessing done in numpy (runtime/onnxinput.py),
+timed in the same rounds as the whole graph on uint8 frames (`onnxruntime_us`);
 `ratio_if_onnxruntime`: the actor/bare-env ratio docs/results/actor-profile.json's
 loop would reach with the faster forward (env step and the rest unchanged).
 
@@ -68,7 +71,7 @@ def cpu_us_per_frame(fn, batch: int, n: int = 40) -> float:
     return (time.process_time() - t) / n / batch * 1e6
 
 
-def measure(model, sess, batch: int, reps: int) -> dict:
+def measure(model, sess, actor, batch: int, reps: int) -> dict:
     import numpy as np
     import torch
 
@@ -77,12 +80,15 @@ def measure(model, sess, batch: int, reps: int) -> dict:
     with torch.inference_mode():
         ref = model(x).numpy()
         diff = float(np.abs(sess.run(None, {"x": xn})[0] - ref).max())
-        t_torch, t_ort = [], []
-        for _ in range(reps):  # interleaved: drift in the machine's load hits both alike
+        actor_diff = float(np.abs(actor.logits(x).numpy() - ref).max())
+        t_torch, t_ort, t_actor = [], [], []
+        for _ in range(reps):  # interleaved: drift in the machine's load hits all alike
             t_torch.append(cpu_us_per_frame(lambda: model(x), batch))
             t_ort.append(cpu_us_per_frame(lambda: sess.run(None, {"x": xn}), batch))
+            t_actor.append(cpu_us_per_frame(lambda: actor.logits(x), batch))
     return {"batch": batch, "torch_us": round(min(t_torch), 1), "onnxruntime_us": round(min(t_ort), 1),
-            "speedup": round(min(t_torch) / min(t_ort), 2), "max_abs_logit_diff": diff}
+            "actor_onnx_us": round(min(t_actor), 1), "speedup": round(min(t_torch) / min(t_ort), 2),
+            "max_abs_logit_diff": diff, "actor_max_abs_logit_diff": actor_diff}
 
 
 def quantized(graph: bytes, ops: list[str]) -> bytes:
@@ -161,8 +167,11 @@ def main() -> None:
                       dynamo=False)
     graph = buf.getvalue()
     sess = session(graph)
-    points = [measure(model, sess, int(b), a.reps) for b in a.batches.split(",")]
-    from tianji.runtime.onnxpolicy import build, export, snapshot
+    from tianji.runtime.onnxpolicy import OrtPolicy, build, export, snapshot
+
+    actor = OrtPolicy.create(model.m, "logits", torch.zeros(8, 4, 84, 84, dtype=torch.uint8).numpy())
+    points = [measure(model, sess, actor, int(b), a.reps) for b in a.batches.split(",")]
+    actor.close()
 
     exported = export(model.m, "logits", torch.zeros(8, 4, 84, 84, dtype=torch.uint8).numpy())
     weights = snapshot(model.m, exported)

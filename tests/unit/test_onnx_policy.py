@@ -54,13 +54,15 @@ def _new_version(model, scale: float = 1.5) -> None:
 
 CASES = [  # (job, env info, what an actor computes)
     (EXAMPLES / "pong-ppo.yaml", EnvInfo((4, 84, 84), "uint8", 6), "logits"),
+    (EXAMPLES / "pong-dqn.yaml", EnvInfo((4, 84, 84), "uint8", 6), "q"),  # 1/255 folded (onnxinput.py)
     (ACROBOT, EnvInfo((6,), "float32", 3), "logits"),
     (EXAMPLES / "pendulum-ppo.yaml", EnvInfo((3,), "float32", 0, (1,), (-2.0,), (2.0,)), "logits"),
     (EXAMPLES / "cartpole-dqn.yaml", EnvInfo((4,), "float32", 2), "q"),
 ]
 
 
-@pytest.mark.parametrize("job,info,kind", CASES, ids=["pong-cnn", "acrobot-normalised", "pendulum-gauss", "dqn"])
+@pytest.mark.parametrize("job,info,kind", CASES,
+                         ids=["pong-cnn", "pong-dqn-cnn", "acrobot-normalised", "pendulum-gauss", "dqn"])
 def test_outputs_equal_torchs_at_any_batch_and_after_a_new_version(job, info, kind):
     model = _model(job, info)
     policy = OrtPolicy.create(model, kind, _obs(info, 8))
