@@ -121,7 +121,7 @@ def profile(job_path: str, sets: list, n: int, steps: int, inference: str = "tor
         loop_us = per(t0, frags * loop.T)
         side = _side_by_side(loop, rng, frags)
         sync_us = _copy_sync_us(loop, obs, act_us)
-        return {"num_envs": n, "inference": loop.runtime.name, "actor_precision": loop.spec.model.actor_precision,
+        return {"num_envs": n, "inference": loop.runtime.name, "actor_precision": loop.runtime.precision,
                 "env_step_us": round(env_us, 1),
                 "policy_us": round(act_us, 1), "forward_runtime_us": round(fwd["runtime"], 1),
                 "forward_fp32_us": round(fwd["fp32"], 1), "forward_bf16_us": round(fwd["bf16"], 1),

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.int8 import Int8NatureCNN, float32_features
+from tianji.algos.int8 import Int8NatureCNN, float32_features, vnni
+from tianji.algos.int8 import ops as int8_ops
 from tianji.algos.normalize import CLIP, EPS, PIXEL_CLIP, PIXEL_EPS, RunningMeanStd, enabled
 from tianji.algos.onednn import FusedNatureCNN
 from tianji.control.spec import ModelConfig
@@ -299,11 +300,28 @@ class Int8Policy(_ActingCopy):
     def due(self) -> bool:
         return all(m.acting_s * self.BUILD_SHARE >= m.build_s for m in self._cnns if m.int8)
 
+    @property
+    def refused(self) -> bool:
+        """Whether a CNN's kernels refused (it acts in float32 from then on)."""
+        return not all(m.int8 for m in self._cnns)
+
     def forward(self, obs: torch.Tensor):
         return self.inner(obs)
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         return self.inner.logits(obs)
+
+
+def auto_precision(algo: str, model: nn.Module) -> tuple[str, str]:
+    """spec.model.actorPrecision auto before any build: int8 or float32, and why (ModelConfig's
+    description). The caller still falls back to float32 where the int8 copy's first build refuses."""
+    if algo != "dqn":
+        return "float32", f"a {algo} actor stores behaviour log-probs, which must be the learner's policy's"
+    if not any(type(m) is NatureCNN for m in model.modules()):
+        return "float32", "no Nature CNN: int8 would run nothing"
+    if int8_ops() is None or not vnni():
+        return "float32", "no int8 kernels with 32-bit sums here (VNNI, AMX)"
+    return "int8", "a DQN actor acts by the argmax of its Q-values and learns off-policy"
 
 
 def actor_policy(model: nn.Module, precision: str) -> nn.Module:

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.algos.models import Int8Policy, actor_policy
+from tianji.algos.models import Int8Policy, actor_policy, auto_precision
 from tianji.runtime.onnxinput import MEAN, STD, InputStage, lift
 
 log = logging.getLogger("tianji")
@@ -331,14 +331,14 @@ class PolicyRuntime:
         self.wait = wait_swaps  # no fragment with a superseded version: it would be dropped as stale
         self.version = self._latest = 0
         self._deferred = False  # an int8 copy behind the model (loaded)
-        self.policy = actor_policy(model, spec.model.actor_precision)
         self.report: dict = {"requested": spec.actor.inference, "inference": "torch"}
+        self._acting_copy(spec, example)
         self._selection: Optional[Future] = None
         self._selector: Optional[ThreadPoolExecutor] = None
         if spec.actor.inference == "torch":
             return
-        if spec.model.actor_precision != "float32":
-            self.report["reason"] = f"model.actorPrecision {spec.model.actor_precision} runs in torch"
+        if self.precision != "float32":
+            self.report["reason"] = f"model.actorPrecision {self.precision} runs in torch"
             return
         example = np.array(example, copy=True)  # the env may reuse its observation buffer
         if spec.actor.inference == "onnx":
@@ -359,6 +359,26 @@ class PolicyRuntime:
             self._selection = self._selector.submit(_select, twin, self.kind, example, self._latest)
         else:
             self._decide(lambda: _select(twin, self.kind, example, self._latest))
+
+    def _acting_copy(self, spec, example: np.ndarray) -> None:
+        """`policy` and `precision` per spec.model.actorPrecision; auto: models.auto_precision, and
+        float32 where the int8 copy's first build (on `example`) refuses."""
+        requested = spec.model.actor_precision
+        if requested != "auto":
+            self.precision, why = requested, "requested"
+        elif spec.actor.inference == "onnx":
+            self.precision, why = "float32", "actor.inference onnx runs in float32"
+        else:
+            self.precision, why = auto_precision(spec.algorithm.name, self.model)
+        self.policy = actor_policy(self.model, self.precision)
+        if requested == "auto" and isinstance(self.policy, Int8Policy):
+            with torch.no_grad():
+                self.policy(torch.from_numpy(np.array(example, copy=True)))  # builds the kernels, or refuses
+            if self.policy.refused:
+                self.policy, self.precision, why = self.model, "float32", "the int8 copy's first build refused"
+        self.report.update(precision=self.precision, precision_reason=why)
+        if requested == "auto":
+            log.info("actor precision (auto): %s; %s", self.precision, why)
 
     @property
     def name(self) -> str:

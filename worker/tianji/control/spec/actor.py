@@ -20,5 +20,6 @@ class ActorConfig(_Model):
         "CPU (a small MLP: ONNX Runtime's import would cost more than it can save); else onnx where it is "
         "installed, the export reproduces the model's outputs and a start-up micro-benchmark at the "
         "actor's batch size finds it faster by more than the session build each version costs over a "
-        "fragment's forwards, torch otherwise (also with model.actorPrecision bfloat16 or int8)",
+        "fragment's forwards, torch otherwise (and wherever the actor's precision, model.actorPrecision "
+        "or what its auto picks, is bfloat16 or int8)",
     )

@@ -202,19 +202,25 @@ class ModelConfig(_Model):
     encoder: Literal["auto", "mlp", "nature_cnn"] = Field(
         "auto", description="auto: the Nature CNN for image observations (3-D uint8), else the MLP"
     )
-    actor_precision: Literal["float32", "bfloat16", "int8"] = Field(
-        "float32",
-        description="actors' inference precision. bfloat16 (opt-in) runs the policy from a bf16 copy "
+    actor_precision: Literal["auto", "float32", "bfloat16", "int8"] = Field(
+        "auto",
+        description="actors' inference precision. auto: int8 for a DQN actor's Nature CNN where the "
+        "CPU's int8 kernels run (VNNI or AMX) and its first build agrees with float32 (it acts by "
+        "the argmax of its Q-values and learns off-policy from replay: int8 changes which action it "
+        "picks on few frames, and no probability is stored), float32 otherwise (PPO stores "
+        "behaviour log-probs, which must be the learner's policy's; an MLP gains nothing). "
+        "float32: the learner's policy exactly. bfloat16 (opt-in) runs the policy from a bf16 copy "
         "of the parameters (faster where the CPU's bf16 dot products beat float32's: AMX, or "
         "an AMD EPYC's AVX-512 BF16; a Nature CNN's copy runs through oneDNN's fused "
-        "conv+ReLU and packed-weight kernels where they run). int8 (opt-in) runs a Nature CNN "
+        "conv+ReLU and packed-weight kernels where they run). int8 runs a Nature CNN "
         "through oneDNN's int8 kernels (weights per channel, activation scales that follow "
         "each call, a per-pixel observation normaliser folded into the input quantization; "
         "float32 on a CPU without VNNI or where a build disagrees with float32) and "
         "every other layer in float32; an off-policy (DQN) actor adopts a new version when its int8 build "
         "costs at most a tenth of the CNN's acting time since the last, so it may act a few "
         "versions behind. With either, the stored behaviour log-probs are those of the policy "
-        "acted with, so the learner sees slightly off-policy data",
+        "acted with, so the learner sees slightly off-policy data. Evaluation always plays the "
+        "float32 model",
     )
     entry_point: Annotated[Optional[str], entry_point_of("mypkg.models:Net")] = Field(
         None,

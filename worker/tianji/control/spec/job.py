@@ -198,7 +198,7 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _inference_fits(self) -> JobSpec:
-        if self.actor.inference == "onnx" and self.model.actor_precision != "float32":
+        if self.actor.inference == "onnx" and self.model.actor_precision not in ("auto", "float32"):
             raise ValueError(
                 f"actor.inference: onnx runs the policy in float32; model.actorPrecision "
                 f"{self.model.actor_precision} needs actor.inference torch (or auto)"
