@@ -119,6 +119,10 @@ def test_off_policy_int8_actor_adopts_a_version_once_its_build_pays(monkeypatch)
         _scaled(r.model, 3.0)
         r.params_loaded(1)
         r.fragment()
+        (cnn,) = r.policy._cnns
+        if not cnn.int8:  # float32 acting: nothing to build, so the version is adopted at once
+            assert r.acting_version == 1
+            pytest.skip("no int8 kernels here")
         assert r.acting_version == 0
         with torch.inference_mode():
             v1 = r.model(obs)
